@@ -1,0 +1,1 @@
+"""The operation record: format, reader and writer, importers."""

@@ -1,0 +1,1 @@
+"""Fault injection and the harness CLI (`python -m nemesis ...`)."""

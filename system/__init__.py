@@ -1,0 +1,1 @@
+"""The system under test: the Raft core, the replicated key-value store and the trainer."""

@@ -1,0 +1,1 @@
+"""The replicated key-value store: state machine, durable storage, gRPC node and client."""

@@ -1,0 +1,1 @@
+"""Sans-I/O Raft: a deterministic state machine per node, and the simulator that drives it."""

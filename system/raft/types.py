@@ -1,0 +1,48 @@
+"""Records shared by the Raft core, its durable storage and its transports.
+
+These are plain frozen values: the core produces them, the shell persists and ships
+them. Nothing here does I/O. Field comments state units and invariants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+NodeId = str
+
+
+class EntryKind(Enum):
+    """What a log entry carries."""
+
+    NORMAL = "normal"  # an opaque client command for the replicated state machine
+    NOOP = "noop"  # appended by every new leader at the start of its term (Raft §8)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One log entry. Log Matching: two logs holding an entry with the same
+    (index, term) are identical up to and including it (Raft §5.3)."""
+
+    term: int  # term of the leader that created the entry; >= 1
+    index: int  # position in the log; >= 1; consecutive entries have consecutive indexes
+    data: bytes = b""  # the command, opaque to Raft; empty for NOOP
+    kind: EntryKind = EntryKind.NORMAL
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What a node must have on disk before it answers a vote or an append (Raft Figure 2)."""
+
+    term: int = 0  # latest term this node has seen; never decreases
+    vote: NodeId | None = None  # candidate voted for in `term`; at most one per term
+    commit: int = 0  # highest index known committed; a hint, safe to lose (recomputed)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """Describes a state-machine snapshot that replaces the log prefix up to `index`."""
+
+    index: int  # last log index the snapshot covers; 0 means "no snapshot"
+    term: int  # term of the entry at `index`
+    voters: tuple[NodeId, ...]  # cluster membership as of `index`

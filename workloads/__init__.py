@@ -1,0 +1,1 @@
+"""Workload clients that drive the system and record operation histories."""
