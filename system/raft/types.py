@@ -46,3 +46,14 @@ class SnapshotMeta:
     index: int  # last log index the snapshot covers; 0 means "no snapshot"
     term: int  # term of the entry at `index`
     voters: tuple[NodeId, ...]  # cluster membership as of `index`
+
+
+@dataclass(frozen=True, slots=True)
+class PersistentState:
+    """What durable storage hands back to a restarting node: exactly what the node had
+    synced before it stopped. The core is rebuilt from it; volatile state starts empty."""
+
+    hard_state: HardState
+    snapshot: SnapshotMeta | None  # latest durable snapshot, None if none was ever taken
+    snapshot_data: bytes  # the state machine's bytes for `snapshot`; b"" if None
+    entries: tuple[Entry, ...]  # the log after the snapshot, in index order, contiguous
