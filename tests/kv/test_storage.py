@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from system.kv import snapshot_file, storage, wal
 from system.kv.storage import CorruptStorage, DurableStorage, StorageFailed, StorageLocked
@@ -456,3 +459,100 @@ def test_hard_state_survives_when_a_rotation_was_cut_before_its_copy(data_dir: P
         assert not first.exists()
     with reopen(data_dir) as store:
         assert store.load().hard_state == HardState(term=5, vote="n1", commit=0)
+
+
+# --- model check: any sequence of operations reads back as a simple in-memory model -------
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(0, 6), st.integers(1, 30), st.integers(1, 9)),
+        st.tuples(st.just("hard_state"), st.integers(0, 9), st.sampled_from([None, "", "n2"]),
+                  st.integers(0, 50)),
+        st.tuples(st.just("save_snapshot"), st.integers(0, 40), st.just(0), st.just(0)),
+        st.tuples(st.just("install_snapshot"), st.integers(0, 45), st.booleans(), st.just(0)),
+        st.tuples(st.just("reopen"), st.just(0), st.just(0), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+class LogModel:
+    def __init__(self) -> None:
+        self.snapshot: SnapshotMeta | None = None
+        self.snapshot_data = b""
+        self.entries: list[Entry] = []
+        self.hard_state = HardState()
+
+    @property
+    def snapshot_index(self) -> int:
+        return self.snapshot.index if self.snapshot else 0
+
+    @property
+    def last_index(self) -> int:
+        return self.snapshot_index + len(self.entries)
+
+    def term(self, index: int) -> int | None:
+        if self.snapshot and index == self.snapshot.index:
+            return self.snapshot.term
+        position = index - self.snapshot_index - 1
+        return self.entries[position].term if 0 <= position < len(self.entries) else None
+
+
+def apply_operation(store: DurableStorage, model: LogModel, operation) -> None:
+    kind, a, b, c = operation
+    if kind == "append":
+        first = max(model.snapshot_index + 1, model.last_index + 1 - a)
+        new = [Entry(c, index, b"%d/%d" % (c, index) * (index % 7)) for index in
+               range(first, first + b)]
+        store.append(new)
+        model.entries = model.entries[: first - model.snapshot_index - 1] + new
+    elif kind == "hard_state":
+        state = HardState(term=a, vote=b, commit=c)
+        store.set_hard_state(state)
+        model.hard_state = state
+    elif kind == "save_snapshot" and model.entries:
+        index = model.snapshot_index + 1 + a % len(model.entries)
+        meta = SnapshotMeta(index, model.term(index), ("n1",))
+        store.save_snapshot(meta, b"own@%d" % index)
+        model.entries = model.entries[index - model.snapshot_index :]
+        model.snapshot, model.snapshot_data = meta, b"own@%d" % index
+    elif kind == "install_snapshot":
+        index = model.snapshot_index + 1 + a % (len(model.entries) + 5)
+        term = model.term(index) if b and model.term(index) else 100
+        meta = SnapshotMeta(index, term, ("n1", "n2"))
+        store.install_snapshot(meta, b"leader@%d" % index)
+        keep = model.term(index) == term
+        model.entries = model.entries[index - model.snapshot_index :] if keep else []
+        model.snapshot, model.snapshot_data = meta, b"leader@%d" % index
+
+
+def assert_matches(store: DurableStorage, model: LogModel) -> None:
+    state = store.load()
+    assert state.entries == tuple(model.entries)
+    assert (state.snapshot, state.snapshot_data) == (model.snapshot, model.snapshot_data)
+    assert state.hard_state == model.hard_state
+    assert (store.first_index, store.last_index) == (model.snapshot_index + 1, model.last_index)
+    assert store.log_entries_since_snapshot == len(model.entries)
+    assert store.log_bytes_since_snapshot == sum(len(entry.data) for entry in model.entries)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=operations)
+def test_any_sequence_of_operations_reads_back_like_the_model(steps) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        data_dir = Path(directory)
+        model = LogModel()
+        store = DurableStorage.open(data_dir, segment_bytes=4096)
+        try:
+            for operation in steps:
+                if operation[0] == "reopen":
+                    store.close()
+                    store = DurableStorage.open(data_dir, segment_bytes=4096)
+                    assert_matches(store, model)
+                else:
+                    apply_operation(store, model, operation)
+            assert_matches(store, model)
+        finally:
+            store.close()
+        with DurableStorage.open(data_dir, segment_bytes=4096) as reopened:
+            assert_matches(reopened, model)
