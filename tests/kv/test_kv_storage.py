@@ -556,3 +556,18 @@ def test_any_sequence_of_operations_reads_back_like_the_model(steps) -> None:
             store.close()
         with DurableStorage.open(data_dir, segment_bytes=4096) as reopened:
             assert_matches(reopened, model)
+
+
+def test_64_mib_entries_round_trip_and_rotate_segments(data_dir: Path) -> None:
+    value = bytes(range(256)) * (64 * 1024 * 1024 // 256)
+    with DurableStorage.open(data_dir) as store:  # default 64 MiB segments
+        store.append([Entry(1, 1, value), Entry(1, 2, value), Entry(1, 3, b"small")])
+        store.sync()
+        assert store.log_bytes_since_snapshot == 2 * len(value) + 5
+    assert len(segments(data_dir)) == 3  # each value fills a segment; "small" starts a third
+    with DurableStorage.open(data_dir) as store:
+        state = store.load()
+        assert [entry.data == value for entry in state.entries] == [True, True, False]
+        del state
+        store.save_snapshot(SnapshotMeta(2, 1, ("n1",)), b"s")
+    assert len(segments(data_dir)) == 1
