@@ -1,0 +1,372 @@
+"""Linearizability checking: Wing & Gong / Lowe search, memoized, split per key.
+
+Theory of operation (Lowe, "Testing for linearizability", 2017; Porcupine's checker):
+the operations of one key become entries of a doubly linked list in real-time order, a
+*call* entry at the invoke and a *return* entry at the completion. The calls before the
+first return form the *window*: exactly the operations that may be linearized next. The
+search linearizes a window operation (steps the model, removes its entries from the list:
+"lift"), and when the first entry of the list is a return of an operation it could not place,
+it backtracks ("unlift"). A configuration is (set of linearized operations, model state);
+one already explored is never explored again (the memo), which is what makes the search
+practical. P-compositionality (Herlihy & Wing): a history is linearizable iff each key's
+sub-history is, so keys are checked separately.
+
+Operations whose outcome is unknown (`info`, or never completed) have no return entry: they
+may be linearized at any point after their invoke or never. The search succeeds as soon as
+no return entry is left, leaving any unlinearized `info` operation out ("never").
+
+Cheap, sound pruning (each keeps the verdict exact):
+- order: completed operations are tried before `info` ones, which can always wait;
+- read-only operations (Step.read_only) legal in the current state are linearized greedily:
+  moving such an operation earlier within its window never breaks a linearization, so if the
+  configuration after it fails the current one fails too;
+- interchangeable `info` operations (same process-independent input, both pending) are only
+  linearized in invoke order (symmetry).
+
+Budget: a deadline and a cap on memo entries per key; when either is reached the key's
+verdict is "unknown" with a note saying which, never a guess.
+
+Must never mutate the operations it is given or keep memo tables after a key is decided.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from checker.models import ILLEGAL, Model, Unpartitioned
+from checker.result import (
+    UNKNOWN,
+    Candidate,
+    Counterexample,
+    KeyResult,
+    Placed,
+    Result,
+    Verdict,
+    combine,
+)
+from histories.ops import Op, Operation, OpType
+from histories.pairing import pair_operations
+
+DEFAULT_BUDGET_S = 60.0
+DEFAULT_MAX_MEMO_ENTRIES = 2_000_000  # about 200 MB of memo at worst, per key
+_CHECK_EVERY = 1024  # search iterations between budget checks
+
+
+def check_linearizable(
+    history: Sequence[Op] | Sequence[Operation],
+    model: Model,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    all_keys: bool = False,
+    partition: bool = True,
+    max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
+) -> Result:
+    """Is the history linearizable with respect to `model`?
+
+    `history` is a list of records (paired here) or of paired Operations. Each key gets its
+    own `budget_s` seconds and `max_memo_entries` memo entries. By default the check stops
+    at the first invalid key, as Porcupine does; `all_keys=True` checks every key.
+    `partition=False` checks the whole history as one object (slow; for stress tests).
+    """
+    started = time.perf_counter()
+    operations = _operations(history)
+    if not partition:
+        keys_seen: dict[Hashable, None] = {}
+        for op in operations:
+            keys_seen.setdefault(model.partition_key(op), None)
+        model = Unpartitioned(model, list(keys_seen))
+    groups: dict[Hashable, list[Operation]] = {}
+    for op in operations:
+        groups.setdefault(model.partition_key(op), []).append(op)
+    # Small keys first: the cheap ones decide quickly and an invalid one stops the check.
+    ordered = sorted(groups.items(), key=lambda item: (len(item[1]), repr(item[0])))
+    results: list[KeyResult] = []
+    skipped = 0
+    for position, (key, ops) in enumerate(ordered):
+        key_result = check_key(key, ops, model, budget_s=budget_s, max_memo_entries=max_memo_entries)
+        results.append(key_result)
+        if key_result.valid is False and not all_keys:
+            skipped = len(ordered) - position - 1
+            break
+    verdict: Verdict = combine([r.valid for r in results])
+    notes = [f"{r.key!r}: {r.note}" for r in results if r.valid == UNKNOWN]
+    if skipped:
+        notes.append(f"stopped at the first invalid key; {skipped} keys not checked (use all_keys)")
+    counts = {
+        "operations": len(operations),
+        "ok": sum(op.type is OpType.OK for op in operations),
+        "fail": sum(op.type is OpType.FAIL for op in operations),
+        "info": sum(op.type is OpType.INFO for op in operations),
+        "keys": len(groups),
+        "keys_checked": len(results),
+        "keys_valid": sum(r.valid is True for r in results),
+        "keys_invalid": sum(r.valid is False for r in results),
+        "keys_unknown": sum(r.valid == UNKNOWN for r in results),
+    }
+    return Result(
+        checker="linearizable",
+        valid=verdict,
+        model=model.name,
+        seconds=time.perf_counter() - started,
+        keys=tuple(results),
+        counts=counts,
+        note="; ".join(notes),
+    )
+
+
+def _operations(history: Sequence[Op] | Sequence[Operation]) -> list[Operation]:
+    if history and isinstance(history[0], Op):
+        return pair_operations(history)  # type: ignore[arg-type]
+    return list(history)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Outcome:
+    valid: Verdict
+    explored: int
+    note: str
+    best_path: list[int]
+    best_state: int
+
+
+def check_key(
+    key: Hashable,
+    operations: Sequence[Operation],
+    model: Model,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
+) -> KeyResult:
+    """Check one key's operations (already partitioned)."""
+    started = time.perf_counter()
+    kept: list[Operation] = []
+    steps = []
+    for op in operations:
+        step = model.prepare(op)
+        if step is not None:
+            kept.append(op)
+            steps.append(step)
+    searcher = _Search(kept, steps, model.initial_state())
+    outcome = searcher.run(time.perf_counter() + budget_s, max_memo_entries)
+    counterexample = None
+    if outcome.valid is False:
+        counterexample = searcher.counterexample(key, model, outcome, operations)
+    return KeyResult(
+        key=key,
+        valid=outcome.valid,
+        operations=len(operations),
+        seconds=time.perf_counter() - started,
+        explored=outcome.explored,
+        note=outcome.note,
+        counterexample=counterexample,
+    )
+
+
+class _Search:
+    """The memoized just-in-time linearization search over one key's operations."""
+
+    def __init__(self, ops: list[Operation], steps: list[Any], init: Any) -> None:
+        self.ops = ops
+        self.steps = steps
+        n = len(ops)
+        self.n = n
+        self.info = [1 if op.ret is None else 0 for op in ops]
+        self.read_only = [s.read_only for s in steps]
+        self.apply = [s.apply for s in steps]
+        # Twins: an info op may be linearized only after the previous pending info op with
+        # the same input, which was invoked earlier (symmetry; see the module docstring).
+        self.twin = [-1] * n
+        last_with_input: dict[Any, int] = {}
+        for i, op in enumerate(ops):
+            if self.info[i]:
+                signature = (op.f, _hashable(op.key), _hashable(op.value), op.expected_version)
+                self.twin[i] = last_with_input.get(signature, -1)
+                last_with_input[signature] = i
+        # Entries: 2i is the call of op i, 2i+1 its return; HEAD and TAIL are sentinels.
+        events = []
+        for i, op in enumerate(ops):
+            events.append((op.call, 2 * i))
+            if op.ret is not None:
+                events.append((op.ret, 2 * i + 1))
+        events.sort()
+        self.head = 2 * n
+        self.tail = 2 * n + 1
+        self.nxt = [0] * (2 * n + 2)
+        self.prv = [0] * (2 * n + 2)
+        chain = [self.head] + [e for _, e in events] + [self.tail]
+        for a, b in zip(chain, chain[1:], strict=False):
+            self.nxt[a] = b
+            self.prv[b] = a
+        self.states: list[Any] = [init]
+        self.state_ids: dict[Any, int] = {init: 0}
+        self.transitions: list[dict[int, int]] = [{} for _ in range(n)]
+
+    def _transition(self, i: int, sid: int) -> int:
+        new = self.apply[i](self.states[sid])
+        if new is ILLEGAL:
+            result = -1
+        else:
+            result = self.state_ids.get(new)
+            if result is None:
+                result = len(self.states)
+                self.states.append(new)
+                self.state_ids[new] = result
+        self.transitions[i][sid] = result
+        return result
+
+    def run(self, deadline: float, max_memo_entries: int) -> _Outcome:
+        n = self.n
+        nxt, prv = self.nxt, self.prv
+        head, tail = self.head, self.tail
+        info, read_only, twin = self.info, self.read_only, self.twin
+        transitions = self.transitions
+        transition = self._transition
+        bits = [1 << i for i in range(n)]
+        memo: set[int] = set()
+        stack: list[tuple[int, int, bool]] = []  # (op, state id before it, forced)
+        lin = 0
+        sid = 0
+        phase = 0  # 0: try completed ops of the window, 1: then the info ops
+        entry = nxt[head]
+        best_depth = -1
+        best_path: list[int] = []
+        best_state = 0
+        countdown = _CHECK_EVERY
+
+        while True:
+            countdown -= 1
+            if countdown == 0:
+                countdown = _CHECK_EVERY
+                if time.perf_counter() > deadline:
+                    return _Outcome(UNKNOWN, len(memo), "time budget ran out", best_path, best_state)
+                if len(memo) > max_memo_entries:
+                    return _Outcome(
+                        UNKNOWN,
+                        len(memo),
+                        f"memo table reached {max_memo_entries:,} entries (memory budget)",
+                        best_path,
+                        best_state,
+                    )
+            if entry == tail:
+                return _Outcome(True, len(memo), "", best_path, best_state)
+            backtrack = False
+            if entry & 1:  # the first return: the window ends here
+                if phase == 0:
+                    phase = 1
+                    entry = nxt[head]
+                    continue
+                backtrack = True
+            else:
+                i = entry >> 1
+                if info[i] != phase or (phase and twin[i] >= 0 and not lin & bits[twin[i]]):
+                    entry = nxt[entry]
+                    continue
+                new_sid = transitions[i].get(sid)
+                if new_sid is None:
+                    new_sid = transition(i, sid)
+                if new_sid < 0:
+                    entry = nxt[entry]
+                    continue
+                new_lin = lin | bits[i]
+                memo_key = (new_sid << n) | new_lin
+                forced = read_only[i]
+                if memo_key in memo:
+                    if not forced:
+                        entry = nxt[entry]
+                        continue
+                    backtrack = True  # dominated by a configuration that already failed
+                else:
+                    memo.add(memo_key)
+                    stack.append((i, sid, forced))
+                    lin = new_lin
+                    sid = new_sid
+                    # lift: remove the op's call (and return) from the list
+                    a = prv[entry]
+                    b = nxt[entry]
+                    nxt[a] = b
+                    prv[b] = a
+                    if not info[i]:
+                        r = entry + 1
+                        a = prv[r]
+                        b = nxt[r]
+                        nxt[a] = b
+                        prv[b] = a
+                    if len(stack) > best_depth:
+                        best_depth = len(stack)
+                        best_path = [s[0] for s in stack]
+                        best_state = sid
+                    phase = 0
+                    entry = nxt[head]
+                    continue
+            if backtrack:
+                while True:
+                    if not stack:
+                        return _Outcome(False, len(memo), "", best_path, best_state)
+                    i, sid, forced = stack.pop()
+                    lin ^= bits[i]
+                    # unlift, in the reverse order of lift
+                    if not info[i]:
+                        r = 2 * i + 1
+                        nxt[prv[r]] = r
+                        prv[nxt[r]] = r
+                    c = 2 * i
+                    nxt[prv[c]] = c
+                    prv[nxt[c]] = c
+                    if not forced:
+                        break
+                phase = info[i]
+                entry = nxt[2 * i]
+
+    def counterexample(
+        self, key: Hashable, model: Model, outcome: _Outcome, all_ops: Sequence[Operation]
+    ) -> Counterexample:
+        """Rebuild the deepest configuration reached and say what could not be placed."""
+        path = outcome.best_path
+        placed = []
+        sid = 0
+        for i in path:
+            sid = self.transitions[i][sid]
+            placed.append(
+                Placed(
+                    op=self.ops[i],
+                    description=model.describe_operation(self.ops[i]),
+                    state_after=model.describe_state(self.states[sid]),
+                )
+            )
+        done = set(path)
+        remaining = [i for i in range(self.n) if i not in done]
+        completed = [i for i in remaining if self.ops[i].ret is not None]
+        blocking = min(completed, key=lambda i: self.ops[i].ret)  # type: ignore[arg-type, return-value]
+        cutoff = self.ops[blocking].ret
+        state = self.states[sid]
+        candidates = []
+        for i in remaining:
+            op = self.ops[i]
+            if op.call > cutoff:  # type: ignore[operator]
+                continue
+            new = self.apply[i](state)
+            if new is ILLEGAL:
+                outcome_text = f"illegal in state {model.describe_state(state)}"
+            else:
+                outcome_text = f"-> {model.describe_state(new)}, but no order of the rest works from there"
+            candidates.append(Candidate(op=op, description=model.describe_operation(op), outcome=outcome_text))
+        return Counterexample(
+            key=key,
+            prefix=tuple(placed),
+            state=model.describe_state(state),
+            blocking=self.ops[blocking],
+            blocking_description=model.describe_operation(self.ops[blocking]),
+            candidates=tuple(candidates),
+            operations=tuple(all_ops),
+        )
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
