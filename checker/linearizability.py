@@ -31,6 +31,7 @@ Must never mutate the operations it is given or keep memo tables after a key is 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,12 @@ from histories.ops import Op, Operation, OpType
 from histories.pairing import pair_operations
 
 DEFAULT_BUDGET_S = 60.0
-DEFAULT_MAX_MEMO_ENTRIES = 2_000_000  # about 200 MB of memo at worst, per key
+DEFAULT_MAX_MEMO_ENTRIES = 2_000_000  # per key; about 200 MB of memo with its transitions
+DEFAULT_MAX_MEMORY_MB = 512  # per key: memo, transition table and distinct model states
+# Rough CPython costs, for the memory estimate (measured: an int key of a few hundred bits
+# plus its set slot; a small-int dict entry).
+_MEMO_ENTRY_BYTES = 90
+_TRANSITION_BYTES = 100
 _CHECK_EVERY = 1024  # search iterations between budget checks
 
 
@@ -63,11 +69,13 @@ def check_linearizable(
     all_keys: bool = False,
     partition: bool = True,
     max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
+    max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
 ) -> Result:
     """Is the history linearizable with respect to `model`?
 
     `history` is a list of records (paired here) or of paired Operations. Each key gets its
-    own `budget_s` seconds and `max_memo_entries` memo entries. By default the check stops
+    own `budget_s` seconds, `max_memo_entries` memo entries and about `max_memory_mb` of
+    search memory (memo, transitions, distinct states); past any of them it is "unknown". By default the check stops
     at the first invalid key, as Porcupine does; `all_keys=True` checks every key.
     `partition=False` checks the whole history as one object (slow; for stress tests).
     """
@@ -86,7 +94,14 @@ def check_linearizable(
     results: list[KeyResult] = []
     skipped = 0
     for position, (key, ops) in enumerate(ordered):
-        key_result = check_key(key, ops, model, budget_s=budget_s, max_memo_entries=max_memo_entries)
+        key_result = check_key(
+            key,
+            ops,
+            model,
+            budget_s=budget_s,
+            max_memo_entries=max_memo_entries,
+            max_memory_mb=max_memory_mb,
+        )
         results.append(key_result)
         if key_result.valid is False and not all_keys:
             skipped = len(ordered) - position - 1
@@ -139,6 +154,7 @@ def check_key(
     *,
     budget_s: float = DEFAULT_BUDGET_S,
     max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
+    max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
 ) -> KeyResult:
     """Check one key's operations (already partitioned)."""
     started = time.perf_counter()
@@ -150,7 +166,7 @@ def check_key(
             kept.append(op)
             steps.append(step)
     searcher = _Search(kept, steps, model.initial_state())
-    outcome = searcher.run(time.perf_counter() + budget_s, max_memo_entries)
+    outcome = searcher.run(time.perf_counter() + budget_s, max_memo_entries, max_memory_mb * 2**20)
     counterexample = None
     if outcome.valid is False:
         counterexample = searcher.counterexample(key, model, outcome, operations)
@@ -203,6 +219,8 @@ class _Search:
         self.states: list[Any] = [init]
         self.state_ids: dict[Any, int] = {init: 0}
         self.transitions: list[dict[int, int]] = [{} for _ in range(n)]
+        self.transition_count = 0
+        self.state_bytes = sys.getsizeof(init)
 
     def _transition(self, i: int, sid: int) -> int:
         new = self.apply[i](self.states[sid])
@@ -214,10 +232,20 @@ class _Search:
                 result = len(self.states)
                 self.states.append(new)
                 self.state_ids[new] = result
+                self.state_bytes += _size(new)
         self.transitions[i][sid] = result
+        self.transition_count += 1
         return result
 
-    def run(self, deadline: float, max_memo_entries: int) -> _Outcome:
+    def memory_bytes(self, memo_entries: int) -> int:
+        """Estimated search memory; the distinct states dominate for string states."""
+        return (
+            memo_entries * _MEMO_ENTRY_BYTES
+            + self.transition_count * _TRANSITION_BYTES
+            + 2 * self.state_bytes  # the state list and the interning dict share objects
+        )
+
+    def run(self, deadline: float, max_memo_entries: int, max_memory_bytes: float) -> _Outcome:
         n = self.n
         nxt, prv = self.nxt, self.prv
         head, tail = self.head, self.tail
@@ -232,6 +260,7 @@ class _Search:
         phase = 0  # 0: try completed ops of the window, 1: then the info ops
         entry = nxt[head]
         best_depth = -1
+        placed_completed = 0
         best_path: list[int] = []
         best_state = 0
         countdown = _CHECK_EVERY
@@ -247,6 +276,14 @@ class _Search:
                         UNKNOWN,
                         len(memo),
                         f"memo table reached {max_memo_entries:,} entries (memory budget)",
+                        best_path,
+                        best_state,
+                    )
+                if self.memory_bytes(len(memo)) > max_memory_bytes:
+                    return _Outcome(
+                        UNKNOWN,
+                        len(memo),
+                        f"search memory reached {max_memory_bytes / 2**20:,.0f} MB (memory budget)",
                         best_path,
                         best_state,
                     )
@@ -294,10 +331,14 @@ class _Search:
                         b = nxt[r]
                         nxt[a] = b
                         prv[b] = a
-                    if len(stack) > best_depth:
-                        best_depth = len(stack)
-                        best_path = [s[0] for s in stack]
-                        best_state = sid
+                    if not info[i]:
+                        placed_completed += 1
+                        # Deepest configuration by completed operations placed: the info
+                        # operations on its path are exactly those it needed.
+                        if placed_completed > best_depth:
+                            best_depth = placed_completed
+                            best_path = [s[0] for s in stack]
+                            best_state = sid
                     phase = 0
                     entry = nxt[head]
                     continue
@@ -307,6 +348,7 @@ class _Search:
                         return _Outcome(False, len(memo), "", best_path, best_state)
                     i, sid, forced = stack.pop()
                     lin ^= bits[i]
+                    placed_completed -= 1 - info[i]
                     # unlift, in the reverse order of lift
                     if not info[i]:
                         r = 2 * i + 1
@@ -362,6 +404,13 @@ class _Search:
             candidates=tuple(candidates),
             operations=tuple(all_ops),
         )
+
+
+def _size(state: Any) -> int:
+    size = sys.getsizeof(state)
+    if isinstance(state, tuple):
+        size += sum(sys.getsizeof(part) for part in state)
+    return size
 
 
 def _hashable(value: Any) -> Any:

@@ -57,7 +57,7 @@ class Counterexample:
     def involved_ids(self) -> set[int]:
         return {c.op.id for c in self.candidates} | {self.blocking.id}
 
-    def text(self, *, prefix_shown: int = 8) -> str:
+    def text(self, *, prefix_shown: int = 8, candidates_shown: int = 12) -> str:
         lines = [f"key {self.key!r}: not linearizable"]
         lines.append(
             f"  longest linearizable prefix: {len(self.prefix)} of {len(self.operations)} operations"
@@ -75,8 +75,11 @@ class Counterexample:
         )
         if self.candidates:
             lines.append("  operations that could go next, none of which leads to a linearization:")
-            for cand in self.candidates:
+            for cand in self.candidates[:candidates_shown]:
                 lines.append(f"    {_where(cand.op)} p{cand.op.process} {cand.description}: {cand.outcome}")
+            if len(self.candidates) > candidates_shown:
+                lines.append(f"    ... {len(self.candidates) - candidates_shown} more")
+        lines.append("  ([invoke..completion] are record indexes; ? = outcome unknown)")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
