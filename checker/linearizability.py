@@ -261,6 +261,7 @@ class _Search:
         entry = nxt[head]
         best_depth = -1
         placed_completed = 0
+        record_best = False
         best_path: list[int] = []
         best_state = 0
         countdown = _CHECK_EVERY
@@ -337,12 +338,15 @@ class _Search:
                         # operations on its path are exactly those it needed.
                         if placed_completed > best_depth:
                             best_depth = placed_completed
-                            best_path = [s[0] for s in stack]
-                            best_state = sid
+                            record_best = True  # copied when the search turns back
                     phase = 0
                     entry = nxt[head]
                     continue
             if backtrack:
+                if record_best:
+                    best_path = [s[0] for s in stack]
+                    best_state = sid
+                    record_best = False
                 while True:
                     if not stack:
                         return _Outcome(False, len(memo), "", best_path, best_state)
