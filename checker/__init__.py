@@ -9,6 +9,15 @@ Public API (docs/checker.md):
 
 from checker import models
 from checker.linearizability import check_linearizable
+from checker.lost_writes import check_lost_writes
 from checker.result import UNKNOWN, Counterexample, KeyResult, Result
 
-__all__ = ["UNKNOWN", "Counterexample", "KeyResult", "Result", "check_linearizable", "models"]
+__all__ = [
+    "UNKNOWN",
+    "Counterexample",
+    "KeyResult",
+    "Result",
+    "check_linearizable",
+    "check_lost_writes",
+    "models",
+]
