@@ -63,7 +63,7 @@ def read_history_report(path: str | Path, *, allow_truncated_tail: bool = False)
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise HistoryError(f"not UTF-8 text (byte {exc.start})", path=name, line=line) from exc
-    lines = text.split("\n")
+    lines = text.split("\n") if text else []  # an empty file is an empty history
     ends_with_newline = text.endswith("\n")
     if ends_with_newline:
         lines.pop()  # the empty string after the final newline

@@ -27,7 +27,7 @@ def _model(sim: Simulation):
 
 
 @SETTINGS
-@given(concurrent_history(kind="register", max_keys=4))
+@given(concurrent_history(kind="register", max_keys=12, max_steps=120))
 def test_register_histories_valid_by_construction_are_linearizable(sim: Simulation) -> None:
     if sim.in_flight and len(sim.records) % 2:
         sim.quiesce()  # half of them end with operations still in flight (never completed)

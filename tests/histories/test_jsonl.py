@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from histories.ops import HistoryError, OpType
+from histories.pairing import pair_operations
 from histories.read import read_history, read_history_report, read_operations
 from histories.write import HistoryWriter
+from tests.checker.histgen import concurrent_history
 
 
 def _clock():
@@ -104,3 +107,27 @@ def test_unknown_fields_are_kept(tmp_path: Path) -> None:
     (record,) = read_history(path)
     assert dict(record.extra) == {"request_id": "r-1"}
     assert record.to_json()["request_id"] == "r-1"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(concurrent_history(kind="versioned", max_keys=3))
+def test_writer_then_reader_round_trip_random_histories(tmp_path_factory, sim) -> None:
+    """Any history the op model allows survives HistoryWriter -> read_operations unchanged."""
+    path = tmp_path_factory.mktemp("roundtrip") / "history.jsonl"
+    invoke_index: dict[int, int] = {}
+    with HistoryWriter(path, clock_ns=_clock()) as writer:
+        for record in sim.records:
+            fields = {
+                name: getattr(record, name)
+                for name in ("version", "expected_version", "applied")
+                if getattr(record, name) is not None
+            }
+            if record.type is OpType.INVOKE:
+                invoke_index[record.process] = writer.invoke(record.process, record.f, record.key, record.value, **fields)
+            else:
+                writer.complete(invoke_index.pop(record.process), record.type.value, record.value, **fields)
+    expected = pair_operations(sim.records)
+    actual = read_operations(path)
+    assert [(o.process, o.f, o.key, o.value, o.type, o.result, o.version, o.call, o.ret) for o in actual] == [
+        (o.process, o.f, o.key, o.value, o.type, o.result, o.version, o.call, o.ret) for o in expected
+    ]
