@@ -78,11 +78,15 @@ def _timeline(operations: Sequence[Operation], model: Model, cx: Counterexample 
     operations = list(operations)[:_MAX_OPS]
     if not operations:
         return "<p>no operations</p>"
-    end = max(max(op.call, op.ret or 0) for op in operations) + 2
-    start = min(op.call for op in operations)
-    span = max(1, end - start)
-    px = max(6.0, min(40.0, 1600.0 / span))
-    width = int(span * px) + _LANE_LABEL_PX + 20
+    # The x axis is the order of this key's own invokes and completions (real-time order is
+    # all that linearizability looks at), so a key spread thinly over a long history stays
+    # readable; unknown outcomes run to one step past the last completion.
+    points = sorted({op.call for op in operations} | {op.ret for op in operations if op.ret is not None})
+    rank = {position: n for n, position in enumerate(points)}
+    end = len(points)
+    start = 0
+    px = max(14.0, min(60.0, 1600.0 / max(1, end)))
+    width = int((end + 1) * px) + _LANE_LABEL_PX + 20
     order = {}
     candidates: set[int] = set()
     blocking = None
@@ -97,8 +101,8 @@ def _timeline(operations: Sequence[Operation], model: Model, cx: Counterexample 
     for process in sorted(lanes, key=lambda p: (str(type(p)), p)):
         rows.append(f"<div class='lane'><span class='lane-label'>p{html.escape(str(process))}</span>")
         for op in lanes[process]:
-            left = _LANE_LABEL_PX + (op.call - start) * px
-            right = _LANE_LABEL_PX + ((op.ret if op.ret is not None else end) - start) * px
+            left = _LANE_LABEL_PX + (rank[op.call] - start) * px
+            right = _LANE_LABEL_PX + ((rank[op.ret] if op.ret is not None else end) - start + 0.85) * px
             classes = ["bar"]
             if op.ret is None:
                 classes.append("unknown")
