@@ -262,6 +262,7 @@ class _Search:
         best_depth = -1
         placed_completed = 0
         record_best = False
+        best_length = 0
         best_path: list[int] = []
         best_state = 0
         countdown = _CHECK_EVERY
@@ -338,14 +339,17 @@ class _Search:
                         # operations on its path are exactly those it needed.
                         if placed_completed > best_depth:
                             best_depth = placed_completed
+                            best_length = len(stack)
                             record_best = True  # copied when the search turns back
                     phase = 0
                     entry = nxt[head]
                     continue
             if backtrack:
                 if record_best:
-                    best_path = [s[0] for s in stack]
-                    best_state = sid
+                    # The stack only grew since the new best: its first best_length entries
+                    # are that configuration (later info placements are left out).
+                    best_path = [s[0] for s in stack[:best_length]]
+                    best_state = stack[best_length][1] if len(stack) > best_length else sid
                     record_best = False
                 while True:
                     if not stack:

@@ -54,10 +54,10 @@ def render_html(
         f"{result.counts.get('keys', 0)} keys, {result.seconds:.3f} s"
         + (f"; {html.escape(result.note)}" if result.note else "")
         + "</p>",
-        "<p class='legend'><span class='bar prefix' style='position:static'>linearized prefix</span>"
-        "<span class='bar candidate' style='position:static'>could go next</span>"
-        "<span class='bar blocking' style='position:static'>cannot be placed</span>"
-        "<span class='bar unknown' style='position:static'>outcome unknown</span></p>",
+        "<p class='legend'><span class='key bar prefix' style='position:static'>linearized prefix</span>"
+        "<span class='key bar candidate' style='position:static'>could go next</span>"
+        "<span class='key bar blocking' style='position:static'>cannot be placed</span>"
+        "<span class='key bar unknown' style='position:static'>outcome unknown</span></p>",
     ]
     counterexamples = result.counterexamples
     if counterexamples:
