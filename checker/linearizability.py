@@ -21,7 +21,11 @@ Cheap, sound pruning (each keeps the verdict exact):
   moving such an operation earlier within its window never breaks a linearization, so if the
   configuration after it fails the current one fails too;
 - interchangeable `info` operations (same process-independent input, both pending) are only
-  linearized in invoke order (symmetry).
+  linearized in invoke order (symmetry);
+- an `info` operation whose step leaves the state unchanged is not placed (never taking effect
+  is the same), and a blind write (Step.blind) is not placed right after an `info` operation:
+  the configuration without that `info` operation reaches the same state with more options
+  left, and it is explored from the parent configuration anyway.
 
 Budget: a deadline and a cap on memo entries per key; when either is reached the key's
 verdict is "unknown" with a note saying which, never a guess.
@@ -191,6 +195,7 @@ class _Search:
         self.n = n
         self.info = [1 if op.ret is None else 0 for op in ops]
         self.read_only = [s.read_only for s in steps]
+        self.blind = [s.blind for s in steps]
         self.apply = [s.apply for s in steps]
         # Twins: an info op may be linearized only after the previous pending info op with
         # the same input, which was invoked earlier (symmetry; see the module docstring).
@@ -249,7 +254,7 @@ class _Search:
         n = self.n
         nxt, prv = self.nxt, self.prv
         head, tail = self.head, self.tail
-        info, read_only, twin = self.info, self.read_only, self.twin
+        info, read_only, twin, blind = self.info, self.read_only, self.twin, self.blind
         transitions = self.transitions
         transition = self._transition
         bits = [1 << i for i in range(n)]
@@ -300,13 +305,17 @@ class _Search:
                 backtrack = True
             else:
                 i = entry >> 1
-                if info[i] != phase or (phase and twin[i] >= 0 and not lin & bits[twin[i]]):
+                if (
+                    info[i] != phase
+                    or (phase and twin[i] >= 0 and not lin & bits[twin[i]])
+                    or (blind[i] and stack and info[stack[-1][0]])
+                ):
                     entry = nxt[entry]
                     continue
                 new_sid = transitions[i].get(sid)
                 if new_sid is None:
                     new_sid = transition(i, sid)
-                if new_sid < 0:
+                if new_sid < 0 or (phase and new_sid == sid):
                     entry = nxt[entry]
                     continue
                 new_lin = lin | bits[i]

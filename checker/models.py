@@ -12,6 +12,10 @@ operation could have taken effect; the search itself allows it to never take eff
 
 `read_only` promises that the step never changes the state wherever it is legal; the search
 uses it to linearize such operations greedily, so it must never be set for a write.
+`blind` promises that the step is legal in every state and its new state does not depend on
+the old one (a plain register write); the search uses it to skip placing an unknown-outcome
+operation right before a blind write that would erase its effect. Both are optional: False
+is always correct, only slower.
 
 Models here: register and cas_register (Knossos' `register` / `cas-register`; as in Knossos a
 read that returns nil matches any value), etcd (Porcupine's etcd model: nil is "key missing",
@@ -46,7 +50,8 @@ class Step:
     """One operation compiled for the search."""
 
     apply: Callable[[Any], Any]  # state -> new state, or ILLEGAL
-    read_only: bool = False
+    read_only: bool = False  # never changes the state wherever it is legal
+    blind: bool = False  # legal in every state, and the new state ignores the old one
 
 
 class ModelError(ValueError):
@@ -121,7 +126,7 @@ class CasRegister(Model):
             return Step(lambda s: s if s == expected else ILLEGAL, read_only=True)
         if f == "write":
             new = op.value
-            return Step(lambda s: new)
+            return Step(lambda s: new, blind=True)
         if f == "cas" and self.allow_cas:
             old, new = _pair(op, op.value)
             # An unknown cas that did not match is the same as one that never happened.
@@ -166,7 +171,7 @@ class Etcd(Model):
             if op.type is OpType.FAIL:
                 return None
             new = op.value
-            return Step(lambda s: new)
+            return Step(lambda s: new, blind=True)
         if f == "cas":
             old, new = _pair(op, op.value)
             if op.type is OpType.FAIL:
@@ -202,7 +207,7 @@ class Kv(Model):
             return Step(lambda s: s if s == expected else ILLEGAL, read_only=True)
         if f == "put":
             new = op.value
-            return Step(lambda s: new)
+            return Step(lambda s: new, blind=True)
         if f == "append":
             suffix = op.value
             return Step(lambda s: s + suffix)
