@@ -159,6 +159,15 @@ def test_search_agrees_with_brute_force(records: list[Op]) -> None:
     assert check_linearizable(operations, model).valid is _brute_force(operations, model)
 
 
+@settings(max_examples=600, deadline=None)
+@given(small_random_history())
+def test_search_agrees_with_brute_force_on_the_etcd_model(records: list[Op]) -> None:
+    # etcd reads a failed cas as "the compare did not match": a read-only step.
+    operations = pair_operations(records)
+    model = models.etcd()
+    assert check_linearizable(operations, model).valid is _brute_force(operations, model)
+
+
 def test_brute_force_comparison_catches_an_unsound_pruning(monkeypatch) -> None:
     """The comparison above can fail: a search that treats every step as read-only (greedy
     for writes too) disagrees with brute force on some small history."""
