@@ -27,8 +27,9 @@ Cheap, sound pruning (each keeps the verdict exact):
   the configuration without that `info` operation reaches the same state with more options
   left, and it is explored from the parent configuration anyway.
 
-Budget: a deadline and a cap on memo entries per key; when either is reached the key's
-verdict is "unknown" with a note saying which, never a guess.
+Budget, per key: a deadline, a cap on memo entries and an estimate of the search's memory
+(memo, transition table, distinct states); when one is reached the key's verdict is
+"unknown" with a note saying which, never a guess.
 
 Must never mutate the operations it is given or keep memo tables after a key is decided.
 """
