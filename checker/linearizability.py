@@ -207,21 +207,35 @@ class _Search:
                 signature = (op.f, _hashable(op.key), _hashable(op.value), op.expected_version)
                 self.twin[i] = last_with_input.get(signature, -1)
                 last_with_input[signature] = i
-        # Entries: 2i is the call of op i, 2i+1 its return; HEAD and TAIL are sentinels.
+        # Entries: 2i is the call of op i, 2i+1 its return. Two lists share the link arrays:
+        # the completed operations' calls and returns (head..tail), and the info operations'
+        # calls (info_head..info_tail), so that neither phase of the search walks over the
+        # other's entries. `position` is the record index of each call and return.
         events = []
+        info_calls = []
+        self.position = [0] * (2 * n)
         for i, op in enumerate(ops):
-            events.append((op.call, 2 * i))
-            if op.ret is not None:
+            self.position[2 * i] = op.call
+            if op.ret is None:
+                info_calls.append((op.call, 2 * i))
+            else:
+                self.position[2 * i + 1] = op.ret
+                events.append((op.call, 2 * i))
                 events.append((op.ret, 2 * i + 1))
         events.sort()
-        self.head = 2 * n
-        self.tail = 2 * n + 1
-        self.nxt = [0] * (2 * n + 2)
-        self.prv = [0] * (2 * n + 2)
-        chain = [self.head] + [e for _, e in events] + [self.tail]
-        for a, b in zip(chain, chain[1:], strict=False):
-            self.nxt[a] = b
-            self.prv[b] = a
+        info_calls.sort()
+        self.head, self.tail = 2 * n, 2 * n + 1
+        self.info_head, self.info_tail = 2 * n + 2, 2 * n + 3
+        self.nxt = [0] * (2 * n + 4)
+        self.prv = [0] * (2 * n + 4)
+        for first, entries, last in (
+            (self.head, events, self.tail),
+            (self.info_head, info_calls, self.info_tail),
+        ):
+            chain = [first] + [e for _, e in entries] + [last]
+            for a, b in zip(chain, chain[1:], strict=False):
+                self.nxt[a] = b
+                self.prv[b] = a
         self.states: list[Any] = [init]
         self.state_ids: dict[Any, int] = {init: 0}
         self.transitions: list[dict[int, int]] = [{} for _ in range(n)]
@@ -253,17 +267,19 @@ class _Search:
 
     def run(self, deadline: float, max_memo_entries: int, max_memory_bytes: float) -> _Outcome:
         n = self.n
-        nxt, prv = self.nxt, self.prv
-        head, tail = self.head, self.tail
+        nxt, prv, position = self.nxt, self.prv, self.position
+        head, tail, info_head, info_tail = self.head, self.tail, self.info_head, self.info_tail
         info, read_only, twin, blind = self.info, self.read_only, self.twin, self.blind
         transitions = self.transitions
         transition = self._transition
         bits = [1 << i for i in range(n)]
         memo: set[int] = set()
-        stack: list[tuple[int, int, bool]] = []  # (op, state id before it, forced)
+        # (op, state id before it, forced, window limit when it was placed)
+        stack: list[tuple[int, int, bool, int]] = []
         lin = 0
         sid = 0
-        phase = 0  # 0: try completed ops of the window, 1: then the info ops
+        phase = 0  # 0: completed ops of the window, in call order; 1: then the info ops
+        limit = 0  # phase 1: record index of the window's first return
         entry = nxt[head]
         best_depth = -1
         placed_completed = 0
@@ -295,24 +311,30 @@ class _Search:
                         best_path,
                         best_state,
                     )
-            if entry == tail:
-                return _Outcome(True, len(memo), "", best_path, best_state)
             backtrack = False
-            if entry & 1:  # the first return: the window ends here
-                if phase == 0:
+            if phase == 0:
+                if entry == tail:  # no completed operation left: the rest may never happen
+                    return _Outcome(True, len(memo), "", best_path, best_state)
+                if entry & 1:  # the first return: the completed part of the window ends here
                     phase = 1
-                    entry = nxt[head]
+                    limit = position[entry]
+                    entry = nxt[info_head]
                     continue
-                backtrack = True
-            else:
                 i = entry >> 1
-                if (
-                    info[i] != phase
-                    or (phase and twin[i] >= 0 and not lin & bits[twin[i]])
-                    or (blind[i] and stack and info[stack[-1][0]])
-                ):
+                if blind[i] and stack and info[stack[-1][0]]:
                     entry = nxt[entry]
                     continue
+            else:
+                if entry == info_tail or position[entry] > limit:
+                    backtrack = True  # every candidate of this configuration was tried
+                else:
+                    i = entry >> 1
+                    if (twin[i] >= 0 and not lin & bits[twin[i]]) or (
+                        blind[i] and stack and info[stack[-1][0]]
+                    ):
+                        entry = nxt[entry]
+                        continue
+            if not backtrack:
                 new_sid = transitions[i].get(sid)
                 if new_sid is None:
                     new_sid = transition(i, sid)
@@ -329,10 +351,10 @@ class _Search:
                     backtrack = True  # dominated by a configuration that already failed
                 else:
                     memo.add(memo_key)
-                    stack.append((i, sid, forced))
+                    stack.append((i, sid, forced, limit))
                     lin = new_lin
                     sid = new_sid
-                    # lift: remove the op's call (and return) from the list
+                    # lift: remove the op's call (and return) from its list
                     a = prv[entry]
                     b = nxt[entry]
                     nxt[a] = b
@@ -343,7 +365,6 @@ class _Search:
                         b = nxt[r]
                         nxt[a] = b
                         prv[b] = a
-                    if not info[i]:
                         placed_completed += 1
                         # Deepest configuration by completed operations placed: the info
                         # operations on its path are exactly those it needed.
@@ -354,31 +375,30 @@ class _Search:
                     phase = 0
                     entry = nxt[head]
                     continue
-            if backtrack:
-                if record_best:
-                    # The stack only grew since the new best: its first best_length entries
-                    # are that configuration (later info placements are left out).
-                    best_path = [s[0] for s in stack[:best_length]]
-                    best_state = stack[best_length][1] if len(stack) > best_length else sid
-                    record_best = False
-                while True:
-                    if not stack:
-                        return _Outcome(False, len(memo), "", best_path, best_state)
-                    i, sid, forced = stack.pop()
-                    lin ^= bits[i]
-                    placed_completed -= 1 - info[i]
-                    # unlift, in the reverse order of lift
-                    if not info[i]:
-                        r = 2 * i + 1
-                        nxt[prv[r]] = r
-                        prv[nxt[r]] = r
-                    c = 2 * i
-                    nxt[prv[c]] = c
-                    prv[nxt[c]] = c
-                    if not forced:
-                        break
-                phase = info[i]
-                entry = nxt[2 * i]
+            if record_best:
+                # The stack only grew since the new best: its first best_length entries
+                # are that configuration (later info placements are left out).
+                best_path = [s[0] for s in stack[:best_length]]
+                best_state = stack[best_length][1] if len(stack) > best_length else sid
+                record_best = False
+            while True:
+                if not stack:
+                    return _Outcome(False, len(memo), "", best_path, best_state)
+                i, sid, forced, limit = stack.pop()
+                lin ^= bits[i]
+                # unlift, in the reverse order of lift
+                if not info[i]:
+                    placed_completed -= 1
+                    r = 2 * i + 1
+                    nxt[prv[r]] = r
+                    prv[nxt[r]] = r
+                c = 2 * i
+                nxt[prv[c]] = c
+                prv[nxt[c]] = c
+                if not forced:
+                    break
+            phase = info[i]
+            entry = nxt[2 * i]
 
     def counterexample(
         self, key: Hashable, model: Model, outcome: _Outcome, all_ops: Sequence[Operation]
