@@ -16,10 +16,12 @@ may be linearized at any point after their invoke or never. The search succeeds 
 no return entry is left, leaving any unlinearized `info` operation out ("never").
 
 Cheap, sound pruning (each keeps the verdict exact):
-- order: completed operations are tried before `info` ones, which can always wait;
-- read-only operations (Step.read_only) legal in the current state are linearized greedily:
-  moving such an operation earlier within its window never breaks a linearization, so if the
-  configuration after it fails the current one fails too;
+- order: a legal read-only operation first, then the other completed operations, then the
+  `info` ones, which can always wait;
+- read-only operations (Step.read_only) legal in the current state are linearized greedily,
+  before anything else: moving such an operation earlier within its window never breaks a
+  linearization, so if the configuration after it fails the current one fails too, and no
+  other candidate needs trying;
 - interchangeable `info` operations (same process-independent input, both pending) are only
   linearized in invoke order (symmetry);
 - an `info` operation whose step leaves the state unchanged is not placed (never taking effect
@@ -278,7 +280,10 @@ class _Search:
         stack: list[tuple[int, int, bool, int]] = []
         lin = 0
         sid = 0
-        phase = 0  # 0: completed ops of the window, in call order; 1: then the info ops
+        # Phases of trying the candidates of one configuration: 2, a legal read-only op of the
+        # window (placed greedily, no alternatives); 0, the window's other completed ops in
+        # call order; 1, the info ops invoked before the window's first return.
+        phase = 2
         limit = 0  # phase 1: record index of the window's first return
         entry = nxt[head]
         best_depth = -1
@@ -312,16 +317,26 @@ class _Search:
                         best_state,
                     )
             backtrack = False
-            if phase == 0:
+            if phase == 2:
                 if entry == tail:  # no completed operation left: the rest may never happen
                     return _Outcome(True, len(memo), "", best_path, best_state)
+                if entry & 1:  # the window's first return: now the operations that change state
+                    phase = 0
+                    entry = nxt[head]
+                    continue
+                i = entry >> 1
+                if not read_only[i]:
+                    entry = nxt[entry]
+                    continue
+            elif phase == 0:
                 if entry & 1:  # the first return: the completed part of the window ends here
                     phase = 1
                     limit = position[entry]
                     entry = nxt[info_head]
                     continue
                 i = entry >> 1
-                if blind[i] and stack and info[stack[-1][0]]:
+                if read_only[i] or (blind[i] and stack and info[stack[-1][0]]):
+                    # a read-only op here is illegal now: phase 2 placed it otherwise
                     entry = nxt[entry]
                     continue
             else:
@@ -338,7 +353,7 @@ class _Search:
                 new_sid = transitions[i].get(sid)
                 if new_sid is None:
                     new_sid = transition(i, sid)
-                if new_sid < 0 or (phase and new_sid == sid):
+                if new_sid < 0 or (phase == 1 and new_sid == sid):
                     entry = nxt[entry]
                     continue
                 new_lin = lin | bits[i]
@@ -372,7 +387,7 @@ class _Search:
                             best_depth = placed_completed
                             best_length = len(stack)
                             record_best = True  # copied when the search turns back
-                    phase = 0
+                    phase = 2
                     entry = nxt[head]
                     continue
             if record_best:
