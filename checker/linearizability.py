@@ -150,8 +150,7 @@ class _Outcome:
     valid: Verdict
     explored: int
     note: str
-    best_path: list[int]
-    best_state: int
+    best_path: list[int]  # the deepest configuration reached, for the counterexample
 
 
 def check_key(
@@ -291,7 +290,6 @@ class _Search:
         record_best = False
         best_length = 0
         best_path: list[int] = []
-        best_state = 0
         countdown = _CHECK_EVERY
 
         while True:
@@ -299,14 +297,13 @@ class _Search:
             if countdown == 0:
                 countdown = _CHECK_EVERY
                 if time.perf_counter() > deadline:
-                    return _Outcome(UNKNOWN, len(memo), "time budget ran out", best_path, best_state)
+                    return _Outcome(UNKNOWN, len(memo), "time budget ran out", best_path)
                 if len(memo) > max_memo_entries:
                     return _Outcome(
                         UNKNOWN,
                         len(memo),
                         f"memo table reached {max_memo_entries:,} entries (memory budget)",
                         best_path,
-                        best_state,
                     )
                 if self.memory_bytes(len(memo)) > max_memory_bytes:
                     return _Outcome(
@@ -314,12 +311,11 @@ class _Search:
                         len(memo),
                         f"search memory reached {max_memory_bytes / 2**20:,.0f} MB (memory budget)",
                         best_path,
-                        best_state,
                     )
             backtrack = False
             if phase == 2:
                 if entry == tail:  # no completed operation left: the rest may never happen
-                    return _Outcome(True, len(memo), "", best_path, best_state)
+                    return _Outcome(True, len(memo), "", best_path)
                 if entry & 1:  # the window's first return: now the operations that change state
                     phase = 0
                     entry = nxt[head]
@@ -394,11 +390,10 @@ class _Search:
                 # The stack only grew since the new best: its first best_length entries
                 # are that configuration (later info placements are left out).
                 best_path = [s[0] for s in stack[:best_length]]
-                best_state = stack[best_length][1] if len(stack) > best_length else sid
                 record_best = False
             while True:
                 if not stack:
-                    return _Outcome(False, len(memo), "", best_path, best_state)
+                    return _Outcome(False, len(memo), "", best_path)
                 i, sid, forced, limit = stack.pop()
                 lin ^= bits[i]
                 # unlift, in the reverse order of lift

@@ -195,7 +195,7 @@ def _op_fields(m: Any, path: str | None, line: int | None) -> tuple[dict[str, An
         "process_is_client": isinstance(process, int),
         "type": _TYPES[kind_name],
         "f": f_name,
-        "value": _value(get.get("value")),
+        "value": to_python(get.get("value")),
         "time": time if isinstance(time, int) and not isinstance(time, bool) else None,
         "error": None if error is None else str(to_python(error)),
         "extra": tuple(
@@ -205,10 +205,6 @@ def _op_fields(m: Any, path: str | None, line: int | None) -> tuple[dict[str, An
     if "key" in get:
         fields["key"] = to_python(get["key"])
     return fields, line
-
-
-def _value(value: Any) -> Any:
-    return to_python(value)
 
 
 def _looks_independent(raw: Iterable[tuple[dict[str, Any], int | None]]) -> bool:
