@@ -1,6 +1,7 @@
 """Append a history to `history.jsonl` as it happens, one flushed line per record.
 
-Each record is written and flushed before the call returns, so if the harness dies the file
+The file is created, never overwritten. Each record is written and flushed before the call
+returns, so if the harness dies the file
 holds a readable prefix (at worst a truncated last line, which the reader reports). The
 writer numbers records, stamps monotonic time and enforces the op model as it goes (one
 operation in flight per process; a completion answers an invoke in flight), so a harness bug
