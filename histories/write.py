@@ -1,9 +1,8 @@
 """Append a history to `history.jsonl` as it happens, one flushed line per record.
 
 The file is created, never overwritten. Each record is written and flushed before the call
-returns, so if the harness dies the file
-holds a readable prefix (at worst a truncated last line, which the reader reports). The
-writer numbers records, stamps monotonic time and enforces the op model as it goes (one
+returns, so if the harness dies the file holds a readable prefix (at worst a truncated last
+line, which the reader reports). The writer numbers records, stamps monotonic time and enforces the op model as it goes (one
 operation in flight per process; a completion answers an invoke in flight), so a harness bug
 shows up where it happens, not in the checker hours later.
 
