@@ -1,0 +1,135 @@
+"""`python -m checker check FILE ...`: check a stored history from the command line.
+
+Prints a one-line verdict, a per-key summary table and, for an invalid key, the
+counterexample; optionally writes the HTML timeline and the JSON results. Exit codes:
+0 valid, 1 invalid (or a lost write), 2 unknown (a budget ran out), 3 unreadable input.
+Must never print a verdict for input it could not read: that is exit 3 with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tabulate import tabulate
+
+from checker.linearizability import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_MAX_MEMO_ENTRIES,
+    DEFAULT_MAX_MEMORY_MB,
+    check_linearizable,
+)
+from checker.lost_writes import check_lost_writes
+from checker.models import MODELS, ModelError, by_name
+from checker.result import UNKNOWN, Result, Verdict, combine
+from checker.timeline import render_html
+from histories.edn import parse_edn_value
+from histories.load import FORMATS, load_history
+from histories.ops import HistoryError, Operation
+from histories.pairing import pair_operations
+
+EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_UNREADABLE = 0, 1, 2, 3
+_DEFAULT_MODEL = {"porcupine-etcd": "etcd", "porcupine-kv": "kv", "edn": "cas-register"}
+_LOST_WRITE_MODELS = ("versioned-kv", "register", "cas-register")
+_TABLE_ROWS = 20
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m checker", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="check a history file for linearizability and lost writes")
+    check.add_argument("file", type=Path, metavar="FILE", help="history.jsonl, Jepsen EDN or a Porcupine log")
+    check.add_argument("--model", choices=list(MODELS), help="default: from the format")
+    check.add_argument("--init", metavar="VALUE", help="the register's initial value as EDN (default nil)")
+    check.add_argument("--format", choices=FORMATS, help="default: from the name and content")
+    check.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="N", help="seconds per key (default %(default)s)")
+    check.add_argument("--max-memo", type=int, default=DEFAULT_MAX_MEMO_ENTRIES, metavar="N", help="memo entries per key (default %(default)s)")
+    check.add_argument("--max-memory-mb", type=float, default=DEFAULT_MAX_MEMORY_MB, metavar="MB", help="search memory per key (default %(default)s)")
+    check.add_argument("--all-keys", action="store_true", help="check every key, not only up to the first invalid")
+    check.add_argument("--no-partition", action="store_true", help="check the history as one object (slow)")
+    check.add_argument("--html", type=Path, metavar="OUT", help="write the HTML timeline here")
+    check.add_argument("--json", type=Path, metavar="OUT", help="write the JSON results here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        records, source = load_history(args.file, args.format)
+        operations = pair_operations(records, path=str(args.file), strict=source == "jsonl")
+        model_name = args.model or _default_model(source, operations)
+        try:
+            init = parse_edn_value(args.init) if args.init is not None else None
+        except ValueError as exc:
+            raise ModelError(f"--init: {exc}") from None
+        model = by_name(model_name, init)
+        result = check_linearizable(
+            operations,
+            model,
+            budget_s=args.budget_s,
+            all_keys=args.all_keys,
+            partition=not args.no_partition,
+            max_memo_entries=args.max_memo,
+            max_memory_mb=args.max_memory_mb,
+        )
+    except (HistoryError, ModelError) as exc:
+        print(f"UNREADABLE: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    lost = check_lost_writes(operations) if model_name in _LOST_WRITE_MODELS else None
+    verdict: Verdict = combine([result.valid] + ([lost.valid] if lost else []))
+    _print_report(args.file, result, lost, verdict)
+    if args.html:
+        args.html.write_text(render_html(result, operations, model, title=args.file.name), encoding="utf-8")
+        print(f"timeline: {args.html}")
+    if args.json:
+        payload = {"file": str(args.file), "valid": verdict, "linearizable": result.to_json()}
+        if lost is not None:
+            payload["lost_writes"] = lost.to_json()
+        args.json.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+        print(f"results: {args.json}")
+    if verdict is True:
+        return EXIT_VALID
+    return EXIT_INVALID if verdict is False else EXIT_UNKNOWN
+
+
+def _default_model(source: str, operations: list[Operation]) -> str:
+    if source in _DEFAULT_MODEL:
+        return _DEFAULT_MODEL[source]
+    if any(op.f in ("get", "put", "delete") for op in operations):
+        return "versioned-kv"
+    return "cas-register"
+
+
+def _print_report(path: Path, result: Result, lost: Result | None, verdict: Verdict) -> None:
+    word = {True: "VALID", False: "INVALID", UNKNOWN: "UNKNOWN"}[verdict]
+    counts = result.counts
+    print(
+        f"{word}: {path} — linearizable: {_word(result.valid)} (model {result.model}, "
+        f"{counts['operations']} operations, {counts['keys']} key{'s' if counts['keys'] != 1 else ''}, {result.seconds:.3f} s)"
+    )
+    if result.note:
+        print(f"  note: {result.note}")
+    if lost is not None:
+        found = len(lost.anomalies)
+        print(f"  lost writes: {'none found' if not found else f'{found} found'} ({lost.counts['reads_checked']} reads checked)")
+    rows = sorted(result.keys, key=lambda k: (k.valid is True, k.valid != UNKNOWN, -k.seconds))
+    table = [
+        [repr(k.key), k.operations, _word(k.valid), f"{k.seconds:.3f}", k.explored, k.note]
+        for k in rows[:_TABLE_ROWS]
+    ]
+    print(tabulate(table, headers=["key", "ops", "verdict", "seconds", "explored", "note"], tablefmt="simple"))
+    if len(rows) > _TABLE_ROWS:
+        print(f"  ... {len(rows) - _TABLE_ROWS} more keys, all valid" if rows[_TABLE_ROWS].valid is True else f"  ... {len(rows) - _TABLE_ROWS} more keys")
+    for counterexample in result.counterexamples:
+        print()
+        print(counterexample.text())
+    if lost is not None:
+        for anomaly in lost.anomalies:
+            print(f"  {anomaly.kind}: {anomaly.text}")
+
+
+def _word(valid: Verdict) -> str:
+    return {True: "valid", False: "INVALID", UNKNOWN: "unknown"}[valid]

@@ -1,0 +1,469 @@
+"""Linearizability checking: Wing & Gong / Lowe search, memoized, split per key.
+
+Theory of operation (Lowe, "Testing for linearizability", 2017; Porcupine's checker):
+the operations of one key become entries of a doubly linked list in real-time order, a
+*call* entry at the invoke and a *return* entry at the completion. The calls before the
+first return form the *window*: exactly the operations that may be linearized next. The
+search linearizes a window operation (steps the model, removes its entries from the list:
+"lift"), and when the first entry of the list is a return of an operation it could not place,
+it backtracks ("unlift"). A configuration is (set of linearized operations, model state);
+one already explored is never explored again (the memo), which is what makes the search
+practical. P-compositionality (Herlihy & Wing): a history is linearizable iff each key's
+sub-history is, so keys are checked separately.
+
+Operations whose outcome is unknown (`info`, or never completed) have no return entry: they
+may be linearized at any point after their invoke or never. The search succeeds as soon as
+no return entry is left, leaving any unlinearized `info` operation out ("never").
+
+Cheap, sound pruning (each keeps the verdict exact):
+- order: a legal read-only operation first, then the other completed operations, then the
+  `info` ones, which can always wait;
+- read-only operations (Step.read_only) legal in the current state are linearized greedily,
+  before anything else: moving such an operation earlier within its window never breaks a
+  linearization, so if the configuration after it fails the current one fails too, and no
+  other candidate needs trying;
+- interchangeable `info` operations (same process-independent input, both pending) are only
+  linearized in invoke order (symmetry);
+- an `info` operation whose step leaves the state unchanged is not placed (never taking effect
+  is the same), and a blind write (Step.blind) is not placed right after an `info` operation:
+  the configuration without that `info` operation reaches the same state with more options
+  left, and it is explored from the parent configuration anyway.
+
+Budget, per key: a deadline, a cap on memo entries and an estimate of the search's memory
+(memo, transition table, distinct states); when one is reached the key's verdict is
+"unknown" with a note saying which, never a guess.
+
+Must never mutate the operations it is given or keep memo tables after a key is decided.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from checker.models import ILLEGAL, Model, Unpartitioned
+from checker.result import (
+    UNKNOWN,
+    Candidate,
+    Counterexample,
+    KeyResult,
+    Placed,
+    Result,
+    Verdict,
+    combine,
+)
+from histories.ops import Op, Operation, OpType
+from histories.pairing import pair_operations
+
+DEFAULT_BUDGET_S = 60.0
+DEFAULT_MAX_MEMO_ENTRIES = 2_000_000  # per key; about 200 MB of memo with its transitions
+DEFAULT_MAX_MEMORY_MB = 512  # per key: memo, transition table and distinct model states
+# Rough CPython costs, for the memory estimate (measured: an int key of a few hundred bits
+# plus its set slot; a small-int dict entry).
+_MEMO_ENTRY_BYTES = 90
+_TRANSITION_BYTES = 100
+_CHECK_EVERY = 1024  # search iterations between budget checks
+
+
+def check_linearizable(
+    history: Sequence[Op] | Sequence[Operation],
+    model: Model,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    all_keys: bool = False,
+    partition: bool = True,
+    max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
+    max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
+) -> Result:
+    """Is the history linearizable with respect to `model`?
+
+    `history` is a list of records (paired here) or of paired Operations. Each key gets its
+    own `budget_s` seconds, `max_memo_entries` memo entries and about `max_memory_mb` of
+    search memory (memo, transitions, distinct states); past any of them it is "unknown". By default the check stops
+    at the first invalid key, as Porcupine does; `all_keys=True` checks every key.
+    `partition=False` checks the whole history as one object (slow; for stress tests).
+    """
+    started = time.perf_counter()
+    operations = _operations(history)
+    if not partition:
+        keys_seen: dict[Hashable, None] = {}
+        for op in operations:
+            keys_seen.setdefault(model.partition_key(op), None)
+        model = Unpartitioned(model, list(keys_seen))
+    groups: dict[Hashable, list[Operation]] = {}
+    for op in operations:
+        groups.setdefault(model.partition_key(op), []).append(op)
+    # Small keys first: the cheap ones decide quickly and an invalid one stops the check.
+    ordered = sorted(groups.items(), key=lambda item: (len(item[1]), repr(item[0])))
+    results: list[KeyResult] = []
+    skipped = 0
+    for position, (key, ops) in enumerate(ordered):
+        key_result = check_key(
+            key,
+            ops,
+            model,
+            budget_s=budget_s,
+            max_memo_entries=max_memo_entries,
+            max_memory_mb=max_memory_mb,
+        )
+        results.append(key_result)
+        if key_result.valid is False and not all_keys:
+            skipped = len(ordered) - position - 1
+            break
+    verdict: Verdict = combine([r.valid for r in results])
+    notes = [f"{r.key!r}: {r.note}" for r in results if r.valid == UNKNOWN]
+    if skipped:
+        notes.append(f"stopped at the first invalid key; {skipped} keys not checked (use all_keys)")
+    counts = {
+        "operations": len(operations),
+        "ok": sum(op.type is OpType.OK for op in operations),
+        "fail": sum(op.type is OpType.FAIL for op in operations),
+        "info": sum(op.type is OpType.INFO for op in operations),
+        "keys": len(groups),
+        "keys_checked": len(results),
+        "keys_valid": sum(r.valid is True for r in results),
+        "keys_invalid": sum(r.valid is False for r in results),
+        "keys_unknown": sum(r.valid == UNKNOWN for r in results),
+    }
+    return Result(
+        checker="linearizable",
+        valid=verdict,
+        model=model.name,
+        seconds=time.perf_counter() - started,
+        keys=tuple(results),
+        counts=counts,
+        note="; ".join(notes),
+    )
+
+
+def _operations(history: Sequence[Op] | Sequence[Operation]) -> list[Operation]:
+    if history and isinstance(history[0], Op):
+        return pair_operations(history)  # type: ignore[arg-type]
+    return list(history)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Outcome:
+    valid: Verdict
+    explored: int
+    note: str
+    best_path: list[int]  # the deepest configuration reached, for the counterexample
+
+
+def check_key(
+    key: Hashable,
+    operations: Sequence[Operation],
+    model: Model,
+    *,
+    budget_s: float = DEFAULT_BUDGET_S,
+    max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
+    max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
+) -> KeyResult:
+    """Check one key's operations (already partitioned)."""
+    started = time.perf_counter()
+    kept: list[Operation] = []
+    steps = []
+    for op in operations:
+        step = model.prepare(op)
+        if step is not None:
+            kept.append(op)
+            steps.append(step)
+    searcher = _Search(kept, steps, model.initial_state())
+    outcome = searcher.run(time.perf_counter() + budget_s, max_memo_entries, max_memory_mb * 2**20)
+    counterexample = None
+    if outcome.valid is False:
+        counterexample = searcher.counterexample(key, model, outcome, operations)
+    return KeyResult(
+        key=key,
+        valid=outcome.valid,
+        operations=len(operations),
+        seconds=time.perf_counter() - started,
+        explored=outcome.explored,
+        note=outcome.note,
+        counterexample=counterexample,
+    )
+
+
+class _Search:
+    """The memoized just-in-time linearization search over one key's operations."""
+
+    def __init__(self, ops: list[Operation], steps: list[Any], init: Any) -> None:
+        self.ops = ops
+        self.steps = steps
+        n = len(ops)
+        self.n = n
+        self.info = [1 if op.ret is None else 0 for op in ops]
+        self.read_only = [s.read_only for s in steps]
+        self.blind = [s.blind for s in steps]
+        self.apply = [s.apply for s in steps]
+        # Twins: an info op may be linearized only after the previous pending info op with
+        # the same input, which was invoked earlier (symmetry; see the module docstring).
+        self.twin = [-1] * n
+        last_with_input: dict[Any, int] = {}
+        for i, op in enumerate(ops):
+            if self.info[i]:
+                signature = (op.f, _hashable(op.key), _hashable(op.value), op.expected_version)
+                self.twin[i] = last_with_input.get(signature, -1)
+                last_with_input[signature] = i
+        # Entries: 2i is the call of op i, 2i+1 its return. Two lists share the link arrays:
+        # the completed operations' calls and returns (head..tail), and the info operations'
+        # calls (info_head..info_tail), so that neither phase of the search walks over the
+        # other's entries. `position` is the record index of each call and return.
+        events = []
+        info_calls = []
+        self.position = [0] * (2 * n)
+        for i, op in enumerate(ops):
+            self.position[2 * i] = op.call
+            if op.ret is None:
+                info_calls.append((op.call, 2 * i))
+            else:
+                self.position[2 * i + 1] = op.ret
+                events.append((op.call, 2 * i))
+                events.append((op.ret, 2 * i + 1))
+        events.sort()
+        info_calls.sort()
+        self.head, self.tail = 2 * n, 2 * n + 1
+        self.info_head, self.info_tail = 2 * n + 2, 2 * n + 3
+        self.nxt = [0] * (2 * n + 4)
+        self.prv = [0] * (2 * n + 4)
+        for first, entries, last in (
+            (self.head, events, self.tail),
+            (self.info_head, info_calls, self.info_tail),
+        ):
+            chain = [first] + [e for _, e in entries] + [last]
+            for a, b in zip(chain, chain[1:], strict=False):
+                self.nxt[a] = b
+                self.prv[b] = a
+        self.states: list[Any] = [init]
+        self.state_ids: dict[Any, int] = {init: 0}
+        self.transitions: list[dict[int, int]] = [{} for _ in range(n)]
+        self.transition_count = 0
+        self.state_bytes = sys.getsizeof(init)
+
+    def _transition(self, i: int, sid: int) -> int:
+        new = self.apply[i](self.states[sid])
+        if new is ILLEGAL:
+            result = -1
+        else:
+            result = self.state_ids.get(new)
+            if result is None:
+                result = len(self.states)
+                self.states.append(new)
+                self.state_ids[new] = result
+                self.state_bytes += _size(new)
+        self.transitions[i][sid] = result
+        self.transition_count += 1
+        return result
+
+    def memory_bytes(self, memo_entries: int) -> int:
+        """Estimated search memory; the distinct states dominate for string states."""
+        return (
+            memo_entries * _MEMO_ENTRY_BYTES
+            + self.transition_count * _TRANSITION_BYTES
+            + 2 * self.state_bytes  # the state list and the interning dict share objects
+        )
+
+    def run(self, deadline: float, max_memo_entries: int, max_memory_bytes: float) -> _Outcome:
+        n = self.n
+        nxt, prv, position = self.nxt, self.prv, self.position
+        head, tail, info_head, info_tail = self.head, self.tail, self.info_head, self.info_tail
+        info, read_only, twin, blind = self.info, self.read_only, self.twin, self.blind
+        transitions = self.transitions
+        transition = self._transition
+        bits = [1 << i for i in range(n)]
+        memo: set[int] = set()
+        # (op, state id before it, forced, window limit when it was placed)
+        stack: list[tuple[int, int, bool, int]] = []
+        lin = 0
+        sid = 0
+        # Phases of trying the candidates of one configuration: 2, a legal read-only op of the
+        # window (placed greedily, no alternatives); 0, the window's other completed ops in
+        # call order; 1, the info ops invoked before the window's first return.
+        phase = 2
+        limit = 0  # phase 1: record index of the window's first return
+        entry = nxt[head]
+        best_depth = -1
+        placed_completed = 0
+        record_best = False
+        best_length = 0
+        best_path: list[int] = []
+        countdown = _CHECK_EVERY
+
+        while True:
+            countdown -= 1
+            if countdown == 0:
+                countdown = _CHECK_EVERY
+                if time.perf_counter() > deadline:
+                    return _Outcome(UNKNOWN, len(memo), "time budget ran out", best_path)
+                if len(memo) > max_memo_entries:
+                    return _Outcome(
+                        UNKNOWN,
+                        len(memo),
+                        f"memo table reached {max_memo_entries:,} entries (memory budget)",
+                        best_path,
+                    )
+                if self.memory_bytes(len(memo)) > max_memory_bytes:
+                    return _Outcome(
+                        UNKNOWN,
+                        len(memo),
+                        f"search memory reached {max_memory_bytes / 2**20:,.0f} MB (memory budget)",
+                        best_path,
+                    )
+            backtrack = False
+            if phase == 2:
+                if entry == tail:  # no completed operation left: the rest may never happen
+                    return _Outcome(True, len(memo), "", best_path)
+                if entry & 1:  # the window's first return: now the operations that change state
+                    phase = 0
+                    entry = nxt[head]
+                    continue
+                i = entry >> 1
+                if not read_only[i]:
+                    entry = nxt[entry]
+                    continue
+            elif phase == 0:
+                if entry & 1:  # the first return: the completed part of the window ends here
+                    phase = 1
+                    limit = position[entry]
+                    entry = nxt[info_head]
+                    continue
+                i = entry >> 1
+                if read_only[i] or (blind[i] and stack and info[stack[-1][0]]):
+                    # a read-only op here is illegal now: phase 2 placed it otherwise
+                    entry = nxt[entry]
+                    continue
+            else:
+                if entry == info_tail or position[entry] > limit:
+                    backtrack = True  # every candidate of this configuration was tried
+                else:
+                    i = entry >> 1
+                    if (twin[i] >= 0 and not lin & bits[twin[i]]) or (
+                        blind[i] and stack and info[stack[-1][0]]
+                    ):
+                        entry = nxt[entry]
+                        continue
+            if not backtrack:
+                new_sid = transitions[i].get(sid)
+                if new_sid is None:
+                    new_sid = transition(i, sid)
+                if new_sid < 0 or (phase == 1 and new_sid == sid):
+                    entry = nxt[entry]
+                    continue
+                new_lin = lin | bits[i]
+                memo_key = (new_sid << n) | new_lin
+                forced = read_only[i]
+                if memo_key in memo:
+                    if not forced:
+                        entry = nxt[entry]
+                        continue
+                    backtrack = True  # dominated by a configuration that already failed
+                else:
+                    memo.add(memo_key)
+                    stack.append((i, sid, forced, limit))
+                    lin = new_lin
+                    sid = new_sid
+                    # lift: remove the op's call (and return) from its list
+                    a = prv[entry]
+                    b = nxt[entry]
+                    nxt[a] = b
+                    prv[b] = a
+                    if not info[i]:
+                        r = entry + 1
+                        a = prv[r]
+                        b = nxt[r]
+                        nxt[a] = b
+                        prv[b] = a
+                        placed_completed += 1
+                        # Deepest configuration by completed operations placed: the info
+                        # operations on its path are exactly those it needed.
+                        if placed_completed > best_depth:
+                            best_depth = placed_completed
+                            best_length = len(stack)
+                            record_best = True  # copied when the search turns back
+                    phase = 2
+                    entry = nxt[head]
+                    continue
+            if record_best:
+                # The stack only grew since the new best: its first best_length entries
+                # are that configuration (later info placements are left out).
+                best_path = [s[0] for s in stack[:best_length]]
+                record_best = False
+            while True:
+                if not stack:
+                    return _Outcome(False, len(memo), "", best_path)
+                i, sid, forced, limit = stack.pop()
+                lin ^= bits[i]
+                # unlift, in the reverse order of lift
+                if not info[i]:
+                    placed_completed -= 1
+                    r = 2 * i + 1
+                    nxt[prv[r]] = r
+                    prv[nxt[r]] = r
+                c = 2 * i
+                nxt[prv[c]] = c
+                prv[nxt[c]] = c
+                if not forced:
+                    break
+            phase = info[i]
+            entry = nxt[2 * i]
+
+    def counterexample(
+        self, key: Hashable, model: Model, outcome: _Outcome, all_ops: Sequence[Operation]
+    ) -> Counterexample:
+        """Rebuild the deepest configuration reached and say what could not be placed."""
+        path = outcome.best_path
+        placed = []
+        sid = 0
+        for i in path:
+            sid = self.transitions[i][sid]
+            placed.append(
+                Placed(
+                    op=self.ops[i],
+                    description=model.describe_operation(self.ops[i]),
+                    state_after=model.describe_state(self.states[sid]),
+                )
+            )
+        done = set(path)
+        remaining = [i for i in range(self.n) if i not in done]
+        completed = [i for i in remaining if self.ops[i].ret is not None]
+        blocking = min(completed, key=lambda i: self.ops[i].ret)  # type: ignore[arg-type, return-value]
+        cutoff = self.ops[blocking].ret
+        state = self.states[sid]
+        candidates = []
+        for i in remaining:
+            op = self.ops[i]
+            if op.call > cutoff:  # type: ignore[operator]
+                continue
+            new = self.apply[i](state)
+            if new is ILLEGAL:
+                outcome_text = f"illegal in state {model.describe_state(state)}"
+            else:
+                outcome_text = f"-> {model.describe_state(new)}, but no order of the rest works from there"
+            candidates.append(Candidate(op=op, description=model.describe_operation(op), outcome=outcome_text))
+        return Counterexample(
+            key=key,
+            prefix=tuple(placed),
+            state=model.describe_state(state),
+            blocking=self.ops[blocking],
+            blocking_description=model.describe_operation(self.ops[blocking]),
+            candidates=tuple(candidates),
+            operations=tuple(all_ops),
+        )
+
+
+def _size(state: Any) -> int:
+    size = sys.getsizeof(state)
+    if isinstance(state, tuple):
+        size += sum(sys.getsizeof(part) for part in state)
+    return size
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value

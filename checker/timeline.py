@@ -1,0 +1,128 @@
+"""An HTML timeline of a history: one lane per process, each operation a bar from its invoke
+to its completion, in the spirit of Porcupine's visualization and Knossos' linear.svg.
+
+For an invalid key the bars are coloured: the longest linearizable prefix (numbered in its
+linearization order), the operations that could have come next (orange) and the operation
+that cannot be placed (red). Operations with an unknown outcome extend to the end, hatched.
+The page is self-contained (no scripts, no network). Must never embed unescaped history
+text: every value goes through html.escape.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from checker.models import Model
+from checker.result import Counterexample, Result
+from histories.ops import Operation, OpType
+
+_STYLE = """
+body { font: 13px/1.4 system-ui, sans-serif; margin: 16px; color: #222; }
+h1 { font-size: 18px; } h2 { font-size: 15px; margin-top: 28px; }
+.verdict-true { color: #17702a; } .verdict-false { color: #b00020; } .verdict-unknown { color: #a15c00; }
+.timeline { position: relative; border-top: 1px solid #ccc; overflow-x: auto; }
+.lane { position: relative; height: 26px; border-bottom: 1px solid #eee; }
+.lane-label { position: absolute; left: 0; width: 56px; top: 5px; color: #666; font-size: 11px; }
+.bar { position: absolute; top: 3px; height: 18px; border-radius: 3px; background: #c9d7ea;
+       border: 1px solid #7d96b8; font-size: 11px; white-space: nowrap; overflow: hidden;
+       padding: 0 3px; box-sizing: border-box; }
+.bar.unknown { background: repeating-linear-gradient(45deg, #e4e4e4, #e4e4e4 4px, #f4f4f4 4px, #f4f4f4 8px);
+               border-style: dashed; }
+.bar.failed-op { opacity: 0.45; }
+.bar.prefix { background: #c8e6c9; border-color: #4c9a52; }
+.bar.candidate { background: #ffe0b2; border-color: #e08a00; }
+.bar.blocking { background: #ffcdd2; border: 2px solid #b00020; font-weight: bold; }
+.legend span { display: inline-block; padding: 1px 6px; margin-right: 8px; border-radius: 3px; }
+pre { background: #f6f6f6; padding: 8px; overflow-x: auto; }
+"""
+
+_LANE_LABEL_PX = 60
+_MAX_OPS = 3000  # beyond this a page is unreadable and heavy; the text report says the rest
+
+
+def render_html(
+    result: Result, operations: Sequence[Operation], model: Model, *, title: str = "history"
+) -> str:
+    """The whole report page: verdict, per-key summary, and a timeline per shown key."""
+    verdict = {True: "linearizable", False: "NOT linearizable", "unknown": "unknown"}[result.valid]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}: {verdict}</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{html.escape(title)}: <span class='verdict-{str(result.valid).lower()}'>{verdict}</span></h1>",
+        f"<p>model {html.escape(result.model)}, {result.counts.get('operations', 0)} operations, "
+        f"{result.counts.get('keys', 0)} keys, {result.seconds:.3f} s"
+        + (f"; {html.escape(result.note)}" if result.note else "")
+        + "</p>",
+        "<p class='legend'><span class='key bar prefix' style='position:static'>linearized prefix</span>"
+        "<span class='key bar candidate' style='position:static'>could go next</span>"
+        "<span class='key bar blocking' style='position:static'>cannot be placed</span>"
+        "<span class='key bar unknown' style='position:static'>outcome unknown</span></p>",
+    ]
+    counterexamples = result.counterexamples
+    if counterexamples:
+        for cx in counterexamples:
+            parts.append(f"<h2>key {html.escape(repr(cx.key))}</h2>")
+            parts.append(f"<pre>{html.escape(cx.text())}</pre>")
+            parts.append(_timeline(cx.operations, model, cx))
+    else:
+        shown = list(operations)[:_MAX_OPS]
+        if len(operations) > _MAX_OPS:
+            parts.append(f"<p>showing the first {_MAX_OPS} of {len(operations)} operations</p>")
+        parts.append(_timeline(shown, model, None))
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _timeline(operations: Sequence[Operation], model: Model, cx: Counterexample | None) -> str:
+    operations = list(operations)[:_MAX_OPS]
+    if not operations:
+        return "<p>no operations</p>"
+    # The x axis is the order of this key's own invokes and completions (real-time order is
+    # all that linearizability looks at), so a key spread thinly over a long history stays
+    # readable; unknown outcomes run to one step past the last completion.
+    points = sorted({op.call for op in operations} | {op.ret for op in operations if op.ret is not None})
+    rank = {position: n for n, position in enumerate(points)}
+    end = len(points)
+    start = 0
+    px = max(14.0, min(60.0, 1600.0 / max(1, end)))
+    width = int((end + 1) * px) + _LANE_LABEL_PX + 20
+    order = {}
+    candidates: set[int] = set()
+    blocking = None
+    if cx is not None:
+        order = {placed.op.id: n for n, placed in enumerate(cx.prefix, start=1)}
+        candidates = {c.op.id for c in cx.candidates}
+        blocking = cx.blocking.id
+    lanes: dict[object, list[Operation]] = {}
+    for op in sorted(operations, key=lambda o: o.call):
+        lanes.setdefault(op.process, []).append(op)
+    rows = [f"<div class='timeline' style='width:{width}px'>"]
+    for process in sorted(lanes, key=lambda p: (str(type(p)), p)):
+        rows.append(f"<div class='lane'><span class='lane-label'>p{html.escape(str(process))}</span>")
+        for op in lanes[process]:
+            left = _LANE_LABEL_PX + (rank[op.call] - start) * px
+            right = _LANE_LABEL_PX + ((rank[op.ret] if op.ret is not None else end) - start + 0.85) * px
+            classes = ["bar"]
+            if op.ret is None:
+                classes.append("unknown")
+            if op.type is OpType.FAIL:
+                classes.append("failed-op")
+            label = model.describe_operation(op)
+            if op.id == blocking:
+                classes.append("blocking")
+            elif op.id in candidates:
+                classes.append("candidate")
+            elif op.id in order:
+                classes.append("prefix")
+                label = f"{order[op.id]}. {label}"
+            tip = f"{label} | invoke #{op.call}" + (f", completion #{op.ret}" if op.ret is not None else ", outcome unknown")
+            if op.invoke.line is not None:
+                tip += f" | line {op.invoke.line}"
+            rows.append(
+                f"<div class='{' '.join(classes)}' style='left:{left:.0f}px;width:{max(4.0, right - left):.0f}px' "
+                f"title='{html.escape(tip, quote=True)}'>{html.escape(label)}</div>"
+            )
+        rows.append("</div>")
+    rows.append("</div>")
+    return "\n".join(rows)

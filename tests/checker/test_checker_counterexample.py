@@ -1,0 +1,59 @@
+"""Counterexamples say what a person needs: the prefix that works, the state, the operation that
+cannot be placed and why; the HTML timeline shows the same, escaped, one lane per process."""
+
+from __future__ import annotations
+
+from checker import check_linearizable, models
+from checker.timeline import render_html
+from histories.ops import Op, OpType
+from histories.pairing import pair_operations
+
+
+def _stale_read_history(value_b: object = 2) -> list[Op]:
+    spec = [
+        (0, OpType.INVOKE, "write", 1),
+        (0, OpType.OK, "write", 1),
+        (1, OpType.INVOKE, "write", value_b),
+        (1, OpType.OK, "write", value_b),
+        (2, OpType.INVOKE, "read", None),
+        (3, OpType.INVOKE, "write", 9),  # never completes: may or may not have happened
+        (2, OpType.OK, "read", 1),  # stale: the write of value_b had completed
+    ]
+    return [Op(index=i, process=p, type=t, f=f, value=v) for i, (p, t, f, v) in enumerate(spec)]
+
+
+def test_counterexample_names_prefix_state_blocking_operation_and_candidates() -> None:
+    result = check_linearizable(_stale_read_history(), models.cas_register(0))
+    assert result.valid is False
+    (cx,) = result.counterexamples
+    assert [p.description for p in cx.prefix] == ["write(1)", "write(2)"]
+    assert cx.state == "2"
+    assert cx.blocking_description == "read() -> 1"
+    outcomes = {c.description: c.outcome for c in cx.candidates}
+    assert outcomes["read() -> 1"] == "illegal in state 2"
+    assert outcomes["write(9) (unknown outcome)"].startswith("-> 9")
+    text = cx.text()
+    assert "longest linearizable prefix: 2 of 4 operations" in text
+    assert "cannot place: [4..6] p2 read() -> 1" in text
+    assert cx.to_json()["blocking"]["op"]["invoke_index"] == 4
+
+
+def test_timeline_has_a_lane_per_process_marks_the_failure_and_escapes_values() -> None:
+    history = _stale_read_history(value_b="<script>alert(1)</script>")
+    model = models.cas_register(0)
+    operations = pair_operations(history)
+    result = check_linearizable(operations, model)
+    page = render_html(result, operations, model, title="t<1>")
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert page.count("class='lane'") == 4
+    assert page.count("class='bar blocking'") == 1
+    assert "class='bar unknown candidate'" in page  # the pending write could go next
+    assert "1. write(1)" in page and "2. write(" in page
+
+
+def test_valid_history_timeline_shows_every_operation() -> None:
+    history = _stale_read_history()[:4]
+    model = models.cas_register(0)
+    operations = pair_operations(history)
+    page = render_html(check_linearizable(operations, model), operations, model)
+    assert "linearizable" in page and page.count("class='bar") == 2
