@@ -96,7 +96,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
 
     from system.kv.node import Node, NodeConfig
-    from system.kv.storage import CorruptStorage, DurableStorage
+    from system.kv.storage import CorruptStorage, DurableStorage, StorageLocked
 
     config = NodeConfig(
         node_id=args.id,
@@ -122,10 +122,12 @@ def serve(args: argparse.Namespace) -> int:
                    f"(or wipe it to rejoin empty) and start again.")
         print(message, file=sys.stderr)
         log.critical("corrupt storage; refusing to start",
-                     extra={"path": str(getattr(exc, "path", "")),
-                            "offset": getattr(exc, "offset", None),
-                            "reason": str(getattr(exc, "reason", exc))})
+                     extra={"path": str(exc.path), "offset": exc.offset, "problem": exc.problem})
         return 3
+    except StorageLocked as exc:
+        print(f"error: node {args.id} refuses to start: {exc}. Is another node process "
+              f"using {args.data_dir}? Stop it first.", file=sys.stderr)
+        return 2
     node = Node(config, storage, unsafe)
     return asyncio.run(_serve_until_signal(node))
 
