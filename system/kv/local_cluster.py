@@ -32,6 +32,7 @@ from typing import TypeVar
 import grpc
 
 from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.kv.tcp_proxy import ProxyMode, TcpProxy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -95,6 +96,7 @@ class LocalCluster:
         node_args: Sequence[str] = (),
         per_node_args: Mapping[str, Sequence[str]] | None = None,
         env: Mapping[str, str] | None = None,
+        proxy_peer_links: bool = False,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
@@ -113,6 +115,14 @@ class LocalCluster:
                 log_file=self.base_dir / f"{node_id}.log",
                 stderr_file=self.base_dir / f"{node_id}.stderr",
             )
+        # With proxy_peer_links, node i reaches node j through its own proxy (i, j), so a
+        # test can cut any directed link: a partition on one machine.
+        self.link_proxies: dict[tuple[str, str], TcpProxy] = {}
+        if proxy_peer_links:
+            for src in self.specs:
+                for dst, dst_spec in self.specs.items():
+                    if src != dst:
+                        self.link_proxies[(src, dst)] = TcpProxy(dst_spec.address)
         self.node_args = list(node_args)
         self.per_node_args = {k: list(v) for k, v in (per_node_args or {}).items()}
         self.env = dict(env or {})
@@ -135,13 +145,32 @@ class LocalCluster:
 
     def command(self, node_id: str, extra_args: Sequence[str] = ()) -> list[str]:
         spec = self.specs[node_id]
-        peers = ",".join(f"{s.node_id}={s.address}" for s in self.specs.values() if s.node_id != node_id)
+        peers = ",".join(
+            f"{s.node_id}={self._peer_address(node_id, s.node_id)}"
+            for s in self.specs.values() if s.node_id != node_id)
         return [
             sys.executable, "-m", "system.kv", "serve",
             "--id", node_id, "--listen", spec.address, "--peers", peers,
             "--data-dir", str(spec.data_dir), "--log-file", str(spec.log_file),
             *self.node_args, *self.per_node_args.get(node_id, []), *extra_args,
         ]
+
+    def _peer_address(self, src: str, dst: str) -> str:
+        proxy = self.link_proxies.get((src, dst))
+        return proxy.address if proxy is not None else self.specs[dst].address
+
+    def isolate(self, node_id: str) -> None:
+        """Cut every peer link to and from `node_id` (needs proxy_peer_links=True).
+        Clients still reach it directly."""
+        if not self.link_proxies:
+            raise RuntimeError("isolate() needs LocalCluster(..., proxy_peer_links=True)")
+        for (src, dst), proxy in self.link_proxies.items():
+            if node_id in (src, dst):
+                proxy.set_mode(ProxyMode.CUT)
+
+    def heal(self) -> None:
+        for proxy in self.link_proxies.values():
+            proxy.set_mode(ProxyMode.FORWARD)
 
     def start(self) -> None:
         for node_id in self.specs:
@@ -223,6 +252,8 @@ class LocalCluster:
     def close(self) -> None:
         """SIGKILL every node's process group, reap them, close channels, remove a temp dir."""
         _kill_all(self.processes)
+        for proxy in self.link_proxies.values():
+            proxy.close()
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
