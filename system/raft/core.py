@@ -658,12 +658,20 @@ class RaftCore:
         response_type = _MT.PRE_VOTE_RESPONSE if pre else _MT.VOTE_RESPONSE
         if self.may_grant_vote(m):
             if not pre:
-                self._vote = m.src
+                self.record_vote(m.src)
                 self.election_elapsed = 0  # a vote is a promise; do not campaign against it
             # Granted answers carry the candidate's term (PreVote: the proposed term).
             self._send(Message(response_type, self.id, m.src, m.term))
         else:
             self._send(Message(response_type, self.id, m.src, self._term, reject=True))
+
+    def record_vote(self, candidate: NodeId) -> None:
+        """Remember our vote for this term; it goes to disk in the next Ready, before the
+        grant is sent."""
+        assert self._vote in (None, candidate), (
+            f"{self.id} would vote twice in term {self._term}: {self._vote} then {candidate}"
+        )
+        self._vote = candidate
 
     def may_grant_vote(self, m: Message) -> bool:
         """Raft §5.2 and §5.4.1: grant if we have not voted for anyone else in this term
@@ -924,7 +932,10 @@ class RaftCore:
             return
         if m.index > self.log.last_index():
             return  # claims entries we never had: not from this term's log; ignore
-        if progress.maybe_update(m.index):
+        updated = progress.maybe_update(m.index)
+        if updated or (progress.match == m.index and progress.state is ProgressState.PROBE):
+            # (A probe answered at the match we already knew, e.g. right after a snapshot,
+            # also proves the logs agree there: start streaming.)
             if progress.state is ProgressState.PROBE:
                 progress.become_replicate()
             elif (
@@ -933,7 +944,7 @@ class RaftCore:
             ):
                 progress.become_probe()
                 progress.become_replicate()
-            if self.maybe_commit():
+            if updated and self.maybe_commit():
                 self._needs_broadcast = True
             if m.src == self.lead_transferee and progress.match == self.log.last_index():
                 self._send(Message(_MT.TIMEOUT_NOW, self.id, m.src, self._term))
