@@ -108,6 +108,7 @@ def run(mode: str, entries: int, proposals_per_round: int, seed: int, **config: 
 def measure(entries: int, seed: int) -> list[Result]:
     return [
         run("batching (max_append_entries=1024, 1000 proposals per pump)", entries, 1000, seed),
+        run("batching, 10 proposals per pump", entries // 4, 10, seed),
         run(
             "batching, 1 proposal per pump (pipelined, max_inflight_appends=32)",
             entries // 10,

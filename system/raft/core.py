@@ -958,7 +958,11 @@ class RaftCore:
             # it is waiting for (messages may have been lost).
             self.send_snapshot(m.src, progress)
         else:
-            progress.probe_sent = False  # a lost probe must not stall us forever
+            # Lost messages must not stall a follower forever: a heartbeat answer re-opens
+            # a paused probe, and frees one slot of a full pipeline (as etcd does).
+            progress.probe_sent = False
+            if progress.state is ProgressState.REPLICATE and progress.is_paused():
+                progress.inflight.popleft()
             if progress.match < self.log.last_index():
                 self.maybe_send_append(m.src, send_if_empty=True)
         if m.context:
