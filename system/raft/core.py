@@ -645,11 +645,15 @@ class RaftCore:
         return ""
 
     def in_leader_lease(self) -> bool:
-        """Whether we heard from a live leader within the (minimum) election timeout; if
-        so, (pre)votes for a higher term are ignored (CheckQuorum's leader lease)."""
+        """CheckQuorum's leader lease: with check_quorum on, (pre)votes for a higher term
+        are ignored (no answer, no term change) while we heard from a leader recently."""
+        return self.config.check_quorum and self.heard_from_leader_recently()
+
+    def heard_from_leader_recently(self) -> bool:
+        """Whether we heard from a live leader (or are one) within the minimum election
+        timeout: then no election is needed, and a PreVote is refused (thesis §9.6)."""
         return (
-            self.config.check_quorum
-            and self._leader_id is not None
+            self._leader_id is not None
             and self.election_elapsed < self.config.election_timeout_ticks
         )
 
@@ -675,13 +679,16 @@ class RaftCore:
 
     def may_grant_vote(self, m: Message) -> bool:
         """Raft §5.2 and §5.4.1: grant if we have not voted for anyone else in this term
-        (for a PreVote: if its term is ahead of ours) and the candidate's log is at least
-        as up to date as ours."""
+        and the candidate's log is at least as up to date as ours. A PreVote (thesis
+        §9.6) is granted if we WOULD vote at its term (ahead of ours) and have not heard
+        from a leader within the election timeout."""
         can_vote = (
             self._vote == m.src
             or (self._vote is None and self._leader_id is None)
             or (m.type is _MT.PRE_VOTE and m.term > self._term)
         )
+        if m.type is _MT.PRE_VOTE and self.heard_from_leader_recently():
+            can_vote = False
         return can_vote and self.log_is_up_to_date(m.index, m.log_term)
 
     def log_is_up_to_date(self, last_index: int, last_term: int) -> bool:

@@ -369,6 +369,37 @@ def test_prevote_lets_a_rejoining_node_not_disrupt_a_healthy_leader() -> None:
     assert pump.nodes["c"].leader_id == "a"
 
 
+class PreVoteGrantedLikeAVote(RaftCore):
+    """Broken: grants a PreVote whenever it would grant a vote at that term, even while
+    it still hears from a leader (drops the thesis §9.6 check)."""
+
+    def heard_from_leader_recently(self) -> bool:
+        return False
+
+
+def leader_after_a_node_rejoins(cls) -> tuple[str | None, int]:
+    # Without CheckQuorum, so only the PreVote rule protects the leader.
+    pump = Pump(core_class=cls, check_quorum=False)
+    pump.elect("a")
+    pump.isolated = {"c"}
+    pump.tick(times=45)  # c times out (PreVotes go nowhere) while a and b keep going
+    pump.isolated = set()
+    rejoining = pump.nodes["c"]
+    for _ in range(rejoining.randomized_election_timeout):  # its next PreVote round gets through
+        pump.tick(["c"])
+    pump.tick(times=3)
+    leaders = [i for i, n in pump.nodes.items() if n.role is Role.LEADER]
+    return (leaders[0] if leaders else None), max(n.term for n in pump.nodes.values())
+
+
+def test_prevote_is_refused_by_nodes_that_hear_from_a_leader() -> None:
+    assert leader_after_a_node_rejoins(RaftCore) == ("a", 1)
+
+
+def test_prevote_without_the_leader_check_lets_a_rejoining_node_disrupt() -> None:
+    assert leader_after_a_node_rejoins(PreVoteGrantedLikeAVote) == ("c", 2)
+
+
 def test_followers_within_their_leader_lease_ignore_higher_term_votes() -> None:
     pump = Pump(pre_vote=False)
     leader = pump.elect("a")
