@@ -753,6 +753,10 @@ class RaftCore:
         expected = _MT.PRE_VOTE_RESPONSE if self._role is Role.PRE_CANDIDATE else _MT.VOTE_RESPONSE
         if mtype is not expected:
             return
+        if mtype is _MT.PRE_VOTE_RESPONSE and not m.reject and m.term != self._term + 1:
+            # A grant from an earlier PreVote round (for the term we are now in, or
+            # below): it says nothing about the term this round asks for.
+            return
         self._votes.setdefault(m.src, not m.reject)
         result = self._tally()
         if result is True:

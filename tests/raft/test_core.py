@@ -356,6 +356,17 @@ def test_prevote_does_not_bump_the_term_of_anyone() -> None:
     assert candidate.role is Role.CANDIDATE and candidate.term == 1  # only now
 
 
+def test_a_stale_prevote_grant_from_an_earlier_round_is_not_counted() -> None:
+    node = core("a", restore=restored(1, ()))  # term 1
+    for _ in range(node.randomized_election_timeout):
+        node.tick()
+    assert node.role is Role.PRE_CANDIDATE  # asking for term 2
+    node.step(message(MT.PRE_VOTE_RESPONSE, "b", "a", 1))  # a grant for term 1, delayed
+    assert node.role is Role.PRE_CANDIDATE and node.term == 1
+    node.step(message(MT.PRE_VOTE_RESPONSE, "b", "a", 2))  # a grant for this round
+    assert node.role is Role.CANDIDATE and node.term == 2
+
+
 def test_prevote_lets_a_rejoining_node_not_disrupt_a_healthy_leader() -> None:
     pump = Pump()
     leader = pump.elect("a")
