@@ -645,11 +645,15 @@ class RaftCore:
         return ""
 
     def in_leader_lease(self) -> bool:
-        """Whether we heard from a live leader within the (minimum) election timeout; if
-        so, (pre)votes for a higher term are ignored (CheckQuorum's leader lease)."""
+        """CheckQuorum's leader lease: with check_quorum on, (pre)votes for a higher term
+        are ignored (no answer, no term change) while we heard from a leader recently."""
+        return self.config.check_quorum and self.heard_from_leader_recently()
+
+    def heard_from_leader_recently(self) -> bool:
+        """Whether we heard from a live leader (or are one) within the minimum election
+        timeout: then no election is needed, and a PreVote is refused (thesis §9.6)."""
         return (
-            self.config.check_quorum
-            and self._leader_id is not None
+            self._leader_id is not None
             and self.election_elapsed < self.config.election_timeout_ticks
         )
 
@@ -658,22 +662,33 @@ class RaftCore:
         response_type = _MT.PRE_VOTE_RESPONSE if pre else _MT.VOTE_RESPONSE
         if self.may_grant_vote(m):
             if not pre:
-                self._vote = m.src
+                self.record_vote(m.src)
                 self.election_elapsed = 0  # a vote is a promise; do not campaign against it
             # Granted answers carry the candidate's term (PreVote: the proposed term).
             self._send(Message(response_type, self.id, m.src, m.term))
         else:
             self._send(Message(response_type, self.id, m.src, self._term, reject=True))
 
+    def record_vote(self, candidate: NodeId) -> None:
+        """Remember our vote for this term; it goes to disk in the next Ready, before the
+        grant is sent."""
+        assert self._vote in (None, candidate), (
+            f"{self.id} would vote twice in term {self._term}: {self._vote} then {candidate}"
+        )
+        self._vote = candidate
+
     def may_grant_vote(self, m: Message) -> bool:
         """Raft §5.2 and §5.4.1: grant if we have not voted for anyone else in this term
-        (for a PreVote: if its term is ahead of ours) and the candidate's log is at least
-        as up to date as ours."""
+        and the candidate's log is at least as up to date as ours. A PreVote (thesis
+        §9.6) is granted if we WOULD vote at its term (ahead of ours) and have not heard
+        from a leader within the election timeout."""
         can_vote = (
             self._vote == m.src
             or (self._vote is None and self._leader_id is None)
             or (m.type is _MT.PRE_VOTE and m.term > self._term)
         )
+        if m.type is _MT.PRE_VOTE and self.heard_from_leader_recently():
+            can_vote = False
         return can_vote and self.log_is_up_to_date(m.index, m.log_term)
 
     def log_is_up_to_date(self, last_index: int, last_term: int) -> bool:
@@ -737,6 +752,10 @@ class RaftCore:
             return
         expected = _MT.PRE_VOTE_RESPONSE if self._role is Role.PRE_CANDIDATE else _MT.VOTE_RESPONSE
         if mtype is not expected:
+            return
+        if mtype is _MT.PRE_VOTE_RESPONSE and not m.reject and m.term != self._term + 1:
+            # A grant from an earlier PreVote round (for the term we are now in, or
+            # below): it says nothing about the term this round asks for.
             return
         self._votes.setdefault(m.src, not m.reject)
         result = self._tally()
@@ -924,7 +943,10 @@ class RaftCore:
             return
         if m.index > self.log.last_index():
             return  # claims entries we never had: not from this term's log; ignore
-        if progress.maybe_update(m.index):
+        updated = progress.maybe_update(m.index)
+        if updated or (progress.match == m.index and progress.state is ProgressState.PROBE):
+            # (A probe answered at the match we already knew, e.g. right after a snapshot,
+            # also proves the logs agree there: start streaming.)
             if progress.state is ProgressState.PROBE:
                 progress.become_replicate()
             elif (
@@ -933,7 +955,7 @@ class RaftCore:
             ):
                 progress.become_probe()
                 progress.become_replicate()
-            if self.maybe_commit():
+            if updated and self.maybe_commit():
                 self._needs_broadcast = True
             if m.src == self.lead_transferee and progress.match == self.log.last_index():
                 self._send(Message(_MT.TIMEOUT_NOW, self.id, m.src, self._term))
@@ -947,7 +969,11 @@ class RaftCore:
             # it is waiting for (messages may have been lost).
             self.send_snapshot(m.src, progress)
         else:
-            progress.probe_sent = False  # a lost probe must not stall us forever
+            # Lost messages must not stall a follower forever: a heartbeat answer re-opens
+            # a paused probe, and frees one slot of a full pipeline (as etcd does).
+            progress.probe_sent = False
+            if progress.state is ProgressState.REPLICATE and progress.is_paused():
+                progress.inflight.popleft()
             if progress.match < self.log.last_index():
                 self.maybe_send_append(m.src, send_if_empty=True)
         if m.context:
