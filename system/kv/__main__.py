@@ -140,6 +140,7 @@ async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, node.log_debug_state)
     await server.start()
     await node.start()
     log.info("serving", extra={"node": node.config.node_id, "listen": node.config.listen_address,

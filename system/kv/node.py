@@ -432,6 +432,17 @@ class Node:
                                           "term": term, "leader": leader or ""})
             self._last_role, self._last_term, self._last_leader = role, term, leader
 
+    def log_debug_state(self) -> None:
+        """Log the core's view of each follower (on SIGUSR1): what an operator needs to
+        see why a follower does not catch up."""
+        progress = getattr(self.core, "progress", {}) if self.is_leader else {}
+        log.warning("debug state", extra={
+            "node": self.config.node_id, "status": repr(self.core.status()),
+            "progress": repr(progress),
+            "dropped_messages": repr({pid: s.dropped_messages
+                                      for pid, s in self.transport._senders.items()}),  # noqa: SLF001
+            "write_waiters": len(self._write_waiters), "read_waiters": len(self._read_waiters)})
+
     # ----- views -----------------------------------------------------------------------
 
     @property

@@ -7,6 +7,7 @@ Real processes; waits on conditions with deadlines; the write load is bounded.
 from __future__ import annotations
 
 import json
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,7 +53,14 @@ def test_follower_stopped_during_5000_writes_rejoins_by_chunked_snapshot(tmp_pat
         assert leader_status.snapshot_index > before.last_index + 500
 
         cluster.start_node(lagging)
-        caught_up = cluster.wait_for_applied(lagging, leader_status.commit_index, timeout_s=60)
+        try:
+            caught_up = cluster.wait_for_applied(lagging, leader_status.commit_index, timeout_s=60)
+        except AssertionError:
+            for node_id in cluster.ids:  # ask each node to log its view, for the post-mortem
+                cluster.send_signal(node_id, signal.SIGUSR1)
+            cluster.wait_until(lambda: "debug state" in cluster.specs[leader].log_file.read_text(),
+                               5, "the leader to log its state")
+            raise
         assert caught_up.snapshots_installed >= 1
         assert caught_up.last_snapshot_index > before.last_index
         installs = [json.loads(line) for line in cluster.specs[lagging].log_file.read_text().splitlines()
