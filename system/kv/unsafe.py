@@ -9,8 +9,8 @@ code path never goes through here.
 Canaries (see docs/kv-node.md):
 - `ack-before-commit`: answers a write as soon as the leader has appended it to its own
   log, before a majority has it. A leader crash can then lose an acknowledged write.
-- `stale-read`: a node that believes it is the leader answers linearizable reads from its
-  local state without the ReadIndex barrier. A deposed leader returns old values.
+- `stale-read`: every node answers linearizable reads from its local state without the
+  ReadIndex barrier. A deposed leader or a cut-off follower returns old values.
 - `no-dedup`: drops request ids before proposing, so a retried write applies twice.
 
 What it must never do: be reachable without both the flag and the environment variable.
@@ -75,12 +75,12 @@ class AckBeforeCommit(UnsafeMode):
 
 
 class StaleRead(UnsafeMode):
-    """WRONG: a node that believes it leads serves linearizable reads locally."""
+    """WRONG: any node serves linearizable reads from its local state."""
 
     name = "stale-read"
 
     def skips_read_barrier(self, node: Node) -> bool:
-        return node.is_leader
+        return True
 
 
 class NoDedup(UnsafeMode):
