@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = sub.add_parser("cluster", help="run a local cluster of nodes until Ctrl-C")
     cluster.add_argument("--nodes", type=_positive_int, default=3)
-    cluster.add_argument("--base-port", type=int, default=7001)
+    cluster.add_argument("--base-port", type=int, default=7001,
+                         help="node i listens on BASE+i-1; 0 = any free ports")
     cluster.add_argument("--data-dir", type=Path, default=None,
                          help="where node data and logs go (default: a temporary directory, removed at exit)")
     cluster.add_argument("--node-arg", action="append", default=[],
@@ -160,7 +161,7 @@ def cluster(args: argparse.Namespace) -> int:
     from system.kv.local_cluster import LocalCluster
 
     cluster_ = LocalCluster(
-        args.nodes, args.data_dir, base_port=args.base_port, node_args=list(args.node_arg)
+        args.nodes, args.data_dir, base_port=args.base_port or None, node_args=list(args.node_arg)
     )
     stopping = False
 
