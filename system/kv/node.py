@@ -71,7 +71,7 @@ class NodeConfig:
     peers: Mapping[NodeId, str]  # the OTHER members: id -> host:port
     data_dir: Path
     tick_ms: int = 20  # real time per core tick
-    election_timeout_ticks: int = 10  # randomized by the core in [T, 2T)
+    election_timeout_ticks: int = 25  # randomized by the core in [T, 2T): 0.5-1 s at 20 ms
     heartbeat_interval_ticks: int = 1
     snapshot_entries: int = 10_000  # take a snapshot once this many entries follow the last one
     snapshot_bytes: int = 64 * 1024 * 1024  # ... or once the log after it holds this many bytes
@@ -154,6 +154,7 @@ class Node:
             self._last_snapshot_index = 0
             self._applied_term = 0
         self._hard_state = restored.hard_state
+        self._applied_bytes_since_snapshot = 0  # entry bytes applied after the last snapshot
         raft_config = RaftConfig(
             node_id=config.node_id,
             voters=config.voters,
@@ -406,6 +407,7 @@ class Node:
         else:
             result = sm.apply(entry.index, entry.data)
         self._applied_term = entry.term
+        self._applied_bytes_since_snapshot += len(entry.data)
         waiter = self._write_waiters.pop(entry.index, None)
         if waiter is None or waiter.future.done():
             return
@@ -421,6 +423,7 @@ class Node:
         self.state_machine = KVStateMachine.restore(data)
         self._applied_term = meta.term
         self._last_snapshot_index = meta.index
+        self._applied_bytes_since_snapshot = 0
         self.snapshots_installed += 1
         self.last_installed_snapshot_index = meta.index
         # Writes proposed here at indexes the snapshot covers: we cannot tell whether
@@ -447,8 +450,10 @@ class Node:
         applied = self.state_machine.applied_index
         if applied <= self._last_snapshot_index:
             return
-        if (self.storage.log_entries_since_snapshot < self.config.snapshot_entries
-                and self.storage.log_bytes_since_snapshot < self.config.snapshot_bytes):
+        # Count only the APPLIED part of the log: a snapshot cannot cover the rest, so
+        # counting a large uncommitted entry would take a useless snapshot per apply.
+        if (applied - self._last_snapshot_index < self.config.snapshot_entries
+                and self._applied_bytes_since_snapshot < self.config.snapshot_bytes):
             return
         data = self.state_machine.snapshot()
         meta = SnapshotMeta(index=applied, term=self._applied_term, voters=self.config.voters)
@@ -459,6 +464,7 @@ class Node:
                                          meta, data)
         self.core.compact(applied, data)
         self._last_snapshot_index = applied
+        self._applied_bytes_since_snapshot = 0
         log.info("took snapshot", extra={"node": self.config.node_id, "snapshot_index": applied,
                                           "snapshot_bytes": len(data)})
 
@@ -476,8 +482,7 @@ class Node:
         log.warning("debug state", extra={
             "node": self.config.node_id, "status": repr(self.core.status()),
             "progress": repr(progress),
-            "dropped_messages": repr({pid: s.dropped_messages
-                                      for pid, s in self.transport._senders.items()}),  # noqa: SLF001
+            "dropped_messages": repr(self.transport.dropped_messages()),
             "write_waiters": len(self._write_waiters), "read_waiters": len(self._read_waiters)})
 
     # ----- views -----------------------------------------------------------------------
