@@ -390,8 +390,6 @@ class RaftCore:
         last = self.log.last_index()
         max_inflight = self.config.max_inflight_appends
         self.progress = {peer: Progress(last + 1, max_inflight) for peer in self.peers}
-        for progress in self.progress.values():
-            progress.recent_active = True  # give everyone one election timeout to answer
         self._committed_in_term = False
         # Raft §8: a NOOP of our own term lets us commit (by counting, §5.4.2) every earlier
         # entry, and tells us our commit index is current (needed by ReadIndex).
@@ -405,6 +403,7 @@ class RaftCore:
             self._tick_leader()
         else:
             self._tick_election()
+        self.check_invariants()
 
     def _tick_election(self) -> None:
         self.election_elapsed += 1
@@ -615,6 +614,7 @@ class RaftCore:
             self.step_follower(m)
         else:
             self.step_candidate(m)
+        self.check_invariants()
 
     def malformed(self, m: Message) -> str:
         """Why `m` must be ignored ("" if it is acceptable). Cheap checks only."""
@@ -1174,11 +1174,9 @@ class RaftCore:
             self._received_snapshot = None
             must_sync = True
             log.applying = max(log.applying, snapshot.index)
-        committed: tuple[Entry, ...] = ()
-        if log.committed > log.applying:
-            committed = tuple(self.entries_to_apply())
-            if committed:
-                log.mark_applying(committed[-1].index)
+        committed = tuple(self.entries_to_apply())
+        if committed:
+            log.mark_applying(committed[-1].index)
         ready = Ready(
             hard_state=hard_state,
             entries=entries,
@@ -1193,6 +1191,7 @@ class RaftCore:
         self._messages = []
         self._read_states = []
         self._dropped_reads = []
+        self.check_invariants()
         return ready
 
     def entries_to_apply(self) -> list[Entry]:
@@ -1210,7 +1209,28 @@ class RaftCore:
             applied = max(applied, ready.committed_entries[-1].index)
         if applied > log.applied:
             log.applied_to(applied)
-        assert log.applied <= log.committed, "applied index passed the commit index"
+        self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """Local invariants, asserted after every input (cheap comparisons only). A
+        broken variant made by a test may override this too, so that the cluster-level
+        checker, rather than this assertion, shows the effect of the broken rule."""
+        log = self.log
+        assert log.snapshot_index <= log.committed <= log.last_index(), (
+            f"{self.id}: commit {log.committed} outside the log "
+            f"[{log.snapshot_index}, {log.last_index()}]"
+        )
+        assert log.applied <= log.applying <= log.committed, (
+            f"{self.id}: applied {log.applied} / handed out {log.applying} passed the "
+            f"commit index {log.committed} (only committed entries may be applied)"
+        )
+        assert log.committed >= self._last_hard_state.commit, (
+            f"{self.id}: commit index went backwards"
+        )
+        if self._role is Role.LEADER:
+            assert self._leader_id == self.id and self._vote == self.id, (
+                f"{self.id}: leader of term {self._term} without its own vote"
+            )
 
 
 _FROM_LEADER = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT})

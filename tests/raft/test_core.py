@@ -513,6 +513,29 @@ def test_followers_never_apply_beyond_what_the_leader_says_is_committed() -> Non
     assert all([e.index for e in pump.applied[i]] == [1, 2] for i in IDS)
 
 
+class AppliesUncommittedEntries(RaftCore):
+    """Broken: hands out every entry it stores for applying, committed or not (so the
+    shell would acknowledge writes a new leader may still overwrite)."""
+
+    def entries_to_apply(self) -> list[Entry]:
+        return self.log.slice(self.log.applying + 1, self.log.last_index() + 1)
+
+
+def applied_by_a_follower_before_the_leader_commits(cls) -> list[int]:
+    follower = core("b", cls=cls)
+    follower.step(message(MT.APPEND, "a", "b", 1, index=0, log_term=0, entries=entries(1, 1)))
+    return [e.index for e in follower.ready().committed_entries]
+
+
+def test_only_committed_entries_are_handed_out_for_applying() -> None:
+    assert applied_by_a_follower_before_the_leader_commits(RaftCore) == []
+
+
+def test_applying_uncommitted_entries_is_caught_by_the_core_invariant_check() -> None:
+    with pytest.raises(AssertionError, match="only committed entries may be applied"):
+        applied_by_a_follower_before_the_leader_commits(AppliesUncommittedEntries)
+
+
 def test_an_append_acknowledgement_leaves_with_the_entries_it_acknowledges() -> None:
     follower = core("b")
     follower.step(message(MT.APPEND, "a", "b", 1, index=0, log_term=0, entries=entries(1, 1)))
