@@ -46,6 +46,7 @@ class Rule(Enum):
     STORAGE = "durable log matches the core"
     LINEARIZABILITY = "linearizability"
     LIVENESS = "liveness after healing"
+    NO_EXCEPTION = "no node raises"  # an assertion or error escaping a core or shell
 
 
 @dataclass(frozen=True, slots=True)

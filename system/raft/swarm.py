@@ -171,13 +171,20 @@ class SwarmRun:
 
     def run(self) -> SeedResult:
         sim = self.sim
-        for _ in range(self.safety_steps):
-            self.random_step()
-            if sim.violations:
-                return self.result("stopped at the first violation")
-        self.liveness_phase()
-        if not sim.violations:
-            self.final_reads()
+        try:
+            for _ in range(self.safety_steps):
+                self.random_step()
+                if sim.violations:
+                    return self.result("stopped at the first violation")
+            self.liveness_phase()
+            if not sim.violations:
+                self.final_reads()
+        except Exception as error:  # noqa: BLE001 -- any escape is a finding, with its seed
+            last = "\n".join(sim.trace[-5:])
+            sim.monitor.violate(
+                Rule.NO_EXCEPTION, f"{type(error).__name__}: {error}\nlast events:\n{last}"
+            )
+            return self.result("stopped by an exception")
         sim.finish()
         sim.check_final_state()
         verdict = sim.check_linearizable()

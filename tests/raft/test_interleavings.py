@@ -10,6 +10,8 @@ the problems are found, so every safety test here is shown to be able to fail.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from system.raft.core import Role
@@ -486,3 +488,34 @@ def test_prevote_stale_grant_from_an_earlier_round_is_not_counted() -> None:
     sim.deliver(id=late.id)  # the term-1 grant finally arrives
     assert sim.core("n1").term == 1
     assert Rule.PRE_VOTE not in rules(sim)
+
+
+def snapshot_under_reordering(order_seed: int) -> tuple[Simulation, int]:
+    sim = Simulation(3, seed=31, compact_every_entries=4, snapshot_chunk_bytes=64)
+    sim.campaign("n1")
+    sim.settle()
+    sim.isolate("n3")
+    for i in range(30):  # a ~2 KB snapshot: about 32 chunks of 64 bytes
+        write = sim.put("n1", "x", f"value-{i}-" + "x" * 40)
+        sim.run_until(lambda write=write: write.done, 300, "write")
+    sim.heal()
+    order = random.Random(order_seed)
+    for step in range(5_000):  # a network that reorders but never loses a message
+        if sim.nodes["n3"].applied_index == sim.nodes["n1"].applied_index:
+            return sim, step
+        flights = list(sim.network.in_flight.values())
+        if flights and order.random() < 0.85:
+            sim.deliver_flight(flights[order.randrange(len(flights))])
+        else:
+            sim.tick()
+    return sim, -1
+
+
+@pytest.mark.xfail(strict=True, reason="core bug 2 in CORE_BUGS.md: snapshot chunks multiply")
+def test_snapshot_transfer_completes_on_a_network_that_reorders_but_never_loses() -> None:
+    """InstallSnapshot must make progress when chunks arrive out of order: with every
+    message eventually delivered, the lagging follower installs the snapshot (here within
+    5,000 steps; it needs about 32 chunk round trips)."""
+    sim, steps = snapshot_under_reordering(order_seed=0)
+    chunks_in_flight = len(sim.pending(type=SNAPSHOT))
+    assert steps >= 0, f"not caught up after 5000 steps; {chunks_in_flight} chunks in flight"
