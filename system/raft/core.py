@@ -416,6 +416,9 @@ class RaftCore:
     def _tick_leader(self) -> None:
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
+        for progress in self.progress.values():
+            if progress.state is ProgressState.SNAPSHOT:
+                progress.snapshot_idle_ticks += 1
         if self.election_elapsed >= self.config.election_timeout_ticks:
             self.election_elapsed = 0
             if self.config.check_quorum and self.maybe_step_down_without_quorum():
@@ -825,76 +828,68 @@ class RaftCore:
         self._send(Message(_MT.HEARTBEAT_RESPONSE, self.id, m.src, self._term, context=m.context))
 
     def handle_snapshot(self, m: Message) -> None:
-        """One InstallSnapshot chunk (Raft §7). Chunks are assembled in memory; the
-        snapshot is handed to the shell (Ready.snapshot) once the last chunk arrives."""
+        """One InstallSnapshot chunk (Raft §7). Chunks are assembled in volatile memory
+        and the snapshot is handed to the shell (Ready.snapshot) once the last one
+        arrives. Every chunk is answered with the offset we expect next, so the leader
+        resumes from there whatever was lost, duplicated or reordered."""
         meta = m.snapshot
         assert meta is not None  # checked by malformed()
         log = self.log
         if meta.index <= log.committed:
-            # Older than what we know committed: nothing to install, say we are done.
-            self._assembling = None
-            self._assembly = bytearray()
-            self._send(
-                Message(
-                    _MT.SNAPSHOT_RESPONSE,
-                    self.id,
-                    m.src,
-                    self._term,
-                    index=log.committed,
-                    snapshot=meta,
-                    done=True,
-                )
-            )
+            # Not newer than what we know committed: nothing to install, say we are done.
+            if self._assembling is not None and self._assembling.index <= log.committed:
+                self._discard_assembly()
+            self._send_snapshot_response(m.src, meta, index=log.committed, done=True)
             return
-        if m.offset == 0:
-            self._assembling = meta
+        if self._assembling != meta:
+            if m.offset != 0:
+                # A chunk of a snapshot we are not assembling: start it from byte 0.
+                self._send_snapshot_response(m.src, meta, index=meta.index, reject=True)
+                return
+            self._assembling = meta  # a new snapshot replaces any partial one
             self._assembly = bytearray()
-        if self._assembling != meta or m.offset > len(self._assembly):
-            # A gap or a chunk of another snapshot: restart assembly from byte 0.
-            self._assembling = None
-            self._assembly = bytearray()
-            self._send(
-                Message(
-                    _MT.SNAPSHOT_RESPONSE,
-                    self.id,
-                    m.src,
-                    self._term,
-                    index=meta.index,
-                    snapshot=meta,
-                    offset=0,
-                    reject=True,
-                )
+        assembly = self._assembly
+        if m.offset > len(assembly):
+            # A gap (a chunk was lost or overtaken): ask for the missing bytes.
+            self._send_snapshot_response(
+                m.src, meta, index=meta.index, offset=len(assembly), reject=True
             )
             return
         end = m.offset + len(m.data)
-        if end > len(self._assembly):  # a duplicate of received bytes adds nothing
-            self._assembly[m.offset :] = m.data
+        if end > len(assembly):  # a duplicate of bytes already held adds nothing
+            assembly[m.offset :] = m.data
         if not m.done:
-            self._send(
-                Message(
-                    _MT.SNAPSHOT_RESPONSE,
-                    self.id,
-                    m.src,
-                    self._term,
-                    index=meta.index,
-                    snapshot=meta,
-                    offset=len(self._assembly),
-                )
-            )
+            self._send_snapshot_response(m.src, meta, index=meta.index, offset=len(assembly))
             return
-        data = bytes(self._assembly)
+        data = bytes(assembly)
+        self._discard_assembly()
+        self.install_snapshot(meta, data)
+        self._send_snapshot_response(m.src, meta, index=log.committed, done=True)
+
+    def _discard_assembly(self) -> None:
         self._assembling = None
         self._assembly = bytearray()
-        self.install_snapshot(meta, data)
+
+    def _send_snapshot_response(
+        self,
+        to: NodeId,
+        meta: SnapshotMeta,
+        index: int,
+        offset: int = 0,
+        reject: bool = False,
+        done: bool = False,
+    ) -> None:
         self._send(
             Message(
                 _MT.SNAPSHOT_RESPONSE,
                 self.id,
-                m.src,
+                to,
                 self._term,
-                index=log.committed,
+                index=index,
                 snapshot=meta,
-                done=True,
+                offset=offset,
+                reject=reject,
+                done=done,
             )
         )
 
@@ -965,9 +960,11 @@ class RaftCore:
 
     def handle_heartbeat_response(self, m: Message, progress: Progress) -> None:
         if progress.state is ProgressState.SNAPSHOT:
-            # The follower is alive but we have no news of the snapshot: resend the chunk
-            # it is waiting for (messages may have been lost).
-            self.send_snapshot(m.src, progress)
+            # The follower is alive but no chunk was answered for a while: the chunk or
+            # its answer was lost; resend it. (Not on every heartbeat answer: under
+            # reordering that would multiply the chunks in flight.)
+            if progress.snapshot_idle_ticks >= self.snapshot_resend_ticks():
+                self.send_snapshot(m.src, progress)
         else:
             # Lost messages must not stall a follower forever: a heartbeat answer re-opens
             # a paused probe, and frees one slot of a full pipeline (as etcd does).
@@ -993,12 +990,12 @@ class RaftCore:
             return
         if m.snapshot is None or m.snapshot.index != progress.pending_snapshot:
             return  # about a snapshot we are no longer sending
-        if m.reject:
-            progress.snapshot_offset = 0
-        elif m.offset > progress.snapshot_offset:
-            progress.snapshot_offset = m.offset
-        else:
-            return  # a duplicate acknowledgement
+        progress.snapshot_idle_ticks = 0
+        if m.offset == progress.snapshot_offset and not m.reject:
+            return  # the chunk at that offset is already on its way
+        # Resume where the follower says it is (a stale answer at worst costs a resend
+        # the follower acknowledges as a duplicate).
+        progress.snapshot_offset = min(m.offset, len(self._snapshot_data))
         self.send_snapshot(m.src, progress)
 
     def maybe_commit(self) -> bool:
@@ -1103,7 +1100,12 @@ class RaftCore:
             )
         )
         progress.probe_sent = True
+        progress.snapshot_idle_ticks = 0
         return True
+
+    def snapshot_resend_ticks(self) -> int:
+        """Ticks without any answer to a snapshot chunk before it is sent again."""
+        return max(2, self.config.election_timeout_ticks // 2)
 
     def broadcast_append(self) -> None:
         """Send every follower what it lacks, or the new commit index."""

@@ -837,26 +837,71 @@ def test_lagging_follower_gets_the_snapshot_in_chunks_and_then_takes_part_in_com
     assert leader.commit_index == 7 and pump.applied["c"][-1].data == b"after"
 
 
-def test_snapshot_assembly_restarts_when_a_chunk_offset_does_not_match() -> None:
+def snapshot_chunk(meta: SnapshotMeta, offset: int, data: bytes, done: bool = False) -> Message:
+    return message(
+        MT.SNAPSHOT,
+        "a",
+        "c",
+        1,
+        index=meta.index,
+        snapshot=meta,
+        offset=offset,
+        data=data,
+        done=done,
+    )
+
+
+def test_snapshot_chunks_out_of_order_are_answered_with_the_offset_expected_next() -> None:
     follower = core("c", snapshot_chunk_bytes=4)
     meta = SnapshotMeta(6, 1, IDS)
-    snap = lambda offset, data, done=False: message(  # noqa: E731
-        MT.SNAPSHOT, "a", "c", 1, index=6, snapshot=meta, offset=offset, data=data, done=done
-    )
-    follower.step(snap(0, b"abcd"))
-    follower.step(snap(8, b"ijkl"))  # a gap: 4..8 was lost
+    follower.step(snapshot_chunk(meta, 0, b"abcd"))
+    follower.step(snapshot_chunk(meta, 8, b"ijkl", done=True))  # a gap: 4..8 not here yet
+    follower.step(snapshot_chunk(meta, 0, b"abcd"))  # a duplicate changes nothing
     replies = ready_messages(follower)
-    assert [(m.offset, m.reject) for m in replies] == [(4, False), (0, True)]
-    follower.step(snap(4, b"efgh"))  # offset no longer matches: assembly was restarted
-    (reply,) = ready_messages(follower)
-    assert reply.reject and reply.offset == 0
-    follower.step(snap(0, b"abcd"))
-    follower.step(snap(0, b"abcd"))  # a duplicate changes nothing
-    follower.step(snap(4, b"efgh", done=True))
+    assert [(m.offset, m.reject, m.done) for m in replies] == [
+        (4, False, False),
+        (4, True, False),
+        (4, False, False),
+    ]
+    follower.step(snapshot_chunk(meta, 4, b"efgh"))
+    follower.step(snapshot_chunk(meta, 8, b"ijkl", done=True))
     ready = follower.ready()
-    assert ready.snapshot == meta and ready.snapshot_data == b"abcdefgh"
-    assert [(m.offset, m.done) for m in ready.messages][-1] == (0, True)
-    assert ready.messages[-1].index == 6
+    assert ready.snapshot == meta and ready.snapshot_data == b"abcdefghijkl"
+    assert [(m.offset, m.done, m.index) for m in ready.messages] == [(8, False, 6), (0, True, 6)]
+
+
+def test_snapshot_assembly_restarts_for_a_chunk_of_another_snapshot() -> None:
+    follower = core("c", snapshot_chunk_bytes=4)
+    old, new = SnapshotMeta(6, 1, IDS), SnapshotMeta(9, 1, IDS)
+    follower.step(snapshot_chunk(old, 0, b"abcd"))
+    follower.step(snapshot_chunk(new, 4, b"WXYZ"))  # the leader moved on: start over
+    (_, reply) = ready_messages(follower)
+    assert (reply.reject, reply.offset, reply.snapshot) == (True, 0, new)
+    follower.step(snapshot_chunk(new, 0, b"STUV"))  # replaces the partial old one
+    follower.step(snapshot_chunk(new, 4, b"WXYZ", done=True))
+    ready = follower.ready()
+    assert ready.snapshot == new and ready.snapshot_data == b"STUVWXYZ"
+
+
+def test_a_lost_snapshot_chunk_is_resent_after_the_transfer_goes_quiet() -> None:
+    pump = lagging_follower_pump(chunk_bytes=10)
+    leader = pump.nodes["a"]
+    leader.tick()  # heartbeat -> c answers -> probe -> the leader finds c's entries compacted
+    lost: list[Message] = []
+    for _ in range(10):
+        pump.flush_all()
+        lost = pump.take(lambda m: m.type is MT.SNAPSHOT)
+        if lost:
+            break
+        pump.deliver(pump.take(lambda m: True))
+    assert [m.offset for m in lost] == [0]
+    assert leader.progress["c"].state is ProgressState.SNAPSHOT
+    quiet = 0
+    while not pump.installed["c"] and quiet < 3 * leader.config.election_timeout_ticks:
+        pump.tick()
+        quiet += 1
+    assert pump.installed["c"] == [b"S" * 35]
+    assert quiet >= leader.snapshot_resend_ticks()  # not resent on every heartbeat answer
 
 
 def test_a_snapshot_older_than_the_commit_index_is_acknowledged_without_install() -> None:
