@@ -537,11 +537,12 @@ class RaftCore:
             raise NotLeader(self._leader_id)
         if target not in self._voter_set:
             raise ValueError(f"cannot transfer leadership to {target!r}: not a voter")
-        if target == self.id:
-            return  # already the leader
         if self.lead_transferee == target:
             return  # already in progress
-        self.lead_transferee = target
+        if target == self.id:
+            self.lead_transferee = None  # we stay: abandon any transfer in progress
+            return
+        self.lead_transferee = target  # replaces any earlier target
         self.election_elapsed = 0  # the transfer gets one election timeout
         progress = self.progress[target]
         if progress.match == self.log.last_index():
@@ -554,6 +555,8 @@ class RaftCore:
         drop the log up to it, and keep (meta, data) to send to lagging followers."""
         if not isinstance(data, bytes):
             raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"compact index must be an int, got {type(index).__name__}")
         if index > self.log.applied:
             raise ValueError(
                 f"cannot compact to {index}: only {self.log.applied} is applied (a snapshot "

@@ -981,6 +981,17 @@ def test_leader_transfer_is_aborted_after_an_election_timeout() -> None:
     assert leader.propose(b"z")[0] == 2
 
 
+def test_leader_transfer_to_itself_abandons_a_transfer_in_progress() -> None:
+    pump = Pump()
+    leader = pump.elect("a")
+    pump.isolated = {"c"}
+    leader.transfer_leadership("c")
+    with pytest.raises(ProposalDropped):
+        leader.propose(b"x")
+    leader.transfer_leadership("a")
+    assert leader.lead_transferee is None and leader.propose(b"x")[0] == 2
+
+
 def test_leader_transfer_input_errors() -> None:
     pump = Pump()
     leader = pump.elect("a")
