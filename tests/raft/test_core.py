@@ -266,6 +266,25 @@ def test_new_leader_appends_a_noop_of_its_term_and_commits_it() -> None:
     assert {n.leader_id for n in pump.nodes.values()} == {"a"}
 
 
+class VotesForAnyLog(RaftCore):
+    """Broken: drops the election restriction (Raft §5.4.1)."""
+
+    def log_is_up_to_date(self, last_index: int, last_term: int) -> bool:
+        return True
+
+
+def grants_to_a_candidate_with_an_older_log(cls) -> bool:
+    voter = core("a", cls=cls, restore=restored(2, (1, 2)))
+    voter.step(message(MT.VOTE, "b", "a", 3, index=5, log_term=1))
+    (reply,) = ready_messages(voter)
+    return not reply.reject
+
+
+def test_the_election_restriction_is_what_refuses_an_older_log() -> None:
+    assert grants_to_a_candidate_with_an_older_log(RaftCore) is False
+    assert grants_to_a_candidate_with_an_older_log(VotesForAnyLog) is True
+
+
 def test_vote_refused_to_a_candidate_whose_log_is_less_up_to_date() -> None:
     # Raft §5.4.1: our last entry has term 2; the candidate's last term is 1.
     voter = core("a", restore=restored(2, (1, 2)))
@@ -703,6 +722,49 @@ def test_read_index_waits_until_the_leader_committed_an_entry_of_its_term() -> N
     pump.deliver(appends)  # now the NOOP commits
     pump.settle()
     assert pump.read_states["a"] == [ReadState(b"r1", 1)]
+
+
+class ReadIndexBeforeOwnTermCommit(RaftCore):
+    """Broken: serves ReadIndex before the leader committed an entry of its term, when
+    its commit index may still be behind the previous leader's."""
+
+    def read_barrier_open(self) -> bool:
+        return True
+
+
+def read_states_before_the_noop_commits(cls) -> list[ReadState]:
+    """A new leader whose NOOP is not yet committed gets a read; its heartbeat round is
+    acknowledged by everyone, but the APPENDs carrying the NOOP are held back."""
+    pump = Pump(core_class=cls, pre_vote=False)
+    leader = pump.nodes["a"]
+    for _ in range(leader.randomized_election_timeout):
+        leader.tick()
+    pump.flush("a")
+    pump.deliver(pump.take(lambda m: True))  # votes
+    pump.flush_all()
+    pump.deliver(pump.take(lambda m: True))  # grants: a leads, NOOP appended
+    assert leader.role is Role.LEADER
+    pump.flush("a")
+    pump.take(lambda m: m.type is MT.APPEND)  # the NOOP never arrives
+    leader.read_index(b"r")
+    for _ in range(3):
+        leader.tick()
+        pump.flush("a")
+        pump.take(lambda m: m.type is MT.APPEND)
+        pump.deliver(pump.take(lambda m: True))
+        pump.flush_all()
+        pump.take(lambda m: m.type is MT.APPEND_RESPONSE)
+        pump.deliver(pump.take(lambda m: True))
+        pump.flush("a")
+    return pump.read_states["a"]
+
+
+def test_read_index_barrier_holds_reads_until_an_own_term_entry_commits() -> None:
+    assert read_states_before_the_noop_commits(RaftCore) == []
+
+
+def test_read_index_barrier_broken_serves_at_a_possibly_stale_commit_index() -> None:
+    assert read_states_before_the_noop_commits(ReadIndexBeforeOwnTermCommit) == [ReadState(b"r", 0)]
 
 
 def test_read_index_is_confirmed_by_a_majority_for_a_round_started_after_the_request() -> None:
