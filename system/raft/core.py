@@ -465,11 +465,9 @@ class RaftCore:
 
     def append_entry(self, data: bytes, kind: EntryKind) -> int:
         """Leader: append one entry of the current term to our own log."""
-        log = self.log
-        index = log.last_index() + 1
-        log.entries.append(Entry(self._term, index, data, kind))
-        if len(self._voter_set) == 1:
-            self.maybe_commit()
+        index = self.log.append_new(self._term, data, kind)
+        if not self.peers:
+            self.maybe_commit()  # a single-node cluster is its own majority
         return index
 
     def read_index(self, context: bytes) -> None:
