@@ -560,13 +560,10 @@ class RaftCore:
                 f"cannot compact to {index}: only {self.log.applied} is applied (a snapshot "
                 "must describe applied state)"
             )
-        if index < self.log.snapshot_index:
-            raise ValueError(
-                f"cannot compact to {index}: the log is already compacted to "
-                f"{self.log.snapshot_index}"
-            )
-        if index == self.log.snapshot_index:
-            return  # nothing new
+        if index <= self.log.snapshot_index:
+            # Already compacted that far (e.g. a leader's snapshot was installed while the
+            # shell was saving its own): the older snapshot is simply not needed.
+            return
         term = self.log.term(index)
         assert term is not None
         self.log.compact(index)
