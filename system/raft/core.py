@@ -170,8 +170,12 @@ class Ready:
 
     hard_state: HardState | None = None  # persist if not None (None = unchanged)
     entries: tuple[Entry, ...] = ()  # append durably, first dropping stored entries >= [0].index
-    snapshot: SnapshotMeta | None = None  # a snapshot received from the leader: persist it
-    snapshot_data: bytes = b""  # ...with these bytes, and drop stored entries it covers
+    # A snapshot received from the leader: persist it with `snapshot_data`. It is only
+    # emitted when our log does NOT hold the snapshot's last entry, so every stored entry
+    # is either covered by it or from a divergent history: drop them all (as etcd's
+    # MemoryStorage.ApplySnapshot does); `entries` of the same Ready follow the snapshot.
+    snapshot: SnapshotMeta | None = None
+    snapshot_data: bytes = b""
     must_sync: bool = False  # fsync the above before sending `messages`
     messages: tuple[Message, ...] = ()  # send only after the above is durable
     committed_entries: tuple[Entry, ...] = ()  # apply in order (after restoring `snapshot`)
@@ -233,7 +237,11 @@ class RaftCore:
             snapshot = None
         self._term: int = hard.term  # current term; never decreases
         self._vote: NodeId | None = hard.vote  # whom we voted for in _term; set at most once
-        self.log = RaftLog(snapshot, restored.entries if restored else (), hard.commit)
+        stored = restored.entries if restored else ()
+        if snapshot is not None and stored and stored[0].index <= snapshot.index:
+            # Entries the snapshot covers are redundant (a shell may keep them): skip.
+            stored = tuple(e for e in stored if e.index > snapshot.index)
+        self.log = RaftLog(snapshot, stored, hard.commit)
         if snapshot is not None and self._term < snapshot.term:
             raise ValueError(
                 f"restored term {self._term} is below the snapshot's term {snapshot.term}"

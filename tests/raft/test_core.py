@@ -995,6 +995,27 @@ def test_restart_rebuilds_from_snapshot_plus_log_and_reapplies_committed_entries
     assert node.applied_index == 9 and not node.has_ready()
 
 
+def test_restart_skips_stored_entries_the_snapshot_covers() -> None:
+    state = PersistentState(
+        HardState(2, None, 6), SnapshotMeta(6, 2, IDS), b"s", entries(2, 2, 2, start=5)
+    )
+    node = core("a", restore=state)
+    assert [e.index for e in node.log_entries()] == [7] and node.commit_index == 6
+
+
+def test_a_snapshot_is_emitted_only_when_the_log_lacks_its_last_entry() -> None:
+    meta = SnapshotMeta(3, 1, IDS)
+    holds_it = core("c", restore=restored(1, (1, 1, 1, 1)))
+    holds_it.step(message(MT.SNAPSHOT, "a", "c", 1, index=3, snapshot=meta, data=b"s", done=True))
+    ready = holds_it.ready()
+    assert ready.snapshot is None and holds_it.commit_index == 3
+    assert [e.index for e in holds_it.log_entries()] == [1, 2, 3, 4]
+    diverged = core("c", restore=restored(2, (1, 2, 2, 2)))  # its entry 3 has term 2, not 1
+    diverged.step(message(MT.SNAPSHOT, "a", "c", 2, index=3, snapshot=meta, data=b"s", done=True))
+    ready = diverged.ready()
+    assert ready.snapshot == meta and diverged.log_entries() == ()
+
+
 def test_restarted_leader_can_send_its_restored_snapshot() -> None:
     pump = lagging_follower_pump()
     pump.storage["a"].snapshot = pump.nodes["a"].snapshot_meta
