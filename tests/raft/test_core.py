@@ -564,6 +564,22 @@ def test_an_append_acknowledgement_leaves_with_the_entries_it_acknowledges() -> 
     assert [e.index for e in ready.entries] == [1, 2] and ready.must_sync
 
 
+def test_a_commit_only_change_needs_no_fsync_and_an_unchanged_hard_state_is_not_sent() -> None:
+    follower = core("b")
+    follower.step(message(MT.APPEND, "a", "b", 1, index=0, log_term=0, entries=entries(1)))
+    first = follower.ready()
+    follower.advance(first)
+    assert first.must_sync and first.hard_state == HardState(1, None, 0)
+    follower.step(message(MT.HEARTBEAT, "a", "b", 1, commit=1))
+    second = follower.ready()
+    assert second.hard_state == HardState(1, None, 1) and not second.must_sync
+    assert [e.index for e in second.committed_entries] == [1]
+    follower.advance(second)
+    follower.step(message(MT.HEARTBEAT, "a", "b", 1, commit=1))
+    third = follower.ready()
+    assert third.hard_state is None and not third.must_sync and len(third.messages) == 1
+
+
 # ---------------------------------------------------------------------------------------
 # Log replication: back-tracking, batching, pipelining
 # ---------------------------------------------------------------------------------------
