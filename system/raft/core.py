@@ -635,6 +635,8 @@ class RaftCore:
             return f"from {m.src!r}, which is not a peer of {self.id!r}"
         if m.term < 0 or m.index < 0 or m.log_term < 0 or m.commit < 0:
             return f"negative term or index in {m.type.value} from {m.src}"
+        if m.term == 0 and m.type in _REQUESTS:
+            return f"{m.type.value} from {m.src} at term 0 (terms of leaders start at 1)"
         entries = m.entries
         if entries:
             if m.type is not _MT.APPEND:
@@ -642,7 +644,7 @@ class RaftCore:
             if (
                 entries[0].index != m.index + 1
                 or entries[-1].index != m.index + len(entries)
-                or entries[0].term < m.log_term
+                or entries[0].term < max(1, m.log_term)
                 or entries[-1].term > m.term
             ):
                 return (
@@ -1242,6 +1244,8 @@ class RaftCore:
 
 
 _FROM_LEADER = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT})
+# Sent only by a leader or a (pre-)candidate, hence always at a term >= 1.
+_REQUESTS = _FROM_LEADER | {MessageType.VOTE, MessageType.PRE_VOTE, MessageType.TIMEOUT_NOW}
 
 
 def _encode_round(round_id: int) -> bytes:
