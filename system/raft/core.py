@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A `RaftCore` is driven by exactly four inputs and never does anything on its own:
+A `RaftCore` moves only when called, and never does anything on its own:
 
 - `tick()`: one unit of logical time passed. Followers and candidates count ticks towards
   an election timeout randomized in [T, 2T) with the injected `random.Random`; leaders
@@ -23,11 +23,15 @@ or an append acknowledgement is never sent before what it promises is on disk
 The rules, each in its own overridable method so a test can break exactly one by
 subclassing (the name says which rule and where it comes from):
 
-- elections: `campaign`, `may_grant_vote` (one vote per term, §5.2), `log_is_up_to_date`
-  (§5.4.1), `in_leader_lease` (PreVote/CheckQuorum disruption guard, thesis §9.6);
+- elections: `campaign`, `may_grant_vote` and `record_vote` (one vote per term, §5.2),
+  `log_is_up_to_date` (§5.4.1), `heard_from_leader_recently` (a PreVote is refused while
+  a leader is alive, thesis §9.6), `in_leader_lease` (with CheckQuorum, higher-term
+  (pre)votes are ignored while a leader is alive, thesis §4.2.3);
+- leadership: `maybe_step_down_without_quorum` (CheckQuorum, thesis §6.2);
 - commitment: `quorum_match_index` and `may_commit_at` (only entries of the current
   term are committed by counting replicas: Raft §5.4.2, Figure 8); the leader appends a
   NOOP at the start of its term so that earlier entries get committed promptly (§8);
+  `entries_to_apply` hands out committed entries only;
 - replication: `maybe_send_append`, batching (max_append_entries / max_append_bytes),
   pipelining (max_inflight_appends per follower, see progress.py), fast back-tracking with
   reject_hint / reject_term (etcd's findConflictByTerm);
@@ -42,6 +46,9 @@ subclassing (the name says which rule and where it comes from):
 Proposals are appended to the leader's log at once but sent to followers when the next
 Ready is taken, so every proposal made between two Readies travels in one APPEND per
 follower: batching falls out of the Ready cycle.
+
+Local invariants (commit never decreases, applied <= commit, a leader holds its own vote,
+...) are asserted after every input by `check_invariants`.
 
 Membership changes are not implemented: the voter set is fixed by the configuration.
 This module must never do I/O, read a clock or use global randomness.
