@@ -613,16 +613,35 @@ def round_trips_to_find_the_match(leader: RaftCore, follower: RaftCore) -> int:
     return trips
 
 
-def test_conflicting_follower_is_found_in_a_few_round_trips_not_one_per_entry() -> None:
-    # Leader: 5 entries of term 1, then term 6. Follower: same 5, then 100 entries of terms
-    # 2..5 that the leader never had (each a failed leadership).
+def diverged_pair(cls) -> tuple[RaftCore, RaftCore]:
     common = (1,) * 5
-    follower_log = common + (2,) * 25 + (3,) * 25 + (4,) * 25 + (5,) * 25
-    leader = leader_with_log(common + (6,) * 3, term=7)
-    follower = core("b", restore=restored(6, follower_log))
+    leader = leader_with_log(common + (3,) * 50 + (5,) * 50, term=6, cls=cls)
+    follower = core("b", restore=restored(5, common + (2,) * 50 + (4,) * 60), cls=cls)
+    return leader, follower
+
+
+def test_conflicting_follower_is_found_in_a_few_round_trips_not_one_per_entry() -> None:
+    # Both logs share 5 entries of term 1, then diverge for 100 entries: the leader's are
+    # of terms 3 and 5, the follower's of terms 2 and 4 (leaderships the other never saw).
+    leader, follower = diverged_pair(RaftCore)
     trips = round_trips_to_find_the_match(leader, follower)
     assert trips <= 3, f"took {trips} round trips"
     assert leader.progress["b"].match == leader.log.last_index()
+    assert [e.term for e in follower.log_entries()] == [e.term for e in leader.log_entries()]
+
+
+class BacksOffOneEntryAtATime(RaftCore):
+    """Slow (not unsafe): the naive back-off of the paper's Figure 2, one index per
+    rejected APPEND, instead of skipping a term at a time."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log.find_conflict_by_term = lambda index, term: min(index, self.log.last_index())
+
+
+def test_without_the_term_hint_the_same_conflict_takes_one_round_trip_per_entry() -> None:
+    leader, follower = diverged_pair(BacksOffOneEntryAtATime)
+    assert round_trips_to_find_the_match(leader, follower) >= 100
     assert [e.term for e in follower.log_entries()] == [e.term for e in leader.log_entries()]
 
 
