@@ -278,8 +278,12 @@ class KVClient:
                 last = f"{address}: {result.code.name}: {result.details}"
                 if result.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidArgument(result.details) from None
-                if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and result.from_server:
-                    pass  # certainly not applied; back off and retry
+                if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not result.from_server:
+                    # gRPC itself refused the message (larger than 256 MiB): never sent whole.
+                    raise InvalidArgument(f"request too large for the transport: {result.details}"
+                                          ) from None
+                if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    pass  # the node's rate limit: certainly not applied; back off and retry
                 elif result.from_server and result.outcome == "not-applied":
                     if result.leader_address and result.leader_address != address:
                         hint = result.leader_address
