@@ -1053,7 +1053,12 @@ class RaftCore:
         last = log.last_index()
         committed = log.committed
         if progress.next > last:
-            if not send_if_empty and progress.sent_commit >= min(committed, prev_index):
+            # Nothing new to send: an empty APPEND only to raise the follower's commit
+            # index, and not while APPENDs are in flight (the last one's answer brings us
+            # back here; heartbeats carry the commit index meanwhile).
+            if not send_if_empty and (
+                progress.inflight or progress.sent_commit >= min(committed, prev_index)
+            ):
                 return False
             entries: tuple[Entry, ...] = ()
         else:
