@@ -689,9 +689,8 @@ def test_inflight_appends_per_follower_are_bounded_then_resume_on_acknowledgemen
     unacknowledged = []
     for _ in range(10):
         leader.propose(b"x")
-        unacknowledged += (
-            pump.take(lambda m: m.dst == "b" and m.type is MT.APPEND) if pump.flush("a") else []
-        )
+        pump.flush("a")  # one Ready per proposal: no batching to hide the window
+        unacknowledged += pump.take(lambda m: m.dst == "b" and m.type is MT.APPEND)
     assert len(unacknowledged) == 3, "a 4th APPEND went out before any acknowledgement"
     assert [len(m.entries) for m in unacknowledged] == [1, 1, 1]
     # One acknowledgement frees the window: everything still unsent goes in one APPEND.
