@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from system.raft.log import RaftLog
 from system.raft.progress import Progress, ProgressState
+from system.raft.read_only import ReadIndexQueue, ReadState, decode_round, encode_round
 from system.raft.types import Entry, SnapshotMeta
 
 
@@ -162,3 +163,28 @@ def test_log_matches_a_plain_list_model_under_appends_commits_and_compactions(op
         for index, term in persisted.items():
             if index > log.snapshot_index and index < log.unstable_from:
                 assert model[index - 1] == term, "a changed entry was not marked unstable"
+
+
+def test_read_index_queue_releases_a_round_and_every_earlier_one_in_order() -> None:
+    reads = ReadIndexQueue()
+    first = reads.start_round([b"r1", b"r2"], commit_index=5)
+    second = reads.start_round([b"r3"], commit_index=7)
+    assert decode_round(encode_round(second)) == second
+    assert reads.latest_round_context() == encode_round(second)
+    assert reads.acknowledge(second, "b") == {"b"}
+    assert reads.release_through(second) == [
+        ReadState(b"r1", 5),
+        ReadState(b"r2", 5),
+        ReadState(b"r3", 7),
+    ]
+    assert reads.acknowledge(first, "c") is None  # already released
+    assert not reads and reads.latest_round_context() == b""
+
+
+def test_read_index_queue_abandons_pending_and_queued_reads() -> None:
+    reads = ReadIndexQueue()
+    reads.wait_for_barrier(b"early")
+    reads.start_round([b"r1"], commit_index=3)
+    assert reads.abandon() == [b"r1", b"early"]
+    assert not reads and reads.acks == {}
+    assert reads.start_round([b"r2"], commit_index=4) == 2  # round ids never repeat
