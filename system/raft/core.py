@@ -602,6 +602,13 @@ class RaftCore:
         """Why `m` must be ignored ("" if it is acceptable). Cheap checks only."""
         if not isinstance(m, Message):
             return f"not a Message: {type(m).__name__}"
+        if type(m.type) is not MessageType or not (
+            type(m.term) is int
+            and type(m.index) is int
+            and type(m.log_term) is int
+            and type(m.commit) is int
+        ):
+            return "message type or a numeric field has the wrong type (a transport bug?)"
         if m.dst != self.id:
             return f"addressed to {m.dst!r}, not to {self.id!r}"
         if m.src not in self._voter_set or m.src == self.id:

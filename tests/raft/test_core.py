@@ -1141,6 +1141,8 @@ def test_leader_transfer_input_errors() -> None:
         message(MT.APPEND, "b", "a", 1, index=0, entries=(Entry(9, 1),)),  # future term
         message(MT.HEARTBEAT, "b", "a", 1, entries=(Entry(1, 1),)),  # entries on a heartbeat
         message(MT.SNAPSHOT, "b", "a", 1),  # snapshot without metadata
+        Message("append", "b", "a", 1),  # type: ignore[arg-type]  # not a MessageType
+        message(MT.HEARTBEAT, "b", "a", "1"),  # a term that is not an int
         message(MT.HEARTBEAT, "b", "a", 0),  # a leader at term 0
         message(MT.APPEND, "b", "a", 1, index=0, entries=(Entry(0, 1),)),  # entry of term 0
     ],
