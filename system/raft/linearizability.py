@@ -160,14 +160,31 @@ def _add(result: dict[str, list[_Operation]], invoke: HistoryEvent, done: Histor
     )
 
 
+def _version_before(op: _Operation) -> int | None:
+    """The key's version an `ok` op must find when it takes effect (None if unknown)."""
+    if op.version is None:
+        return None
+    return op.version if op.f is Function.GET else op.version - 1
+
+
 def check_key(ops: list[_Operation], max_states: int) -> tuple[bool | str, str, int]:
-    """Wing & Gong / Lowe search over one key's operations."""
+    """Wing & Gong / Lowe search over one key's operations.
+
+    Two prunings use the register's versions (sound only when every `ok` op reports the
+    version it saw or made, which the simulator's always do): versions never decrease, so
+    a state whose version passed the version some pending `ok` op needs is dead; and if
+    some pending `ok` op can take effect now, no version-changing `info` op can precede
+    it, so `info` ops are only tried when no `ok` op can go next.
+    """
     ops = sorted(ops, key=lambda o: o.call)
     count = len(ops)
     required = 0
     for i, op in enumerate(ops):
         if op.must_happen:
             required |= 1 << i
+    by_return = sorted((i for i in range(count) if ops[i].must_happen), key=lambda i: ops[i].ret)
+    exact = all(_version_before(ops[i]) is not None for i in by_return)
+    by_version = sorted(by_return, key=lambda i: _version_before(ops[i]) or 0)
     start: _State = (None, 0)
     stack: list[tuple[int, _State]] = [(0, start)]
     seen: set[tuple[int, _State]] = set()
@@ -183,14 +200,28 @@ def check_key(ops: list[_Operation], max_states: int) -> tuple[bool | str, str, 
             return "unknown", f"gave up after {max_states} states", len(seen)
         if bin(mask & required).count("1") > bin(deepest[0] & required).count("1"):
             deepest = (mask, state)
+        if exact:
+            needed = next(_version_before(ops[i]) for i in by_version if not mask >> i & 1)
+            if needed is not None and state[1] > needed:
+                continue  # versions never go back: that op can never take effect
         # Only ops invoked before the earliest pending `ok` completion may go next.
-        horizon = min(ops[i].ret for i in range(count) if required >> i & 1 and not mask >> i & 1)
-        for i in range(count - 1, -1, -1):
-            if mask >> i & 1 or ops[i].call >= horizon:
+        horizon = next(ops[i].ret for i in by_return if not mask >> i & 1)
+        # Push `info` ops first so they are tried last: most of them either never took
+        # effect or only matter where an `ok` op cannot go on without them.
+        later: list[tuple[int, _State]] = []
+        sooner: list[tuple[int, _State]] = []
+        for i in range(count):
+            op = ops[i]
+            if op.call >= horizon:
+                break  # sorted by call: nothing further can go next either
+            if mask >> i & 1:
                 continue
-            after = _step(state, ops[i])
+            after = _step(state, op)
             if after is not None:
-                stack.append((mask | 1 << i, after))
+                (sooner if op.must_happen else later).append((mask | 1 << i, after))
+        if not (exact and sooner):
+            stack.extend(later)
+        stack.extend(reversed(sooner))
     mask, state = deepest
     done = [ops[i].text for i in range(count) if mask >> i & 1]
     pending = [ops[i].text for i in range(count) if required >> i & 1 and not mask >> i & 1]

@@ -129,18 +129,12 @@ class FakeDisk:
         del image.entries[first - base - 1 :]
         image.entries.extend(entries)
 
-    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> bool:
-        """A snapshot from the leader: store it and drop the entries it covers. Entries
-        after it are kept only if the log agrees with it at its index (they then follow it
-        by Log Matching); otherwise they belong to a divergent history and go too.
-        Returns whether a suffix was kept."""
-        image = self.current
-        keep = image.term_at(meta.index) == meta.term
-        base = image.snapshot.index if image.snapshot else 0
-        image.entries = [e for e in image.entries if e.index > meta.index] if keep else []
-        del base
-        image.snapshot, image.snapshot_data = meta, data
-        return keep and bool(image.entries)
+    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        """A snapshot from the leader: store it and drop ALL stored entries (the Ready
+        contract: it is only emitted when the log lacks the snapshot's last entry, so every
+        stored entry is covered by it or from a divergent history)."""
+        self.current.entries = []
+        self.current.snapshot, self.current.snapshot_data = meta, data
 
     def save_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         """The shell's own snapshot (before `compact`): written and fsynced at once."""
@@ -399,8 +393,8 @@ class NodeShell:
         if ready.hard_state is not None:
             disk.write_hard_state(ready.hard_state)
         if ready.snapshot is not None:
-            kept = disk.install_snapshot(ready.snapshot, ready.snapshot_data)
-            monitor.persisted_snapshot(self.node_id, ready.snapshot, kept)
+            disk.install_snapshot(ready.snapshot, ready.snapshot_data)
+            monitor.persisted_snapshot(self.node_id, ready.snapshot)
         if ready.entries:
             try:
                 disk.append(ready.entries)
@@ -869,15 +863,20 @@ class Simulation:
     def tick(self, node: NodeId | None = None, times: int = 1) -> None:
         """Advance logical time by `times` ticks on `node`, or on every live node."""
         for _ in range(times):
-            self._begin_step()
-            targets = [node] if node is not None else self.alive()
-            self.record(f"tick {','.join(targets)}")
-            for target in targets:
-                shell = self.nodes[target]
-                if shell.core is None:
-                    raise ValueError(f"cannot tick {target}: it is crashed")
-                shell.core.tick()
-                shell.after_input()
+            self.tick_nodes([node] if node is not None else self.alive())
+
+    def tick_nodes(self, nodes: Iterable[NodeId]) -> None:
+        """One step in which exactly `nodes` (live ones) advance their clocks by a tick."""
+        targets = list(nodes)
+        self._check_nodes(targets)
+        self._begin_step()
+        self.record(f"tick {','.join(targets)}")
+        for target in targets:
+            shell = self.nodes[target]
+            if shell.core is None:
+                raise ValueError(f"cannot tick {target}: it is crashed")
+            shell.core.tick()
+            shell.after_input()
 
     def step(self) -> None:
         """One step of the default fair schedule: deliver the oldest message in flight,

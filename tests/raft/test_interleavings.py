@@ -511,11 +511,10 @@ def snapshot_under_reordering(order_seed: int) -> tuple[Simulation, int]:
     return sim, -1
 
 
-@pytest.mark.xfail(strict=True, reason="core bug 2 in CORE_BUGS.md: snapshot chunks multiply")
 def test_snapshot_transfer_completes_on_a_network_that_reorders_but_never_loses() -> None:
-    """InstallSnapshot must make progress when chunks arrive out of order: with every
-    message eventually delivered, the lagging follower installs the snapshot (here within
-    5,000 steps; it needs about 32 chunk round trips)."""
+    """InstallSnapshot makes progress when chunks arrive out of order: with every message
+    eventually delivered, the lagging follower installs the snapshot (here within 5,000
+    steps; it needs about 32 chunk round trips). Regression test of CORE_BUGS.md #2."""
     sim, steps = snapshot_under_reordering(order_seed=0)
     chunks_in_flight = len(sim.pending(type=SNAPSHOT))
     assert steps >= 0, f"not caught up after 5000 steps; {chunks_in_flight} chunks in flight"
