@@ -90,15 +90,6 @@ class _DiskImage:
             return self.entries[-1].index
         return self.snapshot.index if self.snapshot else 0
 
-    def term_at(self, index: int) -> int | None:
-        base = self.snapshot.index if self.snapshot else 0
-        if index == base:
-            return self.snapshot.term if self.snapshot else 0
-        offset = index - base - 1
-        if 0 <= offset < len(self.entries):
-            return self.entries[offset].term
-        return None
-
 
 class FakeDisk:
     """One node's disk: what the OS holds (`current`) and what survived the last fsync
@@ -983,10 +974,14 @@ class Simulation:
         self._next_process += 1
         return self._next_process
 
-    def _invoke(
-        self, f: Function, key: str, value: str | None, expected_version: int | None,
-        process: int | None, request_id: str | None, stale: bool, retry_on_refusal: bool,
+    def invoke(
+        self, f: Function, key: str, value: str | None = None,
+        expected_version: int | None = None, process: int | None = None,
+        request_id: str | None = None, stale: bool = False, retry_on_refusal: bool = False,
     ) -> ClientOp:
+        """Record a client's invoke without sending it anywhere yet (see `submit`).
+        `retry_on_refusal`: a driven client retries refused attempts itself, so a refusal
+        does not complete the op as `fail`."""
         process = self.new_process() if process is None else process
         for other in self.ops:
             if other.process == process and not other.done:
@@ -1041,22 +1036,21 @@ class Simulation:
     def put(self, node: NodeId, key: str, value: str, process: int | None = None,
             request_id: str | None = None) -> ClientOp:
         """A client writes key=value through `node`."""
-        op = self._invoke(Function.PUT, key, value, None, process, request_id, False, False)
+        op = self.invoke(Function.PUT, key, value, process=process, request_id=request_id)
         self.submit(op, node)
         return op
 
     def cas(self, node: NodeId, key: str, expected_version: int, value: str,
             process: int | None = None, request_id: str | None = None) -> ClientOp:
         """A client writes key=value through `node` if the key's version is expected_version."""
-        op = self._invoke(Function.CAS, key, value, expected_version, process, request_id,
-                          False, False)
+        op = self.invoke(Function.CAS, key, value, expected_version, process, request_id)
         self.submit(op, node)
         return op
 
     def get(self, node: NodeId, key: str, stale: bool = False,
             process: int | None = None) -> ClientOp:
         """A client reads `key` through `node`: linearizable (ReadIndex) unless stale."""
-        op = self._invoke(Function.GET, key, None, None, process, None, stale, False)
+        op = self.invoke(Function.GET, key, process=process, stale=stale)
         self.submit(op, node)
         return op
 

@@ -230,8 +230,8 @@ class SwarmRun:
             if not sim.nodes[node].alive:
                 sim.restart(node)
         client = _Client(sim.new_process())
-        client.op = sim._invoke(Function.PUT, self.keys[0], "liveness", None, client.process,
-                                None, False, True)
+        client.op = sim.invoke(Function.PUT, self.keys[0], "liveness", process=client.process,
+                               retry_on_refusal=True)
         self.clients.append(client)
         deadline = sim.step_count + self.liveness_steps
         while sim.step_count < deadline and not client.op.done:
@@ -258,8 +258,8 @@ class SwarmRun:
         for key in self.keys:
             client = _Client(sim.new_process())
             self.clients.append(client)
-            client.op = sim._invoke(Function.GET, key, None, None, client.process, None,
-                                    False, True)
+            client.op = sim.invoke(Function.GET, key, process=client.process,
+                                   retry_on_refusal=True)
             self.run_quietly(lambda op=client.op: op.done, f"final read of {key}")
 
     def run_quietly(self, condition, what: str, budget: int | None = None) -> None:  # noqa: ANN001
@@ -373,18 +373,18 @@ class SwarmRun:
         key = rng.choice(self.keys)
         if rng.random() < swarm.read_fraction:
             stale = rng.random() < swarm.stale_read_fraction
-            client.op = sim._invoke(Function.GET, key, None, None, client.process, None,
-                                    stale, True)
+            client.op = sim.invoke(Function.GET, key, process=client.process, stale=stale,
+                                   retry_on_refusal=True)
         else:
             client.next_write += 1
             value = f"p{client.process}.{client.next_write}"
             if rng.random() < swarm.cas_fraction:
                 expected = self.guess_version(key)
-                client.op = sim._invoke(Function.CAS, key, value, expected, client.process,
-                                        None, False, True)
+                client.op = sim.invoke(Function.CAS, key, value, expected, client.process,
+                                       retry_on_refusal=True)
             else:
-                client.op = sim._invoke(Function.PUT, key, value, None, client.process,
-                                        None, False, True)
+                client.op = sim.invoke(Function.PUT, key, value, process=client.process,
+                                       retry_on_refusal=True)
         sim.submit(client.op, self.pick_node(client))
 
     def guess_version(self, key: str) -> int:
