@@ -231,7 +231,11 @@ def check_key(ops: list[_Operation], max_states: int) -> tuple[bool | str, str, 
         stack.extend(reversed(sooner))
     mask, state = deepest
     done = [ops[i].text for i in range(count) if mask >> i & 1]
+    if len(done) > 10:  # the end of the prefix is what a reader needs
+        done = [f"... {len(done) - 10} earlier operations"] + done[-10:]
     pending = [ops[i].text for i in range(count) if required >> i & 1 and not mask >> i & 1]
+    if len(pending) > 10:
+        pending = pending[:10] + [f"... and {len(pending) - 10} more"]
     explanation = (
         "no order of these operations is consistent with a versioned register.\n"
         f"  longest consistent prefix ends in state value={state[0]!r} version={state[1]}:\n"
