@@ -1,0 +1,444 @@
+"""Peer transport of a KV node: Raft messages to and from the other nodes over gRPC.
+
+What it does: converts `system.raft.messages.Message` to and from the protobuf records of
+`proto/raft.proto`, and keeps per peer two lanes (control and bulk), each a sender that
+writes everything queued as one batch to a long-lived `RaftPeer.Stream` (so messages on
+one lane leave in the order the core produced them).
+
+What it must never do: block the node's event loop, grow without bound, or retry a
+message on its own. Raft tolerates lost, duplicated and reordered messages and
+retransmits what matters (Raft §5.3), so a failed batch is dropped and the sender backs
+off; each per-peer queue is bounded in messages and bytes and sheds its OLDEST messages
+when full (newer messages carry newer terms and indexes). It never decides anything about
+Raft itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+
+import grpc
+
+from system.kv.proto import raft_pb2, raft_pb2_grpc
+from system.raft.messages import Message, MessageType
+from system.raft.types import Entry, EntryKind, NodeId, SnapshotMeta
+
+log = logging.getLogger("kv.transport")
+
+# gRPC's default limit is 4 MiB; a 64 MiB value must fit in one APPEND with room to spare.
+MAX_GRPC_MESSAGE_BYTES = 256 * 1024 * 1024
+
+# Reconnect quickly to a restarted peer: gRPC's default reconnect backoff grows to 120 s,
+# which would keep a rejoining follower out of the cluster for minutes.
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.enable_retries", 0),
+)
+
+_TYPE_TO_PROTO = {t: raft_pb2.MessageType.Value(t.name) for t in MessageType}
+_TYPE_FROM_PROTO = {v: k for k, v in _TYPE_TO_PROTO.items()}
+_KIND_TO_PROTO = {
+    EntryKind.NORMAL: raft_pb2.ENTRY_KIND_NORMAL,
+    EntryKind.NOOP: raft_pb2.ENTRY_KIND_NOOP,
+}
+_KIND_FROM_PROTO = {v: k for k, v in _KIND_TO_PROTO.items()}
+
+# Fixed per-message overhead assumed when bounding queues by size (headers, ids, terms).
+_MESSAGE_OVERHEAD_BYTES = 64
+
+
+class BadPeerMessage(ValueError):
+    """A peer sent a record that does not describe a valid Raft message."""
+
+
+def message_to_proto(message: Message) -> raft_pb2.RaftMessage:
+    """The protobuf record carrying `message`, field for field."""
+    pb = raft_pb2.RaftMessage(
+        type=_TYPE_TO_PROTO[message.type],
+        src=message.src,
+        dst=message.dst,
+        term=message.term,
+        log_term=message.log_term,
+        index=message.index,
+        commit=message.commit,
+        reject=message.reject,
+        reject_hint=message.reject_hint,
+        reject_term=message.reject_term,
+        context=message.context,
+        offset=message.offset,
+        data=message.data,
+        done=message.done,
+    )
+    if message.entries:
+        pb.entries.extend(
+            raft_pb2.Entry(term=e.term, index=e.index, data=e.data, kind=_KIND_TO_PROTO[e.kind])
+            for e in message.entries
+        )
+    if message.snapshot is not None:
+        snap = message.snapshot
+        pb.snapshot.CopyFrom(
+            raft_pb2.SnapshotMeta(index=snap.index, term=snap.term, voters=list(snap.voters))
+        )
+    return pb
+
+
+def message_from_proto(pb: raft_pb2.RaftMessage) -> Message:
+    """The Message a peer sent; raises BadPeerMessage for a record no valid peer sends."""
+    message_type = _TYPE_FROM_PROTO.get(pb.type)
+    if message_type is None:
+        raise BadPeerMessage(f"unknown message type {pb.type} from {pb.src!r}")
+    entries = []
+    for e in pb.entries:
+        kind = _KIND_FROM_PROTO.get(e.kind)
+        if kind is None:
+            raise BadPeerMessage(f"unknown entry kind {e.kind} at index {e.index} from {pb.src!r}")
+        entries.append(Entry(term=e.term, index=e.index, data=e.data, kind=kind))
+    snapshot = None
+    if pb.HasField("snapshot"):
+        snapshot = SnapshotMeta(
+            index=pb.snapshot.index, term=pb.snapshot.term, voters=tuple(pb.snapshot.voters)
+        )
+    return Message(
+        type=message_type,
+        src=pb.src,
+        dst=pb.dst,
+        term=pb.term,
+        log_term=pb.log_term,
+        index=pb.index,
+        entries=tuple(entries),
+        commit=pb.commit,
+        reject=pb.reject,
+        reject_hint=pb.reject_hint,
+        reject_term=pb.reject_term,
+        context=pb.context,
+        snapshot=snapshot,
+        offset=pb.offset,
+        data=pb.data,
+        done=pb.done,
+    )
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+_TAG_BATCH_MESSAGES = b"\x12"  # MessageBatch.messages = 2, length-delimited
+_TAG_MESSAGE_ENTRIES = b"\x3a"  # RaftMessage.entries = 7
+_TAG_MESSAGE_DATA = b"\x7a"  # RaftMessage.data = 15
+_TAG_ENTRY_DATA = b"\x1a"  # Entry.data = 3
+
+
+def encode_batch(src: NodeId, messages: Iterable[Message]) -> bytes:
+    """The wire bytes of MessageBatch(src, messages), built so that each entry's data and
+    each snapshot chunk is copied ONCE (into the result).
+
+    Building the protobuf objects instead copies a 64 MiB value four times or more (into
+    each Entry, into the repeated field, into the batch, into the serialized string):
+    about 1.3 s of event-loop time per follower on this machine, long enough for followers
+    to start an election. Protobuf wire format lets a message be the concatenation of its
+    fields in any order, so the small fields are serialized by protobuf and the bulky
+    ones are appended as length-delimited fields (tests/kv/test_transport.py checks that
+    protobuf parses the result to exactly message_to_proto's record).
+    """
+    parts: list[bytes] = [raft_pb2.MessageBatch(src=src).SerializeToString()]
+    for message in messages:
+        header = raft_pb2.RaftMessage(
+            type=_TYPE_TO_PROTO[message.type], src=message.src, dst=message.dst,
+            term=message.term, log_term=message.log_term, index=message.index,
+            commit=message.commit, reject=message.reject, reject_hint=message.reject_hint,
+            reject_term=message.reject_term, context=message.context,
+            offset=message.offset, done=message.done,
+        )
+        if message.snapshot is not None:
+            snap = message.snapshot
+            header.snapshot.CopyFrom(
+                raft_pb2.SnapshotMeta(index=snap.index, term=snap.term, voters=list(snap.voters)))
+        body: list[bytes] = [header.SerializeToString()]
+        for entry in message.entries:
+            entry_header = raft_pb2.Entry(
+                term=entry.term, index=entry.index, kind=_KIND_TO_PROTO[entry.kind]
+            ).SerializeToString()
+            data_field = (_TAG_ENTRY_DATA + _varint(len(entry.data))) if entry.data else b""
+            entry_len = len(entry_header) + len(data_field) + len(entry.data)
+            body += [_TAG_MESSAGE_ENTRIES, _varint(entry_len), entry_header, data_field]
+            if entry.data:
+                body.append(entry.data)
+        if message.data:
+            body += [_TAG_MESSAGE_DATA, _varint(len(message.data)), message.data]
+        body_len = sum(len(b) for b in body)
+        parts += [_TAG_BATCH_MESSAGES, _varint(body_len), *body]
+    return b"".join(parts)
+
+
+def message_size_bytes(message: Message) -> int:
+    """Rough wire size of `message`, used to bound queues and batches."""
+    return (
+        _MESSAGE_OVERHEAD_BYTES
+        + len(message.data)
+        + len(message.context)
+        + sum(len(e.data) + 24 for e in message.entries)
+    )
+
+
+def _retransmission_key(message: Message) -> tuple[object, ...] | None:
+    """Identity of a bulky message a leader may send again unchanged (None: never coalesce)."""
+    if message.type is MessageType.APPEND and message.entries:
+        return ("append", message.term, message.index, message.entries[0].index,
+                message.entries[-1].index, message.entries[-1].term)
+    if message.type is MessageType.SNAPSHOT and message.snapshot is not None:
+        return ("snapshot", message.term, message.snapshot.index, message.offset)
+    return None
+
+
+class PeerSender:
+    """Sends one lane's messages for one peer: a bounded queue drained by one task into one
+    stream at a time, so the peer receives batches in queue order."""
+
+    def __init__(
+        self,
+        src: NodeId,
+        peer_id: NodeId,
+        address: str,
+        *,
+        lane: str = "control",
+        max_queue_messages: int = 4096,
+        max_queue_bytes: int = 512 * 1024 * 1024,
+        max_batch_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.src = src
+        self.peer_id = peer_id
+        self.address = address
+        self.lane = lane
+        self._max_queue_messages = max_queue_messages
+        self._max_queue_bytes = max_queue_bytes
+        self._max_batch_bytes = max_batch_bytes
+        self._queue: collections.deque[tuple[Message, int]] = collections.deque()
+        self._queued_bytes = 0
+        # Created in start(): gRPC aio channels and asyncio events bind to the running loop.
+        self._wakeup: asyncio.Event | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._stream_rpc: grpc.aio.StreamUnaryMultiCallable | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.dropped_messages = 0  # shed because the queue was full or a Send failed
+        self.coalesced_messages = 0  # duplicates of a message still queued or in flight
+        self._pending_keys: dict[tuple[object, ...], int] = {}
+        self._failing = False  # for logging only: log transitions, not every failure
+
+    def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        # A channel of its own per lane (local subchannel pool = its own TCP connection).
+        options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+        self._channel = grpc.aio.insecure_channel(self.address, options=options)
+        # Bytes in (see encode_batch), SendAck out.
+        self._stream_rpc = self._channel.stream_unary(
+            "/manyasone.raft.RaftPeer/Stream", request_serializer=None,
+            response_deserializer=raft_pb2.SendAck.FromString)
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"send-{self.peer_id}-{self.lane}")
+
+    def enqueue(self, message: Message) -> None:
+        """Queue `message`; never blocks. Sheds the oldest messages beyond the bounds.
+
+        A retransmission identical to one still queued or in flight is dropped: a leader
+        probing a slow follower re-sends its pending APPEND on every heartbeat answer, and
+        with 64 MiB entries those copies would swamp the link and the follower.
+        """
+        key = _retransmission_key(message)
+        if key is not None:
+            if key in self._pending_keys:
+                self.coalesced_messages += 1
+                return
+            self._pending_keys[key] = self._pending_keys.get(key, 0) + 1
+        size = message_size_bytes(message)
+        self._queue.append((message, size))
+        self._queued_bytes += size
+        while len(self._queue) > 1 and (
+            len(self._queue) > self._max_queue_messages or self._queued_bytes > self._max_queue_bytes
+        ):
+            old, old_size = self._queue.popleft()
+            self._queued_bytes -= old_size
+            self._forget(old)
+            self.dropped_messages += 1
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _forget(self, message: Message) -> None:
+        key = _retransmission_key(message)
+        if key is not None and key in self._pending_keys:
+            self._pending_keys[key] -= 1
+            if self._pending_keys[key] <= 0:
+                del self._pending_keys[key]
+
+    def _take_batch(self) -> list[Message]:
+        batch: list[Message] = []
+        batch_bytes = 0
+        while self._queue:
+            message, size = self._queue[0]
+            if batch and batch_bytes + size > self._max_batch_bytes:
+                break
+            self._queue.popleft()
+            self._queued_bytes -= size
+            batch.append(message)
+            batch_bytes += size
+        return batch
+
+    async def _run(self) -> None:
+        """Write each batch to a long-lived stream; open a new one after any failure.
+
+        A write returns once gRPC has buffered the batch (HTTP/2 flow control is the
+        backpressure), so several batches can be on the wire at once, in order.
+        """
+        assert self._wakeup is not None and self._stream_rpc is not None
+        backoff_s = 0.02
+        call: grpc.aio.StreamUnaryCall | None = None
+        while not self._closed:
+            if not self._queue:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = self._take_batch()
+            try:
+                if call is None or call.done():
+                    call = self._stream_rpc(wait_for_ready=False)
+                await call.write(encode_batch(self.src, batch))
+            except asyncio.CancelledError:
+                if call is not None:
+                    call.cancel()
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure: new stream after backoff
+                for message in batch:
+                    self._forget(message)
+                self.dropped_messages += len(batch)
+                if not self._failing:
+                    code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else ""
+                    log.warning(
+                        "peer unreachable: dropping messages, will retry with backoff",
+                        extra={"peer": self.peer_id, "lane": self.lane, "address": self.address,
+                               "code": code, "details": str(exc)[:300]},
+                    )
+                    self._failing = True
+                if call is not None:
+                    call.cancel()
+                    call = None
+                # Whatever queued up meanwhile is probably stale too; the core resends.
+                self.dropped_messages += len(self._queue)
+                self._queue.clear()
+                self._queued_bytes = 0
+                self._pending_keys.clear()
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, 0.5)
+                continue
+            for message in batch:
+                self._forget(message)
+            if self._failing:
+                log.info("peer reachable again", extra={"peer": self.peer_id, "lane": self.lane})
+                self._failing = False
+            backoff_s = 0.02
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._channel is not None:
+            await self._channel.close(grace=None)
+
+
+# Messages that carry log entries or snapshot chunks travel on their own connection, so a
+# 64 MiB APPEND never holds up heartbeats and votes behind it (which would make followers
+# start elections while the leader is merely busy). Raft tolerates the reordering between
+# the two lanes; within a lane, order is kept.
+_BULK_TYPES = frozenset({MessageType.APPEND, MessageType.SNAPSHOT})
+
+
+class Transport:
+    """All outbound peer links of one node: per peer, a control lane and a bulk lane."""
+
+    def __init__(self, node_id: NodeId, peers: Mapping[NodeId, str]) -> None:
+        self.node_id = node_id
+        self._control = {pid: PeerSender(node_id, pid, addr, lane="control")
+                         for pid, addr in peers.items()}
+        self._bulk = {pid: PeerSender(node_id, pid, addr, lane="bulk")
+                      for pid, addr in peers.items()}
+
+    @property
+    def senders(self) -> list[PeerSender]:
+        return [*self._control.values(), *self._bulk.values()]
+
+    def start(self) -> None:
+        for sender in self.senders:
+            sender.start()
+
+    def send(self, messages: Iterable[Message]) -> None:
+        for message in messages:
+            lanes = self._bulk if message.type in _BULK_TYPES else self._control
+            sender = lanes.get(message.dst)
+            if sender is None:
+                log.error("message for unknown peer dropped", extra={"dst": message.dst})
+                continue
+            sender.enqueue(message)
+
+    def dropped_messages(self) -> dict[str, int]:
+        return {f"{s.peer_id}/{s.lane}": s.dropped_messages for s in self.senders}
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.senders))
+
+
+class PeerService(raft_pb2_grpc.RaftPeerServicer):
+    """Receives batches from peers and hands each message to `deliver`."""
+
+    def __init__(self, node_id: NodeId, known_peers: Iterable[NodeId],
+                 deliver: Callable[[list[Message]], None]) -> None:
+        self._node_id = node_id
+        self._known = frozenset(known_peers)
+        self._deliver = deliver
+
+    async def Send(self, request: raft_pb2.MessageBatch, context: grpc.aio.ServicerContext
+                   ) -> raft_pb2.SendAck:  # noqa: N802 - gRPC method name
+        await self._receive(request, context)
+        return raft_pb2.SendAck()
+
+    async def Stream(self, request_iterator: AsyncIterator[raft_pb2.MessageBatch],
+                     context: grpc.aio.ServicerContext) -> raft_pb2.SendAck:  # noqa: N802
+        async for request in request_iterator:
+            await self._receive(request, context)
+        return raft_pb2.SendAck()
+
+    async def _receive(self, request: raft_pb2.MessageBatch,
+                       context: grpc.aio.ServicerContext) -> None:
+        if request.src not in self._known:
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"node {self._node_id} does not know peer {request.src!r}; check --peers",
+            )
+        messages: list[Message] = []
+        for pb in request.messages:
+            if pb.dst != self._node_id or pb.src != request.src:
+                continue  # misrouted: a peer's address map is wrong; Raft treats it as loss
+            try:
+                messages.append(message_from_proto(pb))
+            except BadPeerMessage as exc:
+                log.warning("bad peer message dropped", extra={"peer": request.src, "reason": str(exc)})
+        if messages:
+            self._deliver(messages)
