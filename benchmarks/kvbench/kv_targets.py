@@ -7,13 +7,14 @@ They only start, inspect and stop member processes; they never load them.
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
 import sys
 from pathlib import Path
 
 import grpc
 
 from benchmarks.kvbench.clients import CHANNEL_OPTIONS, ClientKind
-from benchmarks.kvbench.processes import ManagedProcess, free_loopback_ports
+from benchmarks.kvbench.processes import REPO_ROOT, ManagedProcess, free_loopback_ports
 from benchmarks.kvbench.target import CLUSTER_SIZE, Target
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 
@@ -82,7 +83,13 @@ class OursTarget(KVServiceTarget):
     id_prefix = "n"
 
     def version(self) -> str:
-        return "this checkout"
+        out = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return f"checkout {out.stdout.strip()}" if out.returncode == 0 else "this checkout"
 
     def _start_member(self, index: int) -> ManagedProcess:
         peers = ",".join(

@@ -147,6 +147,10 @@ class RssSampler:
         self._sample()
 
 
+class ClusterError(RuntimeError):
+    """A cluster did not come up or lost its way; the message says where its logs are."""
+
+
 def wait_until(condition, timeout_s: float, period_s: float = 0.05, what: str = "condition"):
     """Poll condition() until it returns something other than None or False (returned; 0
     counts, it is a member index) or timeout_s passes (TimeoutError naming what was
@@ -158,6 +162,8 @@ def wait_until(condition, timeout_s: float, period_s: float = 0.05, what: str = 
             value = condition()
             if value is not None and value is not False:
                 return value
+        except ClusterError:
+            raise
         except Exception as error:  # the cluster may still be starting
             last_error = error
         if time.monotonic() >= deadline:

@@ -14,14 +14,10 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 
 from benchmarks.kvbench.clients import ClientKind, open_client
-from benchmarks.kvbench.processes import ManagedProcess, wait_until
+from benchmarks.kvbench.processes import ClusterError, ManagedProcess, wait_until
 
 CLUSTER_SIZE = 3
 STARTUP_TIMEOUT_S = 60.0
-
-
-class ClusterError(RuntimeError):
-    """The cluster did not come up or lost its way; the message says where its logs are."""
 
 
 class Target(ABC):
@@ -58,9 +54,17 @@ class Target(ABC):
         self.work_dir.mkdir(parents=True, exist_ok=True)
         for index in range(CLUSTER_SIZE):
             self.members[index] = self._start_member(index)
+        def leader_unless_a_member_died() -> int | None:
+            dead = [m.name for m in self.members if m is not None and not m.alive()]
+            if dead:
+                raise ClusterError(
+                    f"{self.name}: member(s) {', '.join(dead)} exited during start-up\n{self.describe_logs()}"
+                )
+            return self.find_leader()
+
         try:
             leader = wait_until(
-                self.find_leader, STARTUP_TIMEOUT_S, what=f"{self.name} to elect a leader"
+                leader_unless_a_member_died, STARTUP_TIMEOUT_S, what=f"{self.name} to elect a leader"
             )
             address = self.client_addresses()[leader]
             wait_until(
