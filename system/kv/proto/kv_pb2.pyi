@@ -97,7 +97,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers")
+    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index")
     class PeersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,9 @@ class StatusResponse(_message.Message):
     LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_INSTALLED_FIELD_NUMBER: _ClassVar[int]
+    UNSAFE_MODE_FIELD_NUMBER: _ClassVar[int]
+    LAST_SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     term: int
@@ -123,4 +126,7 @@ class StatusResponse(_message.Message):
     last_index: int
     snapshot_index: int
     peers: _containers.ScalarMap[str, str]
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    snapshots_installed: int
+    unsafe_mode: str
+    last_snapshot_index: int
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ...) -> None: ...

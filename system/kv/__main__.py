@@ -1,0 +1,206 @@
+"""Command line of the KV store: `serve` runs one node, `cluster` runs a local cluster for a person.
+
+    python -m system.kv serve --id n1 --listen 127.0.0.1:7001 \\
+        --peers n2=127.0.0.1:7002,n3=127.0.0.1:7003 --data-dir /tmp/kv/n1
+    python -m system.kv cluster --nodes 3 [--base-port 7001] [--data-dir DIR]
+
+Exit codes of `serve`: 0 after a graceful stop (SIGTERM / Ctrl-C), 2 for a bad command line
+or refused unsafe mode, 3 when the data directory is corrupt (the message names the file
+and offset; the node never serves corrupt data), 70 on a fatal storage error while running.
+What it must never do: start an unsafe mode without MAO_ALLOW_UNSAFE=1, or leave child
+processes behind (`cluster`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from system.kv.logs import configure_logging
+
+log = logging.getLogger("kv.main")
+
+
+def _parse_peers(text: str) -> dict[str, str]:
+    peers: dict[str, str] = {}
+    if not text:
+        return peers
+    for item in text.split(","):
+        node_id, sep, address = item.strip().partition("=")
+        if not sep or not node_id or ":" not in address:
+            raise argparse.ArgumentTypeError(
+                f"bad peer {item!r}: expected ID=HOST:PORT, e.g. n2=127.0.0.1:7002")
+        peers[node_id] = address
+    return peers
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m system.kv", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run one node")
+    serve.add_argument("--id", required=True, help="this node's id, e.g. n1")
+    serve.add_argument("--listen", required=True, help="HOST:PORT for clients and peers")
+    serve.add_argument("--peers", type=_parse_peers, default={},
+                       help="the other members: ID=HOST:PORT,ID=HOST:PORT")
+    serve.add_argument("--data-dir", type=Path, required=True)
+    serve.add_argument("--tick-ms", type=_positive_int, default=20)
+    serve.add_argument("--election-timeout-ticks", type=_positive_int, default=10)
+    serve.add_argument("--heartbeat-ticks", type=_positive_int, default=1)
+    serve.add_argument("--snapshot-entries", type=_positive_int, default=10_000)
+    serve.add_argument("--snapshot-bytes", type=_positive_int, default=64 * 1024 * 1024)
+    serve.add_argument("--snapshot-chunk-bytes", type=_positive_int, default=1024 * 1024)
+    serve.add_argument("--max-value-bytes", type=_positive_int, default=64 * 1024 * 1024)
+    serve.add_argument("--max-key-bytes", type=_positive_int, default=1024)
+    serve.add_argument("--max-requests-per-s", type=float, default=0.0,
+                       help="client requests per second before RESOURCE_EXHAUSTED; 0 = unlimited")
+    serve.add_argument("--log-file", type=Path, default=None,
+                       help="JSON-lines log file (default: stderr)")
+    serve.add_argument("--unsafe", default=None,
+                       help="TEST ONLY: run a deliberately broken canary (needs MAO_ALLOW_UNSAFE=1)")
+
+    cluster = sub.add_parser("cluster", help="run a local cluster of nodes until Ctrl-C")
+    cluster.add_argument("--nodes", type=_positive_int, default=3)
+    cluster.add_argument("--base-port", type=int, default=7001,
+                         help="node i listens on BASE+i-1; 0 = any free ports")
+    cluster.add_argument("--data-dir", type=Path, default=None,
+                         help="where node data and logs go (default: a temporary directory, removed at exit)")
+    cluster.add_argument("--node-arg", action="append", default=[],
+                         help="extra argument passed to every `serve` (repeatable)")
+    return parser
+
+
+def serve(args: argparse.Namespace) -> int:
+    from system.kv.unsafe import UnsafeRefused, unsafe_mode
+
+    configure_logging(args.log_file)
+    try:
+        unsafe = unsafe_mode(args.unsafe)
+    except (UnsafeRefused, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        log.error("refused to start", extra={"reason": str(exc)})
+        return 2
+    if args.id in args.peers:
+        print(f"error: --peers lists this node's own id {args.id!r}; list only the others",
+              file=sys.stderr)
+        return 2
+
+    from system.kv.node import Node, NodeConfig
+    from system.kv.storage import CorruptStorage, DurableStorage, StorageLocked
+
+    config = NodeConfig(
+        node_id=args.id,
+        listen_address=args.listen,
+        peers=args.peers,
+        data_dir=args.data_dir,
+        tick_ms=args.tick_ms,
+        election_timeout_ticks=args.election_timeout_ticks,
+        heartbeat_interval_ticks=args.heartbeat_ticks,
+        snapshot_entries=args.snapshot_entries,
+        snapshot_bytes=args.snapshot_bytes,
+        snapshot_chunk_bytes=args.snapshot_chunk_bytes,
+        max_key_bytes=args.max_key_bytes,
+        max_value_bytes=args.max_value_bytes,
+        max_requests_per_s=args.max_requests_per_s,
+        unsafe_mode=unsafe.name if unsafe is not None else None,
+    )
+    try:
+        storage = DurableStorage.open(config.data_dir)
+    except CorruptStorage as exc:
+        message = (f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
+                   f"{exc}. Nothing was served. Restore the directory from a healthy replica "
+                   f"(or wipe it to rejoin empty) and start again.")
+        print(message, file=sys.stderr)
+        log.critical("corrupt storage; refusing to start",
+                     extra={"path": str(exc.path), "offset": exc.offset, "problem": exc.problem})
+        return 3
+    except StorageLocked as exc:
+        print(f"error: node {args.id} refuses to start: {exc}. Is another node process "
+              f"using {args.data_dir}? Stop it first.", file=sys.stderr)
+        return 2
+    node = Node(config, storage, unsafe)
+    return asyncio.run(_serve_until_signal(node))
+
+
+async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
+    from system.kv.server import build_server
+
+    server = build_server(node)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, node.log_debug_state)
+    await server.start()
+    await node.start()
+    log.info("serving", extra={"node": node.config.node_id, "listen": node.config.listen_address,
+                               "peers": ",".join(f"{k}={v}" for k, v in node.config.peers.items()),
+                               "unsafe": node.config.unsafe_mode or ""})
+    await stop.wait()
+    log.info("stopping: refusing new requests, finishing in-flight ones",
+             extra={"node": node.config.node_id})
+    # Requests in flight get a short grace to finish (their entries may still commit);
+    # then waiting writes are answered "outcome unknown" and storage is closed.
+    await server.stop(grace=1.0)
+    await node.stop()
+    return 0
+
+
+def cluster(args: argparse.Namespace) -> int:
+    from system.kv.local_cluster import LocalCluster
+
+    cluster_ = LocalCluster(
+        args.nodes, args.data_dir, base_port=args.base_port or None, node_args=list(args.node_arg)
+    )
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    try:
+        cluster_.start()
+        print(f"data and logs in {cluster_.base_dir}", flush=True)
+        for spec in cluster_.specs.values():
+            print(f"{spec.node_id} {spec.address}  (log {spec.log_file})", flush=True)
+        leader = None
+        while True:
+            current = cluster_.wait_for_leader_change(leader, timeout_s=3600)
+            if current != leader:
+                leader = current
+                address = cluster_.specs[leader].address if leader else "-"
+                print(f"leader: {leader or 'none'} {address}", flush=True)
+            for node_id in cluster_.exited_nodes():
+                print(f"{node_id} exited with code {cluster_.exit_code(node_id)}; "
+                      f"see {cluster_.specs[node_id].log_file}", flush=True)
+    except KeyboardInterrupt:
+        print("stopping the cluster...", flush=True)
+    finally:
+        cluster_.close()
+        print("all nodes stopped", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    return cluster(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

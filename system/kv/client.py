@@ -1,0 +1,300 @@
+"""Client library of the KV store: `KVClient([addresses])` with put, get, delete and cas.
+
+What it does: finds the leader (following the "leader-address" hint a follower returns),
+retries on another node when one cannot serve, and gives every call one deadline. Every
+write carries a request id — the caller's, or one generated as "<client id>:<counter>" —
+and EVERY retry of that write reuses it, so the store applies it at most once
+(docs/kv-node.md, "request ids").
+
+Outcomes, as the harness needs them (Jepsen's ok / fail / info):
+- a return value: the operation happened (ok);
+- `CasMismatch(current_version)`, `NotFound`, `InvalidArgument`: it certainly did not
+  change anything (fail);
+- `Unavailable`: no node could take it before the deadline and no attempt could have
+  applied it (fail);
+- `Indeterminate`: at least one attempt may have applied (timeout, broken connection,
+  leader lost mid-write) and no later attempt settled it (info). Retrying the same call
+  with the same `request_id` is safe and settles it.
+
+What it must never do: retry a write under a new request id, or report "certainly failed"
+for a write that might have applied. Not thread-safe per instance beyond gRPC's own
+channel safety: share one client between threads only if they use distinct request ids
+(the generated ones are).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+
+from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.kv.transport import CHANNEL_OPTIONS
+
+R = TypeVar("R")
+
+
+class KVError(Exception):
+    """Base of the client's typed errors."""
+
+
+class CasMismatch(KVError):
+    """The compare-and-swap did not match: nothing changed. `current_version` is the key's
+    version when the write was applied in log order (0 = absent)."""
+
+    def __init__(self, key: str, expected_version: int, current_version: int) -> None:
+        super().__init__(f"compare-and-swap on {key!r} expected version {expected_version}, "
+                         f"found {current_version}")
+        self.key = key
+        self.expected_version = expected_version
+        self.current_version = current_version
+
+
+class NotFound(KVError):
+    """The key does not exist."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} not found")
+        self.key = key
+
+
+class InvalidArgument(KVError):
+    """The request was refused as malformed (the message says what and the limit)."""
+
+
+class Unavailable(KVError):
+    """No node could serve the request before the deadline; certainly not applied."""
+
+
+class Indeterminate(KVError):
+    """The write may or may not have applied; retry with the same request id to settle it."""
+
+    def __init__(self, message: str, request_id: str) -> None:
+        super().__init__(f"{message} (request id {request_id!r}; outcome unknown)")
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    version: int  # the key's version after the write (for delete: the version it had)
+    node_id: str  # node that answered
+    term: int
+    applied_index: int
+    request_id: str
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    existed: bool
+    version: int  # version the key had before the delete (0 if it did not exist)
+    node_id: str
+    term: int
+    applied_index: int
+    request_id: str
+
+
+@dataclass(frozen=True)
+class GetResult:
+    value: bytes
+    version: int
+    stale: bool  # True when served without the ReadIndex barrier (consistency="stale")
+    node_id: str
+    applied_index: int  # the answer reflects the node's state after this log index
+
+
+class _Attempt:
+    """Outcome of one RPC attempt, classified."""
+
+    def __init__(self, error: grpc.RpcError) -> None:
+        self.code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+        self.details = error.details() if hasattr(error, "details") else str(error)
+        metadata = {}
+        if hasattr(error, "trailing_metadata"):
+            for key, value in error.trailing_metadata() or ():
+                metadata[key] = value
+        self.outcome = metadata.get("kv-outcome", "")
+        self.leader_address = metadata.get("leader-address", "")
+
+    @property
+    def from_server(self) -> bool:
+        return bool(self.outcome)
+
+    @property
+    def never_sent(self) -> bool:
+        # gRPC fails fast with UNAVAILABLE when it could not connect: nothing was sent.
+        text = (self.details or "").lower()
+        return self.code == grpc.StatusCode.UNAVAILABLE and not self.from_server and (
+            "failed to connect" in text or "connection refused" in text
+            or "name resolution" in text)
+
+
+class KVClient:
+    """A client of one KV cluster. `addresses` are the nodes' host:port (any order)."""
+
+    def __init__(self, addresses: Sequence[str], *, timeout_s: float = 5.0, retries: int = 20,
+                 attempt_timeout_s: float = 2.0, client_id: str | None = None) -> None:
+        if not addresses:
+            raise ValueError("KVClient needs at least one node address")
+        self.addresses = list(dict.fromkeys(addresses))
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.attempt_timeout_s = attempt_timeout_s
+        self.client_id = client_id or uuid.uuid4().hex[:12]
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
+        self._leader: str | None = None
+        self._next = 0
+
+    # ----- public API ------------------------------------------------------------------
+
+    def new_request_id(self) -> str:
+        with self._lock:
+            return f"{self.client_id}:{next(self._counter)}"
+
+    def put(self, key: str, value: bytes, *, expected_version: int | None = None,
+            request_id: str | None = None, timeout_s: float | None = None) -> WriteResult:
+        """Write `value` at `key`; with `expected_version` it is a compare-and-swap
+        (0 = must not exist) and raises CasMismatch when it does not match."""
+        rid = request_id or self.new_request_id()
+        request = kv_pb2.PutRequest(key=key, value=value, request_id=rid)
+        if expected_version is not None:
+            request.expected_version = expected_version
+        response = self._call(lambda s, t: s.Put(request, timeout=t), write=True,
+                              request_id=rid, timeout_s=timeout_s)
+        if not response.applied:
+            raise CasMismatch(key, expected_version if expected_version is not None else -1,
+                              response.version)
+        h = response.header
+        return WriteResult(response.version, h.node_id, h.term, h.applied_index, rid)
+
+    def cas(self, key: str, value: bytes, expected_version: int, *, request_id: str | None = None,
+            timeout_s: float | None = None) -> WriteResult:
+        """Compare-and-swap: write only if the key's version is `expected_version`."""
+        return self.put(key, value, expected_version=expected_version, request_id=request_id,
+                        timeout_s=timeout_s)
+
+    def delete(self, key: str, *, expected_version: int | None = None,
+               request_id: str | None = None, timeout_s: float | None = None) -> DeleteResult:
+        """Delete `key`. Deleting a missing key succeeds with existed=False, unless
+        `expected_version` is set and does not match (CasMismatch)."""
+        rid = request_id or self.new_request_id()
+        request = kv_pb2.DeleteRequest(key=key, request_id=rid)
+        if expected_version is not None:
+            request.expected_version = expected_version
+        response = self._call(lambda s, t: s.Delete(request, timeout=t), write=True,
+                              request_id=rid, timeout_s=timeout_s)
+        if not response.applied:
+            raise CasMismatch(key, expected_version if expected_version is not None else -1,
+                              response.version)
+        h = response.header
+        return DeleteResult(response.existed, response.version, h.node_id, h.term,
+                            h.applied_index, rid)
+
+    def get(self, key: str, *, consistency: str = "linearizable",
+            timeout_s: float | None = None) -> GetResult:
+        """Read `key`. "linearizable" (default) goes through the leader's ReadIndex barrier;
+        "stale" is served by whichever node answers and may lag (see applied_index).
+        Raises NotFound when the key does not exist."""
+        levels = {"linearizable": kv_pb2.LINEARIZABLE, "stale": kv_pb2.STALE}
+        if consistency not in levels:
+            raise InvalidArgument(f"consistency must be 'linearizable' or 'stale', got {consistency!r}")
+        request = kv_pb2.GetRequest(key=key, consistency=levels[consistency])
+        response = self._call(lambda s, t: s.Get(request, timeout=t), write=False,
+                              request_id="", timeout_s=timeout_s,
+                              any_node=consistency == "stale")
+        if not response.found:
+            raise NotFound(key)
+        return GetResult(response.value, response.version, response.stale,
+                         response.header.node_id, response.header.applied_index)
+
+    def status(self, address: str, timeout_s: float = 1.0) -> kv_pb2.StatusResponse:
+        return self._stub(address).Status(kv_pb2.StatusRequest(), timeout=timeout_s)
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+        self._stubs.clear()
+
+    def __enter__(self) -> KVClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- retries ---------------------------------------------------------------------
+
+    def _stub(self, address: str) -> kv_pb2_grpc.KVStub:
+        with self._lock:
+            stub = self._stubs.get(address)
+            if stub is None:
+                channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+                self._channels[address] = channel
+                stub = self._stubs[address] = kv_pb2_grpc.KVStub(channel)
+            return stub
+
+    def _pick(self, hint: str | None) -> str:
+        with self._lock:
+            if hint:
+                return hint
+            if self._leader is not None:
+                return self._leader
+            address = self.addresses[self._next % len(self.addresses)]
+            self._next += 1
+            return address
+
+    def _call(self, rpc: Callable[[kv_pb2_grpc.KVStub, float], R], *, write: bool,
+              request_id: str, timeout_s: float | None, any_node: bool = False) -> R:
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
+        maybe_applied = False  # some attempt of this write may have taken effect
+        last = "no attempt made"
+        hint: str | None = None
+        backoff_s = 0.01
+        for attempt in range(self.retries + 1):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            address = self._pick(hint)
+            hint = None
+            try:
+                response = rpc(self._stub(address), min(remaining, self.attempt_timeout_s))
+            except grpc.RpcError as exc:
+                result = _Attempt(exc)
+                last = f"{address}: {result.code.name}: {result.details}"
+                if result.code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise InvalidArgument(result.details) from None
+                if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and result.from_server:
+                    pass  # certainly not applied; back off and retry
+                elif result.from_server and result.outcome == "not-applied":
+                    if result.leader_address and result.leader_address != address:
+                        hint = result.leader_address
+                elif result.never_sent:
+                    pass
+                else:
+                    # Timeout, broken connection, "unknown" from the server: may have applied.
+                    maybe_applied = maybe_applied or write
+                with self._lock:
+                    if self._leader == address:
+                        self._leader = None
+                    if hint:
+                        self._leader = hint
+                if hint is None and attempt > 0:
+                    time.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
+                    backoff_s = min(backoff_s * 2, 0.2)
+                continue
+            if not any_node:
+                with self._lock:
+                    self._leader = address
+            return response
+        if maybe_applied:
+            raise Indeterminate(f"write not confirmed before the deadline; last error {last}",
+                                request_id)
+        raise Unavailable(f"no node could serve the request before the deadline; last error {last}")

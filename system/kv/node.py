@@ -1,0 +1,458 @@
+"""The shell around one Raft core: the only code that gives the pure core time, disk and network.
+
+One asyncio event loop owns the RaftCore, the KVStateMachine and the DurableStorage; nothing
+else touches them, so there are no locks. Inputs reach the core from that loop only: ticks
+from a real timer, messages from peers, proposals and reads from the client service. After
+any input the loop drains `core.ready()` and carries out each Ready in the order the
+contract fixes (docs/raft.md):
+
+1. persist entries, hard state and received snapshots, and fsync BEFORE anything is sent
+   (a vote or an append response promises what is on disk; Raft §5.2, Figure 2);
+2. send messages;
+3. restore the state machine from a received snapshot, then apply committed entries;
+4. serve read barriers once applied >= their index; refuse dropped reads.
+
+A client write is answered only when an entry with exactly the (index, term) that
+`propose` returned comes out committed and has been applied: "acknowledged" means
+committed and applied, never just appended. Another term at that index means the entry
+was overwritten, so the write certainly did not apply.
+
+Storage calls block the loop on purpose: while the loop waits for fsync, requests pile up
+in gRPC and are proposed together in the next round, which is how proposals are batched.
+
+What it must never do: acknowledge anything before it is committed and applied, send a
+message before what it depends on is durable, or keep running after a storage failure
+(it stops the process: continuing after a failed fsync could lose acknowledged data).
+Test-only unsafe behaviour lives in `system/kv/unsafe.py`; this module only calls its
+hooks when an unsafe mode was explicitly enabled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from system.kv.state_machine import (
+    CommandRejected,
+    DeleteResult,
+    KVStateMachine,
+    PutResult,
+    encode_delete,
+    encode_put,
+)
+from system.kv.storage import DurableStorage
+from system.kv.transport import Transport
+from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, Ready
+from system.raft.messages import Message
+from system.raft.types import EntryKind, HardState, NodeId, SnapshotMeta
+
+if TYPE_CHECKING:
+    from system.kv.unsafe import UnsafeMode
+
+log = logging.getLogger("kv.node")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything a node needs to start. Units are in the names."""
+
+    node_id: NodeId
+    listen_address: str  # host:port this node serves clients and peers on
+    peers: Mapping[NodeId, str]  # the OTHER members: id -> host:port
+    data_dir: Path
+    tick_ms: int = 20  # real time per core tick
+    election_timeout_ticks: int = 10  # randomized by the core in [T, 2T)
+    heartbeat_interval_ticks: int = 1
+    snapshot_entries: int = 10_000  # take a snapshot once this many entries follow the last one
+    snapshot_bytes: int = 64 * 1024 * 1024  # ... or once the log after it holds this many bytes
+    snapshot_chunk_bytes: int = 1024 * 1024  # InstallSnapshot chunk size
+    max_append_entries: int = 512
+    max_append_bytes: int = 4 * 1024 * 1024
+    max_inflight_appends: int = 64
+    max_key_bytes: int = 1024
+    max_value_bytes: int = 64 * 1024 * 1024
+    max_requests_per_s: float = 0.0  # client requests per second; 0 = unlimited
+    unsafe_mode: str | None = None  # test-only canary name, see system/kv/unsafe.py
+
+    @property
+    def voters(self) -> tuple[NodeId, ...]:
+        return tuple(sorted([self.node_id, *self.peers]))
+
+    def address_of(self, node_id: NodeId | None) -> str:
+        if node_id is None:
+            return ""
+        if node_id == self.node_id:
+            return self.listen_address
+        return self.peers.get(node_id, "")
+
+
+class NodeError(Exception):
+    """A request the node could not carry out; `outcome_known` says whether it certainly
+    did not apply (True) or might still apply (False)."""
+
+    outcome_known = True
+
+
+class NotLeaderError(NodeError):
+    def __init__(self, leader_id: NodeId | None, leader_address: str) -> None:
+        hint = f"leader is {leader_id} at {leader_address}" if leader_id else "no leader known yet"
+        super().__init__(f"this node is not the leader; {hint}; retry there")
+        self.leader_id = leader_id
+        self.leader_address = leader_address
+
+
+class WriteLost(NodeError):
+    """The entry proposed for this write was overwritten by another leader's entry:
+    it certainly never applied (Log Matching, Raft §5.3)."""
+
+
+class OutcomeUnknown(NodeError):
+    """The write may or may not have applied (leadership changed hands, a snapshot
+    replaced the log, or the node is shutting down); retry with the same request id."""
+
+    outcome_known = False
+
+
+@dataclass
+class _WriteWaiter:
+    term: int
+    future: asyncio.Future[PutResult | DeleteResult | CommandRejected]
+
+
+@dataclass(order=True)
+class _ReadWaiter:
+    index: int
+    seq: int
+    future: asyncio.Future[None] = field(compare=False)
+
+
+class Node:
+    """One KV node: the Raft core, the state machine, storage and peer links, driven by one loop."""
+
+    def __init__(self, config: NodeConfig, storage: DurableStorage,
+                 unsafe: UnsafeMode | None = None) -> None:
+        self.config = config
+        self.storage = storage
+        self.unsafe = unsafe
+        restored = storage.load()
+        if restored.snapshot is not None:
+            self.state_machine = KVStateMachine.restore(restored.snapshot_data)
+            self._last_snapshot_index = restored.snapshot.index
+            self._applied_term = restored.snapshot.term
+        else:
+            self.state_machine = KVStateMachine()
+            self._last_snapshot_index = 0
+            self._applied_term = 0
+        self._hard_state = restored.hard_state
+        raft_config = RaftConfig(
+            node_id=config.node_id,
+            voters=config.voters,
+            election_timeout_ticks=config.election_timeout_ticks,
+            heartbeat_interval_ticks=config.heartbeat_interval_ticks,
+            max_append_entries=config.max_append_entries,
+            max_append_bytes=config.max_append_bytes,
+            max_inflight_appends=config.max_inflight_appends,
+            snapshot_chunk_bytes=config.snapshot_chunk_bytes,
+        )
+        # The core's only randomness (election timeouts) comes from this seeded instance.
+        seed = int.from_bytes(os.urandom(8), "big")
+        self.core = RaftCore(raft_config, random.Random(seed), restored)
+        self.transport = Transport(config.node_id, config.peers)
+        self.snapshots_installed = 0
+        self.last_installed_snapshot_index = 0
+        self._write_waiters: dict[int, _WriteWaiter] = {}
+        self._read_waiters: list[_ReadWaiter] = []  # heap by index
+        self._pending_reads: dict[bytes, asyncio.Future[int]] = {}
+        self._read_ids = itertools.count(1)
+        self._drive_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tick_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._last_role = None
+        self._last_leader: NodeId | None = None
+        self._last_term = -1
+        log.info(
+            "node restored from disk",
+            extra={"node": config.node_id, "term": restored.hard_state.term,
+                   "commit": restored.hard_state.commit,
+                   "snapshot_index": self._last_snapshot_index,
+                   "log_entries": len(restored.entries)},
+        )
+
+    # ----- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.transport.start()
+        self._tick_task = self._loop.create_task(self._tick_forever(), name="raft-tick")
+        self._kick()
+
+    async def stop(self) -> None:
+        """Stop ticking and sending, answer waiters "outcome unknown", close storage.
+
+        Anything being persisted has finished already: storage calls run to completion on
+        this loop before any other callback, so stopping never leaves a half-written Ready.
+        """
+        self._stopping = True
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._tick_task
+        for waiter in self._write_waiters.values():
+            if not waiter.future.done():
+                waiter.future.set_exception(OutcomeUnknown("node is shutting down"))
+        self._write_waiters.clear()
+        for fut in self._pending_reads.values():
+            if not fut.done():
+                fut.set_exception(NotLeaderError(None, ""))
+        self._pending_reads.clear()
+        await self.transport.close()
+        self.storage.close()
+        log.info("node stopped", extra={"node": self.config.node_id})
+
+    async def _tick_forever(self) -> None:
+        period_s = self.config.tick_ms / 1000
+        while True:
+            await asyncio.sleep(period_s)
+            self.core.tick()
+            self._kick()
+
+    # ----- inputs ----------------------------------------------------------------------
+
+    def deliver(self, messages: list[Message]) -> None:
+        """Messages from peers (called on the loop by the peer service)."""
+        if self._stopping:
+            return
+        for message in messages:
+            self.core.step(message)
+        self._kick()
+
+    async def put(self, key: str, value: bytes, expected_version: int | None,
+                  request_id: str) -> PutResult | CommandRejected:
+        if self.unsafe is not None:
+            request_id = self.unsafe.request_id_for_proposal(request_id)
+        data = encode_put(key, value, expected_version=expected_version, request_id=request_id)
+        return await self._propose(data)  # type: ignore[return-value]
+
+    async def delete(self, key: str, expected_version: int | None,
+                     request_id: str) -> DeleteResult | CommandRejected:
+        if self.unsafe is not None:
+            request_id = self.unsafe.request_id_for_proposal(request_id)
+        data = encode_delete(key, expected_version=expected_version, request_id=request_id)
+        return await self._propose(data)  # type: ignore[return-value]
+
+    async def _propose(self, data: bytes) -> PutResult | DeleteResult | CommandRejected:
+        if self._stopping:
+            raise NotLeaderError(None, "")
+        try:
+            index, term = self.core.propose(data)
+        except NotLeader as exc:
+            raise NotLeaderError(exc.leader_id, self.config.address_of(exc.leader_id)) from None
+        except ProposalDropped as exc:
+            raise NotLeaderError(self.core.leader_id,
+                                 self.config.address_of(self.core.leader_id)) from exc
+        future: asyncio.Future[PutResult | DeleteResult | CommandRejected] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._write_waiters[index] = _WriteWaiter(term=term, future=future)
+        self._kick()
+        return await future
+
+    async def read_barrier(self) -> int:
+        """Wait until a linearizable read may be served here (ReadIndex, Raft §6.4).
+
+        Returns the index the read is served at; the caller reads the state machine
+        right after, with no await in between. Raises NotLeaderError.
+        """
+        if self.unsafe is not None and self.unsafe.skips_read_barrier(self):
+            return self.state_machine.applied_index
+        if self._stopping:
+            raise NotLeaderError(None, "")
+        context = f"{self.config.node_id}:{next(self._read_ids)}".encode()
+        try:
+            self.core.read_index(context)
+        except NotLeader as exc:
+            raise NotLeaderError(exc.leader_id, self.config.address_of(exc.leader_id)) from None
+        loop = asyncio.get_running_loop()
+        confirmed: asyncio.Future[int] = loop.create_future()
+        self._pending_reads[context] = confirmed
+        self._kick()
+        try:
+            index = await confirmed
+        finally:
+            self._pending_reads.pop(context, None)
+        if self.state_machine.applied_index < index:
+            ready: asyncio.Future[None] = loop.create_future()
+            heapq.heappush(self._read_waiters, _ReadWaiter(index, next(self._read_ids), ready))
+            await ready
+        return index
+
+    # ----- the drive loop --------------------------------------------------------------
+
+    def _kick(self) -> None:
+        """Schedule one drive of the core soon; inputs arriving meanwhile share it."""
+        if not self._drive_scheduled and self._loop is not None and not self._stopping:
+            self._drive_scheduled = True
+            self._loop.call_soon(self._drive)
+
+    def _drive(self) -> None:
+        self._drive_scheduled = False
+        try:
+            while self.core.has_ready():
+                ready = self.core.ready()
+                self._handle_ready(ready)
+                self.core.advance(ready)
+                self._maybe_snapshot()
+        except Exception:
+            # A storage failure (or a broken invariant) leaves us unable to promise
+            # durability: stop at once rather than answer anything more.
+            log.critical("fatal error in the Raft drive loop; stopping the process",
+                         exc_info=True, extra={"node": self.config.node_id})
+            logging.shutdown()
+            os._exit(70)
+        self._log_role_change()
+
+    def _handle_ready(self, ready: Ready) -> None:
+        # 1. Persist, then fsync, before anything that depends on it leaves this node.
+        need_sync = ready.must_sync
+        if ready.snapshot is not None:
+            self.storage.install_snapshot(ready.snapshot, ready.snapshot_data)
+            need_sync = True
+        if ready.entries:
+            self.storage.append(ready.entries)
+            need_sync = True
+        if ready.hard_state is not None:
+            self.storage.set_hard_state(ready.hard_state)
+            if _vote_or_term_changed(self._hard_state, ready.hard_state):
+                need_sync = True
+            self._hard_state = ready.hard_state
+        if need_sync:
+            self.storage.sync()
+        if self.unsafe is not None and ready.entries:
+            self.unsafe.after_persist(self, ready.entries)
+
+        # 2. Send.
+        if ready.messages:
+            self.transport.send(ready.messages)
+
+        # 3. Apply: a received snapshot replaces the state machine first.
+        if ready.snapshot is not None:
+            self._restore_snapshot(ready.snapshot, ready.snapshot_data)
+        for entry in ready.committed_entries:
+            self._apply(entry)
+
+        # 4. Reads.
+        for read_state in ready.read_states:
+            fut = self._pending_reads.get(read_state.context)
+            if fut is not None and not fut.done():
+                fut.set_result(read_state.index)
+        if ready.dropped_reads:
+            hint = NotLeaderError(self.core.leader_id, self.config.address_of(self.core.leader_id))
+            for context in ready.dropped_reads:
+                fut = self._pending_reads.get(context)
+                if fut is not None and not fut.done():
+                    fut.set_exception(hint)
+        self._release_reads()
+
+    def _apply(self, entry) -> None:  # noqa: ANN001 - an Entry
+        sm = self.state_machine
+        if entry.index <= sm.applied_index:
+            return  # re-emitted after a restart: already inside the restored snapshot
+        if entry.kind == EntryKind.NOOP:
+            sm.apply_noop(entry.index)
+            result = None
+        else:
+            result = sm.apply(entry.index, entry.data)
+        self._applied_term = entry.term
+        waiter = self._write_waiters.pop(entry.index, None)
+        if waiter is None or waiter.future.done():
+            return
+        if entry.term == waiter.term and result is not None:
+            waiter.future.set_result(result)
+        else:
+            waiter.future.set_exception(WriteLost(
+                f"the write proposed at index {entry.index} in term {waiter.term} was "
+                f"replaced by a term-{entry.term} entry after a leader change; it did not "
+                f"apply; retry"))
+
+    def _restore_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        self.state_machine = KVStateMachine.restore(data)
+        self._applied_term = meta.term
+        self._last_snapshot_index = meta.index
+        self.snapshots_installed += 1
+        self.last_installed_snapshot_index = meta.index
+        # Writes proposed here at indexes the snapshot covers: we cannot tell whether
+        # our entry or another leader's is inside it.
+        for index in [i for i in self._write_waiters if i <= meta.index]:
+            waiter = self._write_waiters.pop(index)
+            if not waiter.future.done():
+                waiter.future.set_exception(OutcomeUnknown(
+                    "the log was replaced by a snapshot from the leader before this write's "
+                    "outcome was known; retry with the same request id"))
+        log.info("installed snapshot from leader",
+                 extra={"node": self.config.node_id, "snapshot_index": meta.index,
+                        "snapshot_term": meta.term, "snapshot_bytes": len(data)})
+
+    def _release_reads(self) -> None:
+        applied = self.state_machine.applied_index
+        while self._read_waiters and self._read_waiters[0].index <= applied:
+            waiter = heapq.heappop(self._read_waiters)
+            if not waiter.future.done():
+                waiter.future.set_result(None)
+
+    def _maybe_snapshot(self) -> None:
+        """Snapshot by log size (entries or bytes), then let the core compact (Raft §7)."""
+        applied = self.state_machine.applied_index
+        if applied <= self._last_snapshot_index:
+            return
+        if (self.storage.log_entries_since_snapshot < self.config.snapshot_entries
+                and self.storage.log_bytes_since_snapshot < self.config.snapshot_bytes):
+            return
+        data = self.state_machine.snapshot()
+        meta = SnapshotMeta(index=applied, term=self._applied_term, voters=self.config.voters)
+        self.storage.save_snapshot(meta, data)
+        self.core.compact(applied, data)
+        self._last_snapshot_index = applied
+        log.info("took snapshot", extra={"node": self.config.node_id, "snapshot_index": applied,
+                                          "snapshot_bytes": len(data)})
+
+    def _log_role_change(self) -> None:
+        role, term, leader = self.core.role, self.core.term, self.core.leader_id
+        if role != self._last_role or term != self._last_term or leader != self._last_leader:
+            log.info("raft state", extra={"node": self.config.node_id, "role": role.value,
+                                          "term": term, "leader": leader or ""})
+            self._last_role, self._last_term, self._last_leader = role, term, leader
+
+    def log_debug_state(self) -> None:
+        """Log the core's view of each follower (on SIGUSR1): what an operator needs to
+        see why a follower does not catch up."""
+        progress = getattr(self.core, "progress", {}) if self.is_leader else {}
+        log.warning("debug state", extra={
+            "node": self.config.node_id, "status": repr(self.core.status()),
+            "progress": repr(progress),
+            "dropped_messages": repr({pid: s.dropped_messages
+                                      for pid, s in self.transport._senders.items()}),  # noqa: SLF001
+            "write_waiters": len(self._write_waiters), "read_waiters": len(self._read_waiters)})
+
+    # ----- views -----------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.core.role.value == "leader"
+
+    def leader_hint(self) -> tuple[NodeId | None, str]:
+        leader = self.core.leader_id
+        return leader, self.config.address_of(leader)
+
+
+def _vote_or_term_changed(old: HardState, new: HardState) -> bool:
+    return old.term != new.term or old.vote != new.vote

@@ -1,0 +1,249 @@
+"""gRPC services of a KV node: the client API (`proto/kv.proto`) and the peer API (`proto/raft.proto`).
+
+What it does: validates every client request against the node's limits, turns it into a
+call on `Node`, and maps the outcome to a response or a gRPC status with a message that
+says what was wrong and what the limit is. Requests arrive as raw bytes and are parsed
+here, so a payload that is not a valid protobuf gets INVALID_ARGUMENT instead of gRPC's
+generic INTERNAL.
+
+Status codes (see kv.proto): INVALID_ARGUMENT (bad request), RESOURCE_EXHAUSTED (rate
+limit), UNAVAILABLE (not the leader / no leader; trailing metadata "leader-id" and
+"leader-address"; certainly not applied), UNKNOWN (outcome unknown). Every error this
+module decides carries trailing metadata "kv-outcome" = "not-applied" or "unknown", so a
+client can tell it from a broken connection.
+
+What it must never do: let any input crash the node, or answer a write before the node
+says it is committed and applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
+
+from system.kv.node import Node, NodeError, NotLeaderError
+from system.kv.proto import kv_pb2
+from system.kv.state_machine import CommandRejected
+from system.kv.transport import CHANNEL_OPTIONS, PeerService
+
+log = logging.getLogger("kv.server")
+
+KV_SERVICE = "manyasone.kv.KV"
+
+
+class _Reject(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str, outcome: str = "not-applied",
+                 metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.metadata = (("kv-outcome", outcome), *metadata)
+
+
+class RateLimiter:
+    """Token bucket: at most `rate_per_s` requests per second, bursts up to one second's worth."""
+
+    def __init__(self, rate_per_s: float) -> None:
+        self.rate_per_s = rate_per_s
+        self._capacity = max(1.0, rate_per_s)
+        self._tokens = self._capacity
+        self._last = time.monotonic()
+
+    def try_acquire(self) -> bool:
+        if self.rate_per_s <= 0:
+            return True
+        now = time.monotonic()
+        self._tokens = min(self._capacity, self._tokens + (now - self._last) * self.rate_per_s)
+        self._last = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+
+class KVService:
+    """Handlers of the client API; each runs on the node's event loop."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.config = node.config
+        self.limiter = RateLimiter(self.config.max_requests_per_s)
+
+    # ----- helpers ---------------------------------------------------------------------
+
+    def _header(self) -> kv_pb2.Header:
+        core = self.node.core
+        return kv_pb2.Header(
+            node_id=self.config.node_id,
+            term=core.term,
+            applied_index=self.node.state_machine.applied_index,
+            leader_id=core.leader_id or "",
+        )
+
+    def _check_rate(self) -> None:
+        if not self.limiter.try_acquire():
+            raise _Reject(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"request rate limit of {self.config.max_requests_per_s:g} requests/s on node "
+                f"{self.config.node_id} exceeded; slow down and retry later")
+
+    def _check_key(self, key: str) -> None:
+        if not key:
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, "key is empty; give a non-empty key")
+        size = len(key.encode("utf-8"))
+        if size > self.config.max_key_bytes:
+            raise _Reject(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"key is {size} bytes long; the limit is {self.config.max_key_bytes} bytes (UTF-8)")
+
+    def _check_value(self, value: bytes) -> None:
+        if len(value) > self.config.max_value_bytes:
+            raise _Reject(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"value is {len(value)} bytes; the limit is {self.config.max_value_bytes} bytes "
+                f"(node flag --max-value-bytes)")
+
+    def _check_request_id(self, request_id: str) -> None:
+        if len(request_id.encode("utf-8")) > 256:
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                          "request_id is longer than 256 bytes; use a shorter id")
+
+    @staticmethod
+    def _not_leader(exc: NotLeaderError) -> _Reject:
+        return _Reject(grpc.StatusCode.UNAVAILABLE, str(exc), "not-applied",
+                       (("leader-id", exc.leader_id or ""), ("leader-address", exc.leader_address)))
+
+    def _node_error(self, exc: NodeError) -> _Reject:
+        if isinstance(exc, NotLeaderError):
+            return self._not_leader(exc)
+        if exc.outcome_known:
+            leader_id, address = self.node.leader_hint()
+            return _Reject(grpc.StatusCode.UNAVAILABLE, str(exc), "not-applied",
+                           (("leader-id", leader_id or ""), ("leader-address", address)))
+        return _Reject(grpc.StatusCode.UNKNOWN, str(exc), "unknown")
+
+    # ----- handlers --------------------------------------------------------------------
+
+    async def put(self, request: kv_pb2.PutRequest) -> kv_pb2.PutResponse:
+        self._check_rate()
+        self._check_key(request.key)
+        self._check_value(request.value)
+        self._check_request_id(request.request_id)
+        expected = request.expected_version if request.HasField("expected_version") else None
+        try:
+            result = await self.node.put(request.key, request.value, expected, request.request_id)
+        except NodeError as exc:
+            raise self._node_error(exc) from None
+        if isinstance(result, CommandRejected):
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, f"rejected by the state machine: {result}")
+        return kv_pb2.PutResponse(applied=result.applied, version=result.version,
+                                  header=self._header())
+
+    async def delete(self, request: kv_pb2.DeleteRequest) -> kv_pb2.DeleteResponse:
+        self._check_rate()
+        self._check_key(request.key)
+        self._check_request_id(request.request_id)
+        expected = request.expected_version if request.HasField("expected_version") else None
+        try:
+            result = await self.node.delete(request.key, expected, request.request_id)
+        except NodeError as exc:
+            raise self._node_error(exc) from None
+        if isinstance(result, CommandRejected):
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, f"rejected by the state machine: {result}")
+        return kv_pb2.DeleteResponse(applied=result.applied, existed=result.existed,
+                                     version=result.version, header=self._header())
+
+    async def get(self, request: kv_pb2.GetRequest) -> kv_pb2.GetResponse:
+        self._check_rate()
+        self._check_key(request.key)
+        if request.consistency not in (kv_pb2.LINEARIZABLE, kv_pb2.STALE):
+            raise _Reject(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"consistency {request.consistency} is not one of LINEARIZABLE (0) or STALE (1)")
+        stale = request.consistency == kv_pb2.STALE
+        if not stale:
+            try:
+                await self.node.read_barrier()
+            except NodeError as exc:
+                raise self._node_error(exc) from None
+        # No await between the barrier and this read: the state is at least the barrier's.
+        found = self.node.state_machine.get(request.key)
+        response = kv_pb2.GetResponse(stale=stale, header=self._header())
+        if found is not None:
+            value, version = found
+            response.found = True
+            response.value = value
+            response.version = version
+        return response
+
+    async def status(self, request: kv_pb2.StatusRequest) -> kv_pb2.StatusResponse:
+        core = self.node.core
+        st = core.status()
+        return kv_pb2.StatusResponse(
+            node_id=self.config.node_id,
+            role=st.role.value,
+            term=st.term,
+            leader_id=st.leader_id or "",
+            commit_index=st.commit_index,
+            applied_index=self.node.state_machine.applied_index,
+            last_index=st.last_index,
+            snapshot_index=st.snapshot_index,
+            peers=dict(self.config.peers),
+            snapshots_installed=self.node.snapshots_installed,
+            unsafe_mode=self.config.unsafe_mode or "",
+            last_snapshot_index=self.node.last_installed_snapshot_index,
+        )
+
+
+def _handler(parse: type[ProtoMessage], method: Callable[[ProtoMessage], Awaitable[ProtoMessage]]
+             ) -> grpc.RpcMethodHandler:
+    """A unary handler taking raw bytes, so bad payloads get INVALID_ARGUMENT with a reason."""
+
+    async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            try:
+                request = parse.FromString(raw)
+            except (DecodeError, ValueError) as exc:
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"request is not a valid {parse.DESCRIPTOR.full_name} protobuf: {exc}"
+                              ) from None
+            response = await method(request)
+            return response.SerializeToString()
+        except _Reject as rej:
+            await context.abort(rej.code, rej.message, trailing_metadata=rej.metadata)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("unexpected error serving a request")
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                "internal error on the node; see its log; outcome unknown",
+                                trailing_metadata=(("kv-outcome", "unknown"),))
+        raise AssertionError("unreachable")
+
+    return grpc.unary_unary_rpc_method_handler(handle)
+
+
+def build_server(node: Node) -> grpc.aio.Server:
+    """A gRPC server carrying both services of `node`, bound to its listen address."""
+    from system.kv.proto import raft_pb2_grpc
+
+    server = grpc.aio.server(options=list(CHANNEL_OPTIONS))
+    kv = KVService(node)
+    handlers = {
+        "Put": _handler(kv_pb2.PutRequest, kv.put),
+        "Get": _handler(kv_pb2.GetRequest, kv.get),
+        "Delete": _handler(kv_pb2.DeleteRequest, kv.delete),
+        "Status": _handler(kv_pb2.StatusRequest, kv.status),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(KV_SERVICE, handlers),))
+    peer = PeerService(node.config.node_id, node.config.peers, node.deliver)
+    raft_pb2_grpc.add_RaftPeerServicer_to_server(peer, server)
+    port = server.add_insecure_port(node.config.listen_address)
+    if port == 0:
+        raise OSError(f"cannot listen on {node.config.listen_address}: address in use or invalid")
+    return server

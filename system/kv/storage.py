@@ -1,0 +1,572 @@
+"""Durable storage of one node's Raft state: hard state, log and snapshot, in a data dir.
+
+Layout of `data_dir`::
+
+    LOCK                      flock'ed by the process that has the storage open
+    wal/0000000000000001.wal  log segments (records: see system/kv/wal.py)
+    snapshots/snapshot-<index>-<term>.snap   the latest snapshot (system/kv/snapshot_file.py)
+
+Rules this module keeps (and the node relies on):
+  * Nothing is durable until `sync()` returns; the node calls it before sending any
+    message or answer that depends on what it wrote (Raft Figure 2: persist before
+    responding). Every write goes straight to the file (no user-space buffer), so `sync()`
+    is one fdatasync.
+  * Overwriting a suffix (`append` starting at or below the last index) writes a TRUNCATE
+    record before the new entries, in one sequential write: whatever prefix of it survives
+    a crash, the log read back is a valid log.
+  * Snapshots are written atomically (temp, fsync, rename, fsync dir) BEFORE anything that
+    depends on them: old log segments are deleted only after the snapshot covering them is
+    durable; entries discarded by an installed snapshot are dropped by a TRUNCATE written
+    after it. A crash between the two is repaired at open by the same rule (Raft §7: if the
+    log's entry at the snapshot index has another term, the whole log is discarded).
+  * Recovery (`open`): the newest snapshot file must verify; every segment is scanned; a
+    torn LAST record of the LAST segment is truncated with a WARNING naming file and
+    offset; any other damage raises CorruptStorage — it never serves corrupt data.
+  * After a failed write or fsync the storage refuses all further calls (StorageFailed):
+    the node must stop and restart, which recovers.
+
+Memory: the storage keeps only terms and sizes of the entries, never their data; entry
+data read at open is handed to the first `load()` and then forgotten.
+
+What this module must never do: acknowledge (return from sync) before fdatasync, delete
+a segment or snapshot before its replacement is durable, or return unverified bytes.
+Not thread-safe: one owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from system.kv import wal
+from system.kv.snapshot_file import (
+    TEMP_SUFFIX,
+    fsync_directory,
+    parse_snapshot_name,
+    read_snapshot_file,
+    snapshot_name,
+    write_all,
+    write_snapshot_file,
+)
+from system.kv.storage_errors import CorruptStorage, StorageFailed, StorageLocked
+from system.raft.types import Entry, HardState, PersistentState, SnapshotMeta
+
+__all__ = ["CorruptStorage", "DurableStorage", "StorageFailed", "StorageLocked"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+WAL_DIR = "wal"
+SNAPSHOT_DIR = "snapshots"
+LOCK_FILE = "LOCK"
+
+
+@dataclass
+class _Segment:
+    sequence: int
+    path: Path
+    size_bytes: int = 0
+    max_entry_index: int = 0  # highest index of any ENTRY record in it (0 = none)
+
+
+@dataclass
+class _Replay:
+    """What the files say, before any repair."""
+
+    hard_state: HardState = field(default_factory=HardState)
+    snapshot: SnapshotMeta | None = None
+    snapshot_data: bytes = b""
+    entries: list[Entry] = field(default_factory=list)  # index > snapshot index, contiguous
+    term_at_snapshot_index: int | None = None  # term of the WAL's entry at that index
+    segments: list[_Segment] = field(default_factory=list)
+    torn: list[tuple[_Segment, wal.TornTail]] = field(default_factory=list)
+
+
+class DurableStorage:
+    """One node's durable Raft state. Create with `DurableStorage.open(data_dir)`."""
+
+    def __init__(self, data_dir: Path, segment_bytes: int, lock_fd: int) -> None:
+        # Use open(): it recovers the files and fills in the rest.
+        self.data_dir = data_dir
+        self.segment_bytes = segment_bytes
+        self._lock_fd: int | None = lock_fd
+        self._wal_dir = data_dir / WAL_DIR
+        self._snapshot_dir = data_dir / SNAPSHOT_DIR
+        self._hard_state = HardState()
+        self._snapshot: SnapshotMeta | None = None
+        self._snapshot_path: Path | None = None
+        self._terms: list[int] = []  # terms of entries first_index .. last_index
+        self._sizes_bytes: list[int] = []  # data bytes of the same entries
+        self._bytes_since_snapshot = 0
+        self._segments: list[_Segment] = []
+        self._fd: int | None = None  # the last segment, open for appending
+        self._unsynced = False
+        self._failure: BaseException | None = None
+        self._pending_load: PersistentState | None = None
+
+    # --- opening and recovery -----------------------------------------------------------
+
+    @classmethod
+    def open(cls, data_dir: Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> DurableStorage:
+        """Open (creating if needed) and recover the storage in `data_dir`.
+
+        Raises CorruptStorage if anything but a torn last record is damaged, StorageLocked
+        if another process has it open.
+        """
+        if segment_bytes < 4096:
+            raise ValueError(f"segment_bytes must be >= 4096, got {segment_bytes}")
+        data_dir = Path(data_dir)
+        for directory in (data_dir, data_dir / WAL_DIR, data_dir / SNAPSHOT_DIR):
+            if not directory.is_dir():
+                directory.mkdir(parents=True, exist_ok=True)
+                fsync_directory(directory.parent)
+        lock_fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock_fd)
+            raise StorageLocked(
+                f"{data_dir} is in use by another process (it holds {data_dir / LOCK_FILE}); "
+                f"two nodes must never share a data directory"
+            ) from None
+        storage = cls(data_dir, segment_bytes, lock_fd)
+        try:
+            storage._recover()
+        except BaseException:
+            storage._release()
+            raise
+        return storage
+
+    def _recover(self) -> None:
+        for stale in self._snapshot_dir.glob("*" + TEMP_SUFFIX):
+            # A snapshot whose rename never happened: it was never used.
+            stale.unlink()
+        replay = _replay(self._wal_dir, self._snapshot_dir)
+        for segment, torn in replay.torn:
+            log.warning(
+                "%s: torn last record at byte offset %d (%s); truncating the file to %d "
+                "bytes. Expected after a crash: that record was never synced, so never "
+                "acknowledged.", segment.path, torn.offset, torn.reason, torn.offset,
+            )
+            os.truncate(segment.path, torn.offset)
+            segment.size_bytes = torn.offset
+        self._hard_state = replay.hard_state
+        self._snapshot = replay.snapshot
+        self._snapshot_path = (
+            self._snapshot_dir / snapshot_name(replay.snapshot) if replay.snapshot else None
+        )
+        self._segments = replay.segments
+        self._set_entries(replay.entries)
+        if not self._segments:
+            self._start_segment(1)
+        else:
+            last = self._segments[-1]
+            self._fd = os.open(last.path, os.O_WRONLY | os.O_APPEND)
+            if last.size_bytes == 0:
+                # Created (or torn) before its header was written: write it now.
+                self._write(wal.encode_segment_header(last.sequence), last)
+                self._write(wal.encode_hard_state(self._hard_state), last)
+        snapshot = replay.snapshot
+        if (
+            snapshot is not None
+            and replay.term_at_snapshot_index is not None
+            and replay.term_at_snapshot_index != snapshot.term
+        ):
+            # Crash between installing a snapshot and writing the TRUNCATE that discards
+            # the conflicting log (Raft §7): finish it now.
+            log.warning(
+                "%s: the log's entry at snapshot index %d has term %d, the snapshot says %d; "
+                "discarding the log after the snapshot (an interrupted snapshot install)",
+                self._wal_dir, snapshot.index, replay.term_at_snapshot_index, snapshot.term,
+            )
+            self._write(wal.encode_truncate(snapshot.index), self._segments[-1])
+            self._set_entries([])
+            replay.entries = []
+        self._sync_now()
+        self._pending_load = PersistentState(
+            hard_state=replay.hard_state,
+            snapshot=replay.snapshot,
+            snapshot_data=replay.snapshot_data,
+            entries=tuple(replay.entries),
+        )
+
+    def _set_entries(self, entries: list[Entry]) -> None:
+        self._terms = [entry.term for entry in entries]
+        self._sizes_bytes = [len(entry.data) for entry in entries]
+        self._bytes_since_snapshot = sum(self._sizes_bytes)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def load(self) -> PersistentState:
+        """What is stored: hard state, latest snapshot with its data, and the log after it.
+
+        The first call after open hands over what recovery read (and forgets it, so entry
+        data is not held twice); later calls read the files again.
+        """
+        self._check_usable()
+        if self._pending_load is not None:
+            state, self._pending_load = self._pending_load, None
+            return state
+        self.sync()
+        replay = _replay(self._wal_dir, self._snapshot_dir)
+        if replay.torn:
+            segment, torn = replay.torn[0]
+            raise CorruptStorage(segment.path, torn.offset, f"unexpected torn record: {torn.reason}")
+        entries = replay.entries
+        snapshot = replay.snapshot
+        if (
+            snapshot is not None
+            and replay.term_at_snapshot_index is not None
+            and replay.term_at_snapshot_index != snapshot.term
+        ):
+            entries = []
+        return PersistentState(replay.hard_state, snapshot, replay.snapshot_data, tuple(entries))
+
+    @property
+    def hard_state(self) -> HardState:
+        return self._hard_state
+
+    @property
+    def snapshot_meta(self) -> SnapshotMeta | None:
+        return self._snapshot
+
+    @property
+    def snapshot_index(self) -> int:
+        return self._snapshot.index if self._snapshot else 0
+
+    @property
+    def first_index(self) -> int:
+        """Index of the first log entry kept after the snapshot (snapshot index + 1)."""
+        return self.snapshot_index + 1
+
+    @property
+    def last_index(self) -> int:
+        """Index of the last stored entry; the snapshot index if the log is empty."""
+        return self.snapshot_index + len(self._terms)
+
+    def term(self, index: int) -> int | None:
+        """Term of the entry at `index` (or of the snapshot at its index); None if unknown."""
+        if self._snapshot is not None and index == self._snapshot.index:
+            return self._snapshot.term
+        position = index - self.first_index
+        if 0 <= position < len(self._terms):
+            return self._terms[position]
+        return None
+
+    @property
+    def log_entries_since_snapshot(self) -> int:
+        return len(self._terms)
+
+    @property
+    def log_bytes_since_snapshot(self) -> int:
+        """Entry data bytes stored after the snapshot (excluding record overhead)."""
+        return self._bytes_since_snapshot
+
+    # --- writing ------------------------------------------------------------------------
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Append entries (not yet durable: call sync()). If entries[0].index <= last_index,
+        the stored suffix from that index on is dropped first."""
+        self._check_usable()
+        if not entries:
+            return
+        first = entries[0].index
+        for offset, entry in enumerate(entries):
+            if entry.index != first + offset:
+                raise ValueError(
+                    f"entries to append must have consecutive indexes; got {entry.index} "
+                    f"after {first + offset - 1}"
+                )
+            if entry.term < 1:
+                raise ValueError(f"entry {entry.index} has term {entry.term}; terms start at 1")
+        if first <= self.snapshot_index:
+            raise ValueError(
+                f"cannot append entry {first}: entries up to {self.snapshot_index} are "
+                f"compacted into the snapshot"
+            )
+        if first > self.last_index + 1:
+            raise ValueError(
+                f"cannot append entry {first}: the log ends at {self.last_index}, so the next "
+                f"entry must be {self.last_index + 1} (no gaps)"
+            )
+        self._pending_load = None
+        try:
+            buffers: list[bytes] = []
+            segment = self._segments[-1]
+            if first <= self.last_index:
+                buffers += wal.encode_truncate(first)
+                keep = first - self.first_index
+                self._bytes_since_snapshot -= sum(self._sizes_bytes[keep:])
+                del self._terms[keep:]
+                del self._sizes_bytes[keep:]
+            pending_bytes = sum(len(b) for b in buffers)
+            for entry in entries:
+                if segment.size_bytes + pending_bytes >= self.segment_bytes and pending_bytes:
+                    self._write(buffers, segment)
+                    buffers, pending_bytes = [], 0
+                if segment.size_bytes >= self.segment_bytes:
+                    segment = self._rotate()
+                record = wal.encode_entry(entry)
+                buffers += record
+                pending_bytes += wal.entry_record_bytes(entry)
+                segment.max_entry_index = max(segment.max_entry_index, entry.index)
+                self._terms.append(entry.term)
+                self._sizes_bytes.append(len(entry.data))
+                self._bytes_since_snapshot += len(entry.data)
+            self._write(buffers, segment)
+        except OSError as error:
+            self._fail(error)
+            raise
+
+    def set_hard_state(self, hard_state: HardState) -> None:
+        """Record term/vote/commit (not yet durable: call sync())."""
+        self._check_usable()
+        if hard_state == self._hard_state:
+            return
+        self._pending_load = None
+        try:
+            self._write(wal.encode_hard_state(hard_state), self._segments[-1])
+        except OSError as error:
+            self._fail(error)
+            raise
+        self._hard_state = hard_state
+
+    def sync(self) -> None:
+        """Make everything written so far durable (fdatasync). Call before acting on it."""
+        self._check_usable()
+        if self._unsynced:
+            self._sync_now()
+
+    def save_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        """Durably store this node's own snapshot of its state machine at `meta.index`
+        (an applied, so stored and committed, index), then drop the log it covers."""
+        self._check_usable()
+        if meta.index <= self.snapshot_index:
+            raise ValueError(
+                f"snapshot at {meta.index} is not newer than the stored one at "
+                f"{self.snapshot_index}"
+            )
+        stored_term = self.term(meta.index)
+        if stored_term is None:
+            raise ValueError(
+                f"snapshot at {meta.index} is beyond the log ({self.first_index}.."
+                f"{self.last_index}); a node snapshots only what it applied"
+            )
+        if stored_term != meta.term:
+            raise ValueError(
+                f"snapshot at {meta.index} says term {meta.term} but the log's entry there has "
+                f"term {stored_term}"
+            )
+        self._store_snapshot(meta, data, discard_log=False)
+
+    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        """Durably store a snapshot received from the leader. Entries it covers are dropped;
+        if the log's entry at `meta.index` has another term (or is missing), the whole log
+        is discarded, else the entries after it are kept (Raft §7)."""
+        self._check_usable()
+        if meta.index <= self.snapshot_index:
+            raise ValueError(
+                f"snapshot at {meta.index} is not newer than the stored one at "
+                f"{self.snapshot_index}; the core should have ignored it"
+            )
+        keep_suffix = self.term(meta.index) == meta.term
+        self._store_snapshot(meta, data, discard_log=not keep_suffix)
+
+    def _store_snapshot(self, meta: SnapshotMeta, data: bytes, *, discard_log: bool) -> None:
+        self._pending_load = None
+        try:
+            self._sync_now()
+            new_path = write_snapshot_file(self._snapshot_dir, meta, data)
+            if discard_log and self.last_index >= meta.index:
+                # The WAL holds a conflicting entry at or after meta.index: drop it (and
+                # everything after) so that a replay cannot resurrect it.
+                self._write(wal.encode_truncate(meta.index), self._segments[-1])
+                self._sync_now()
+            covered = min(max(0, meta.index - self.snapshot_index), len(self._terms))
+            if discard_log:
+                covered = len(self._terms)
+            self._bytes_since_snapshot -= sum(self._sizes_bytes[:covered])
+            del self._terms[:covered]
+            del self._sizes_bytes[:covered]
+            old_path = self._snapshot_path
+            self._snapshot, self._snapshot_path = meta, new_path
+            # Only now that the new snapshot is durable may what it replaces go.
+            if old_path is not None and old_path != new_path:
+                old_path.unlink(missing_ok=True)
+                fsync_directory(self._snapshot_dir)
+            self._drop_covered_segments()
+        except OSError as error:
+            self._fail(error)
+            raise
+
+    def _drop_covered_segments(self) -> None:
+        dropped = False
+        while len(self._segments) > 1 and self._segments[0].max_entry_index <= self.snapshot_index:
+            self._segments.pop(0).path.unlink()
+            dropped = True
+        if dropped:
+            fsync_directory(self._wal_dir)
+
+    def close(self) -> None:
+        """Sync (if still healthy) and release the files. Idempotent."""
+        try:
+            if self._failure is None and self._fd is not None and self._unsynced:
+                self._sync_now()
+        finally:
+            self._release()
+
+    def __enter__(self) -> DurableStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise StorageFailed(
+                f"storage in {self.data_dir} failed earlier ({self._failure}); what is on disk "
+                f"is unknown until the node restarts and recovers"
+            ) from self._failure
+        if self._lock_fd is None:
+            raise StorageFailed(f"storage in {self.data_dir} is closed")
+
+    def _fail(self, error: BaseException) -> None:
+        self._failure = error
+        log.error("storage in %s failed: %s; the node must restart", self.data_dir, error)
+
+    def _release(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+        if self._lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lock_fd)  # also releases the flock
+            self._lock_fd = None
+
+    def _write(self, buffers: list[bytes], segment: _Segment) -> None:
+        assert self._fd is not None
+        segment.size_bytes += write_all(self._fd, buffers)
+        self._unsynced = True
+
+    def _sync_now(self) -> None:
+        assert self._fd is not None
+        try:
+            os.fdatasync(self._fd)
+        except OSError as error:
+            self._fail(error)
+            raise
+        self._unsynced = False
+
+    def _rotate(self) -> _Segment:
+        # The full segment must be durable before records land in the next one: a later
+        # segment's records are only valid if every earlier segment is whole.
+        self._sync_now()
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
+        return self._start_segment(self._segments[-1].sequence + 1)
+
+    def _start_segment(self, sequence: int) -> _Segment:
+        segment = _Segment(sequence, self._wal_dir / wal.segment_name(sequence))
+        self._fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._segments.append(segment)
+        fsync_directory(self._wal_dir)
+        self._write(wal.encode_segment_header(sequence), segment)
+        self._write(wal.encode_hard_state(self._hard_state), segment)
+        return segment
+
+
+def _replay(wal_dir: Path, snapshot_dir: Path) -> _Replay:
+    """Read the snapshot and every segment; report torn tails (the caller repairs them)."""
+    replay = _Replay()
+    snapshots = sorted(
+        (parsed, path)
+        for path in snapshot_dir.iterdir()
+        if (parsed := parse_snapshot_name(path.name)) is not None
+    )
+    if snapshots:
+        _, newest = snapshots[-1]
+        replay.snapshot, replay.snapshot_data = read_snapshot_file(newest)
+        for _, older in snapshots[:-1]:
+            # Superseded by a durable newer snapshot (a crash came before its deletion).
+            older.unlink()
+    snapshot_index = replay.snapshot.index if replay.snapshot else 0
+
+    numbered = sorted(
+        (sequence, path)
+        for path in wal_dir.iterdir()
+        if (sequence := wal.parse_segment_name(path.name)) is not None
+    )
+    for position, (sequence, path) in enumerate(numbered):
+        if position and sequence != numbered[position - 1][0] + 1:
+            raise CorruptStorage(
+                path, 0,
+                f"segment {numbered[position - 1][0] + 1} is missing before this one",
+            )
+        replay.segments.append(_Segment(sequence, path, size_bytes=path.stat().st_size))
+
+    entries = replay.entries
+    wal_last = 0  # index of the last entry in the WAL so far, after truncations
+    for position, segment in enumerate(replay.segments):
+        is_last = position == len(replay.segments) - 1
+        scan = wal.SegmentScan(segment.path, is_last=is_last)
+        saw_header = False
+        for offset, record in scan:
+            if offset == 0:
+                if not isinstance(record, wal.SegmentHeader):
+                    raise CorruptStorage(segment.path, 0, "segment does not start with its header")
+                if record.sequence != segment.sequence:
+                    raise CorruptStorage(
+                        segment.path, 0,
+                        f"segment header says sequence {record.sequence}, the name "
+                        f"says {segment.sequence}",
+                    )
+                saw_header = True
+                continue
+            if isinstance(record, Entry):
+                segment.max_entry_index = max(segment.max_entry_index, record.index)
+                if record.index <= snapshot_index:
+                    if record.index == snapshot_index:
+                        replay.term_at_snapshot_index = record.term
+                    wal_last = record.index
+                    continue
+                expected = max(wal_last, snapshot_index) + 1
+                if record.index != expected:
+                    raise CorruptStorage(
+                        segment.path, offset,
+                        f"entry {record.index} where entry {expected} was expected "
+                        f"(a gap or an overwrite without a truncation record)",
+                    )
+                entries.append(record)
+                wal_last = record.index
+            elif isinstance(record, HardState):
+                replay.hard_state = record
+            elif isinstance(record, wal.Truncate):
+                if record.index > wal_last + 1 and record.index > snapshot_index + 1:
+                    raise CorruptStorage(
+                        segment.path, offset,
+                        f"truncation at {record.index} beyond the log's end {wal_last}",
+                    )
+                if record.index <= snapshot_index:
+                    entries.clear()
+                    replay.term_at_snapshot_index = None
+                else:
+                    del entries[record.index - snapshot_index - 1 :]
+                wal_last = min(wal_last, record.index - 1)
+            else:
+                raise CorruptStorage(segment.path, offset, "a second segment header")
+        if not saw_header and not is_last:
+            # Only the newest segment can be caught between creation and its first write.
+            raise CorruptStorage(segment.path, 0, "segment is empty but is not the last one")
+        if scan.torn is not None:
+            replay.torn.append((segment, scan.torn))
+            segment.size_bytes = scan.torn.offset
+    return replay

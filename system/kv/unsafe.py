@@ -1,0 +1,118 @@
+"""Test-only UNSAFE node behaviours: the canaries that prove the harness can find real bugs.
+
+Every line of deliberately wrong code in the store lives in this one module. A node runs
+one of these only when started with `--unsafe NAME` AND its environment has
+`MAO_ALLOW_UNSAFE=1`; otherwise `python -m system.kv serve` refuses to start. The node
+calls the hooks below only when an unsafe mode is on (`Node.unsafe is not None`); the safe
+code path never goes through here.
+
+Canaries (see docs/kv-node.md):
+- `ack-before-commit`: answers a write as soon as the leader has appended it to its own
+  log, before a majority has it. A leader crash can then lose an acknowledged write.
+- `stale-read`: every node answers linearizable reads from its local state without the
+  ReadIndex barrier. A deposed leader or a cut-off follower returns old values.
+- `no-dedup`: drops request ids before proposing, so a retried write applies twice.
+
+What it must never do: be reachable without both the flag and the environment variable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from system.kv.state_machine import DeleteCommand, DeleteResult, PutResult, decode_command
+from system.raft.types import Entry, EntryKind
+
+if TYPE_CHECKING:
+    from system.kv.node import Node
+
+ALLOW_ENV_VAR = "MAO_ALLOW_UNSAFE"
+CANARIES = ("ack-before-commit", "stale-read", "no-dedup")
+
+
+class UnsafeRefused(RuntimeError):
+    """An unsafe mode was requested without the environment's explicit permission."""
+
+
+class UnsafeMode:
+    """Hooks a node calls when an unsafe mode is on; each canary overrides one."""
+
+    name = ""
+
+    def request_id_for_proposal(self, request_id: str) -> str:
+        return request_id
+
+    def skips_read_barrier(self, node: Node) -> bool:
+        return False
+
+    def after_persist(self, node: Node, entries: Sequence[Entry]) -> None:
+        return None
+
+
+class AckBeforeCommit(UnsafeMode):
+    """WRONG: acknowledges a write once the leader's own log has it (not a majority)."""
+
+    name = "ack-before-commit"
+
+    def after_persist(self, node: Node, entries: Sequence[Entry]) -> None:
+        for entry in entries:
+            waiter = node._write_waiters.get(entry.index)  # noqa: SLF001 - canary pokes inside
+            if waiter is None or waiter.future.done() or entry.kind != EntryKind.NORMAL:
+                continue
+            if waiter.term != entry.term:
+                continue
+            # Guess the result from the current (unapplied) state: wrong by design.
+            command = decode_command(entry.data)
+            current = node.state_machine.get(command.key)
+            version = current[1] if current is not None else 0
+            if isinstance(command, DeleteCommand):
+                waiter.future.set_result(
+                    DeleteResult(applied=True, existed=current is not None, version=version))
+            else:
+                waiter.future.set_result(PutResult(applied=True, version=version + 1))
+
+
+class StaleRead(UnsafeMode):
+    """WRONG: any node serves linearizable reads from its local state."""
+
+    name = "stale-read"
+
+    def skips_read_barrier(self, node: Node) -> bool:
+        return True
+
+
+class NoDedup(UnsafeMode):
+    """WRONG: forgets request ids, so retries are applied again."""
+
+    name = "no-dedup"
+
+    def request_id_for_proposal(self, request_id: str) -> str:
+        return ""
+
+
+_MODES: dict[str, type[UnsafeMode]] = {
+    AckBeforeCommit.name: AckBeforeCommit,
+    StaleRead.name: StaleRead,
+    NoDedup.name: NoDedup,
+}
+
+
+def unsafe_mode(name: str | None, environ: dict[str, str] | None = None) -> UnsafeMode | None:
+    """The unsafe mode called `name`, or None for a safe node.
+
+    Raises UnsafeRefused unless the environment sets MAO_ALLOW_UNSAFE=1, and ValueError
+    for an unknown name.
+    """
+    if not name:
+        return None
+    env = os.environ if environ is None else environ
+    if name not in _MODES:
+        raise ValueError(f"unknown unsafe mode {name!r}; known canaries: {', '.join(CANARIES)}")
+    if env.get(ALLOW_ENV_VAR) != "1":
+        raise UnsafeRefused(
+            f"refusing to start with --unsafe {name}: this mode deliberately breaks safety "
+            f"and exists only to test the test harness. Set {ALLOW_ENV_VAR}=1 in the "
+            f"environment if that is really what you want.")
+    return _MODES[name]()

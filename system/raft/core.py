@@ -1,0 +1,1224 @@
+"""The Raft consensus algorithm for one node, as a deterministic sans-I/O state machine.
+
+Theory of operation
+-------------------
+A `RaftCore` is driven by exactly four inputs and never does anything on its own:
+
+- `tick()`: one unit of logical time passed. Followers and candidates count ticks towards
+  an election timeout randomized in [T, 2T) with the injected `random.Random`; leaders
+  count ticks towards heartbeats and towards the CheckQuorum / leader-transfer deadline.
+- `step(message)`: a message from a peer arrived.
+- `propose(data)` / `read_index(context)`: a client wants a write / a linearizable read.
+- `transfer_leadership(target)`, `compact(index, data)`: operator and shell requests.
+
+Everything the node must do in response accumulates inside it and is taken out as one
+`Ready` value (cf. etcd-io/raft's RawNode). The shell carries a Ready out IN ORDER:
+persist hard state, entries and any received snapshot (fsync if `must_sync`); then send
+the messages; then restore a received snapshot and apply committed entries; then answer
+reads; then call `advance(ready)`. Because every message leaves in the same Ready as
+the state it depends on, and messages are sent only after that state is durable, a vote
+or an append acknowledgement is never sent before what it promises is on disk
+(Raft Figure 2, "respond after persisting").
+
+The rules, each in its own overridable method so a test can break exactly one by
+subclassing (the name says which rule and where it comes from):
+
+- elections: `campaign`, `may_grant_vote` (one vote per term, §5.2), `log_is_up_to_date`
+  (§5.4.1), `in_leader_lease` (PreVote/CheckQuorum disruption guard, thesis §9.6);
+- commitment: `quorum_match_index` and `may_commit_at` (only entries of the current
+  term are committed by counting replicas: Raft §5.4.2, Figure 8); the leader appends a
+  NOOP at the start of its term so that earlier entries get committed promptly (§8);
+- replication: `maybe_send_append`, batching (max_append_entries / max_append_bytes),
+  pipelining (max_inflight_appends per follower, see progress.py), fast back-tracking with
+  reject_hint / reject_term (etcd's findConflictByTerm);
+- snapshots: `compact` drops the log prefix; `send_snapshot` streams the snapshot in
+  chunks of `snapshot_chunk_bytes` to a follower whose next entry was compacted away;
+- ReadIndex (thesis §6.4): `read_barrier_open` (the leader has committed an entry of
+  its own term) and `read_round_confirmed` (a majority acknowledged a heartbeat round
+  started after the read);
+- leader transfer (thesis §3.10): catch the target up, send TIMEOUT_NOW, refuse
+  proposals meanwhile, give up after an election timeout.
+
+Proposals are appended to the leader's log at once but sent to followers when the next
+Ready is taken, so every proposal made between two Readies travels in one APPEND per
+follower: batching falls out of the Ready cycle.
+
+Membership changes are not implemented: the voter set is fixed by the configuration.
+This module must never do I/O, read a clock or use global randomness.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from enum import Enum
+
+from system.raft.log import RaftLog
+from system.raft.messages import Message, MessageType
+from system.raft.progress import Progress, ProgressState
+from system.raft.types import Entry, EntryKind, HardState, NodeId, PersistentState, SnapshotMeta
+
+# VOTE.context of a campaign started by TIMEOUT_NOW: voters must not ignore it on account
+# of their leader lease, since the leader itself asked for it (thesis §3.10).
+TRANSFER_CONTEXT = b"leader-transfer"
+
+_MT = MessageType  # short local alias for the dispatch tables below
+
+
+# ---------------------------------------------------------------------------------------
+# Public records
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RaftConfig:
+    """Static configuration of one node. Validated on construction (ValueError)."""
+
+    node_id: NodeId
+    voters: tuple[NodeId, ...]  # every member, including node_id; fixed for the cluster's life
+    election_timeout_ticks: int = 10  # T: each election timeout is drawn from [T, 2T)
+    heartbeat_interval_ticks: int = 1  # leader heartbeat period; < election_timeout_ticks
+    pre_vote: bool = True  # run a PreVote round before bumping the term (thesis §9.6)
+    check_quorum: bool = True  # leader steps down without a majority's contact (thesis §6.2)
+    max_append_entries: int = 1024  # at most this many entries per APPEND; >= 1
+    max_append_bytes: int = 1 << 20  # at most this many payload bytes per APPEND (>= 1 entry)
+    max_inflight_appends: int = 32  # unacknowledged APPENDs per follower in REPLICATE state
+    snapshot_chunk_bytes: int = 64 * 1024  # payload bytes per InstallSnapshot chunk
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ValueError("invalid RaftConfig: " + "; ".join(problems))
+
+    def problems(self) -> list[str]:
+        """Every reason this configuration is unusable, written for the operator."""
+        problems: list[str] = []
+        if not isinstance(self.node_id, str) or not self.node_id:
+            problems.append(f"node_id must be a non-empty string, got {self.node_id!r}")
+        if not isinstance(self.voters, tuple) or not self.voters:
+            problems.append(f"voters must be a non-empty tuple of node ids, got {self.voters!r}")
+        else:
+            if any(not isinstance(v, str) or not v for v in self.voters):
+                problems.append(f"every voter must be a non-empty string, got {self.voters!r}")
+            if len(set(self.voters)) != len(self.voters):
+                problems.append(f"voters contains duplicates: {self.voters!r}")
+            if self.node_id not in self.voters:
+                problems.append(f"node_id {self.node_id!r} is not among voters {self.voters!r}")
+        for name in (
+            "election_timeout_ticks",
+            "heartbeat_interval_ticks",
+            "max_append_entries",
+            "max_append_bytes",
+            "max_inflight_appends",
+            "snapshot_chunk_bytes",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"{name} must be a positive integer, got {value!r}")
+        if (
+            isinstance(self.election_timeout_ticks, int)
+            and isinstance(self.heartbeat_interval_ticks, int)
+            and self.heartbeat_interval_ticks >= self.election_timeout_ticks
+        ):
+            problems.append(
+                f"heartbeat_interval_ticks ({self.heartbeat_interval_ticks}) must be smaller "
+                f"than election_timeout_ticks ({self.election_timeout_ticks}), or followers "
+                "time out between heartbeats"
+            )
+        for name in ("pre_vote", "check_quorum"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be a bool, got {getattr(self, name)!r}")
+        return problems
+
+
+class Role(Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre-candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class CampaignKind(Enum):
+    PRE_ELECTION = "pre-election"  # PreVote round at term+1; our term does not change
+    ELECTION = "election"  # a real election: term+1, vote for ourselves
+    TRANSFER = "transfer"  # TIMEOUT_NOW: an election voters join despite their lease
+
+
+class NotLeader(Exception):  # noqa: N818 -- name fixed by the contract
+    """This node cannot serve the request because it is not the leader."""
+
+    def __init__(self, leader_id: NodeId | None, message: str = "") -> None:
+        self.leader_id = leader_id  # the leader this node knows of, if any: retry there
+        super().__init__(message or f"not the leader; current leader is {leader_id or 'unknown'}")
+
+
+class ProposalDropped(Exception):  # noqa: N818 -- name fixed by the contract
+    """The leader refused the proposal (e.g. a leader transfer is in progress); retry."""
+
+
+@dataclass(frozen=True)
+class ReadState:
+    """The read whose id is `context` may be served once applied index >= `index`."""
+
+    context: bytes
+    index: int
+
+
+@dataclass(frozen=True)
+class Ready:
+    """What the shell must do, in field order; see the module docstring."""
+
+    hard_state: HardState | None = None  # persist if not None (None = unchanged)
+    entries: tuple[Entry, ...] = ()  # append durably, first dropping stored entries >= [0].index
+    snapshot: SnapshotMeta | None = None  # a snapshot received from the leader: persist it
+    snapshot_data: bytes = b""  # ...with these bytes, and drop stored entries it covers
+    must_sync: bool = False  # fsync the above before sending `messages`
+    messages: tuple[Message, ...] = ()  # send only after the above is durable
+    committed_entries: tuple[Entry, ...] = ()  # apply in order (after restoring `snapshot`)
+    read_states: tuple[ReadState, ...] = ()  # serve once applied >= index
+    dropped_reads: tuple[bytes, ...] = ()  # answer "not leader" to these read contexts
+
+
+@dataclass(frozen=True)
+class Status:
+    """A read-only view of a node for operators, tests and invariant checks."""
+
+    node_id: NodeId
+    role: Role
+    term: int
+    leader_id: NodeId | None
+    commit_index: int
+    applied_index: int
+    last_index: int
+    snapshot_index: int
+
+
+@dataclass
+class _PendingRead:
+    context: bytes  # the client's read id
+    index: int  # commit index when the read's round started; serve at applied >= index
+    round: int  # heartbeat round that must be acknowledged by a majority
+
+
+# ---------------------------------------------------------------------------------------
+# The state machine
+# ---------------------------------------------------------------------------------------
+
+
+class RaftCore:
+    """One Raft node. Not thread-safe; driven by one caller."""
+
+    def __init__(
+        self,
+        config: RaftConfig,
+        rng: random.Random,
+        restored: PersistentState | None = None,
+    ) -> None:
+        if not isinstance(config, RaftConfig):
+            raise TypeError(f"config must be a RaftConfig, got {type(config).__name__}")
+        if not isinstance(rng, random.Random):
+            raise TypeError(
+                f"rng must be a random.Random (injected, seeded), got {type(rng).__name__}"
+            )
+        self.config = config
+        self.id: NodeId = config.node_id
+        self.rng = rng
+        self.peers: tuple[NodeId, ...] = tuple(v for v in config.voters if v != config.node_id)
+        self._voter_set = frozenset(config.voters)
+        self.quorum: int = len(config.voters) // 2 + 1  # majority size
+
+        hard = restored.hard_state if restored else HardState()
+        snapshot = restored.snapshot if restored else None
+        if snapshot is not None and snapshot.index == 0:
+            snapshot = None
+        self._term: int = hard.term  # current term; never decreases
+        self._vote: NodeId | None = hard.vote  # whom we voted for in _term; set at most once
+        self.log = RaftLog(snapshot, restored.entries if restored else (), hard.commit)
+        if snapshot is not None and self._term < snapshot.term:
+            raise ValueError(
+                f"restored term {self._term} is below the snapshot's term {snapshot.term}"
+            )
+        if self.log.entries and self._term < self.log.entries[-1].term:
+            raise ValueError(
+                f"restored term {self._term} is below the last entry's term "
+                f"{self.log.entries[-1].term}"
+            )
+        # Latest snapshot (ours or the leader's) and its bytes, to send to lagging followers.
+        self._snapshot: SnapshotMeta | None = snapshot
+        self._snapshot_data: bytes = restored.snapshot_data if (restored and snapshot) else b""
+
+        self._role: Role = Role.FOLLOWER
+        self._leader_id: NodeId | None = None
+        # Ticks since we last heard from a valid leader (follower/candidate) or since the
+        # last CheckQuorum check (leader). 0 <= election_elapsed.
+        self.election_elapsed: int = 0
+        self.heartbeat_elapsed: int = 0  # leader: ticks since the last heartbeat broadcast
+        # This term's election timeout in ticks, in [T, 2T); redrawn on every role change.
+        self.randomized_election_timeout: int = config.election_timeout_ticks
+        self._votes: dict[NodeId, bool] = {}  # (pre-)candidate: answers received, incl. self
+        self.progress: dict[NodeId, Progress] = {}  # leader: one per peer
+        self.lead_transferee: NodeId | None = None  # leader: transfer target in progress
+
+        # ReadIndex state (leader only).
+        self._committed_in_term: bool = False  # leader committed an entry of its own term
+        self._reads_awaiting_barrier: list[bytes] = []  # contexts queued before that
+        self._pending_reads: list[_PendingRead] = []  # ordered by round
+        self._round_acks: dict[int, set[NodeId]] = {}  # round -> nodes that acknowledged it
+        self._read_round: int = 0  # last round started; increases
+
+        # Follower: InstallSnapshot chunks assembled so far (volatile, lost on crash).
+        self._assembling: SnapshotMeta | None = None
+        self._assembly: bytearray = bytearray()
+
+        # Output accumulated for the next Ready.
+        self._messages: list[Message] = []
+        self._read_states: list[ReadState] = []
+        self._dropped_reads: list[bytes] = []
+        self._received_snapshot: SnapshotMeta | None = None  # to persist + restore
+        self._needs_broadcast: bool = False  # leader: new entries/commit to send at Ready
+        self._last_hard_state: HardState = HardState(hard.term, hard.vote, self.log.committed)
+        # Diagnostics: messages refused as malformed or misaddressed, and why (last one).
+        self.ignored_message_count: int = 0
+        self.last_ignored_reason: str = ""
+
+        self.become_follower(self._term, None)
+
+    # -- read-only views ---------------------------------------------------------------
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def term(self) -> int:
+        return self._term
+
+    @property
+    def leader_id(self) -> NodeId | None:
+        return self._leader_id
+
+    @property
+    def vote(self) -> NodeId | None:
+        return self._vote
+
+    @property
+    def commit_index(self) -> int:
+        return self.log.committed
+
+    @property
+    def applied_index(self) -> int:
+        return self.log.applied
+
+    @property
+    def snapshot_meta(self) -> SnapshotMeta | None:
+        return self._snapshot
+
+    def log_entries(self) -> tuple[Entry, ...]:
+        """The entries held in memory after the snapshot point."""
+        return tuple(self.log.entries)
+
+    def status(self) -> Status:
+        return Status(
+            node_id=self.id,
+            role=self._role,
+            term=self._term,
+            leader_id=self._leader_id,
+            commit_index=self.log.committed,
+            applied_index=self.log.applied,
+            last_index=self.log.last_index(),
+            snapshot_index=self.log.snapshot_index,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"RaftCore({self.id}, {self._role.value}, term={self._term}, "
+            f"leader={self._leader_id}, commit={self.log.committed}, "
+            f"last={self.log.last_index()})"
+        )
+
+    # -- role transitions ----------------------------------------------------------------
+
+    def _reset(self, term: int) -> None:
+        """Common to every role change: move to `term`, restart the timers."""
+        assert term >= self._term, f"term would go backwards: {self._term} -> {term}"
+        if term != self._term:
+            self._term = term
+            self._vote = None
+        self._leader_id = None
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.reset_randomized_election_timeout()
+        self._votes = {}
+        self.lead_transferee = None
+        self._abandon_reads()
+
+    def reset_randomized_election_timeout(self) -> None:
+        """Draw this term's election timeout from [T, 2T) (Raft §5.2: randomized timeouts
+        make split votes rare)."""
+        base = self.config.election_timeout_ticks
+        self.randomized_election_timeout = base + self.rng.randrange(base)
+
+    def become_follower(self, term: int, leader_id: NodeId | None) -> None:
+        self._reset(term)
+        self._role = Role.FOLLOWER
+        self._leader_id = leader_id
+        self.progress = {}
+
+    def become_pre_candidate(self) -> None:
+        """PreVote (thesis §9.6): ask whether we could win at term+1 WITHOUT changing our
+        term or vote, so a node that cannot win never disrupts the cluster."""
+        assert self._role is not Role.LEADER, "a leader cannot become a pre-candidate"
+        self._role = Role.PRE_CANDIDATE
+        self._leader_id = None
+        self._votes = {}
+        self.progress = {}
+        self._abandon_reads()
+
+    def become_candidate(self) -> None:
+        assert self._role is not Role.LEADER, "a leader cannot become a candidate"
+        self._reset(self._term + 1)
+        self._role = Role.CANDIDATE
+        self._vote = self.id  # Raft §5.2: vote for yourself
+        self.progress = {}
+
+    def become_leader(self) -> None:
+        assert self._role is Role.CANDIDATE, f"only a candidate can lead, not a {self._role}"
+        term = self._term
+        self._reset(term)
+        self._role = Role.LEADER
+        self._leader_id = self.id
+        last = self.log.last_index()
+        max_inflight = self.config.max_inflight_appends
+        self.progress = {peer: Progress(last + 1, max_inflight) for peer in self.peers}
+        for progress in self.progress.values():
+            progress.recent_active = True  # give everyone one election timeout to answer
+        self._committed_in_term = False
+        # Raft §8: a NOOP of our own term lets us commit (by counting, §5.4.2) every earlier
+        # entry, and tells us our commit index is current (needed by ReadIndex).
+        self.append_entry(b"", EntryKind.NOOP)
+        self._needs_broadcast = True
+
+    # -- inputs: time ------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        if self._role is Role.LEADER:
+            self._tick_leader()
+        else:
+            self._tick_election()
+
+    def _tick_election(self) -> None:
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.randomized_election_timeout:
+            self.election_elapsed = 0
+            self.campaign(
+                CampaignKind.PRE_ELECTION if self.config.pre_vote else CampaignKind.ELECTION
+            )
+
+    def _tick_leader(self) -> None:
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.config.election_timeout_ticks:
+            self.election_elapsed = 0
+            if self.config.check_quorum and self.maybe_step_down_without_quorum():
+                return
+            if self.lead_transferee is not None:
+                # Thesis §3.10: a transfer that did not finish within an election timeout
+                # is aborted, so the cluster accepts proposals again.
+                self.lead_transferee = None
+        if self.heartbeat_elapsed >= self.config.heartbeat_interval_ticks:
+            self.heartbeat_elapsed = 0
+            self.broadcast_heartbeat()
+
+    def maybe_step_down_without_quorum(self) -> bool:
+        """CheckQuorum (thesis §6.2): a leader that has not heard from a majority within
+        an election timeout steps down, so a partitioned leader stops serving. Returns
+        whether it stepped down. Resets every peer's recent_active for the next period."""
+        active = 1  # ourselves
+        for progress in self.progress.values():
+            if progress.recent_active:
+                active += 1
+            progress.recent_active = False
+        if active >= self.quorum:
+            return False
+        self.become_follower(self._term, None)
+        return True
+
+    # -- inputs: client requests -------------------------------------------------------------
+
+    def propose(self, data: bytes) -> tuple[int, int]:
+        """Append a client command; returns its (index, term). It is committed only when an
+        entry with that index AND term comes out in `Ready.committed_entries`."""
+        if self._role is not Role.LEADER:
+            raise NotLeader(self._leader_id)
+        if self.lead_transferee is not None:
+            raise ProposalDropped(
+                f"leadership is being transferred to {self.lead_transferee}; retry there "
+                "or after the transfer ends"
+            )
+        if not isinstance(data, bytes):
+            raise TypeError(f"proposal data must be bytes, got {type(data).__name__}")
+        index = self.append_entry(data, EntryKind.NORMAL)
+        self._needs_broadcast = True
+        return index, self._term
+
+    def append_entry(self, data: bytes, kind: EntryKind) -> int:
+        """Leader: append one entry of the current term to our own log."""
+        log = self.log
+        index = log.last_index() + 1
+        log.entries.append(Entry(self._term, index, data, kind))
+        if len(self._voter_set) == 1:
+            self.maybe_commit()
+        return index
+
+    def read_index(self, context: bytes) -> None:
+        """Start a linearizable read (thesis §6.4). The answer is a later ReadState with
+        this context (serve once applied >= its index) or a dropped_reads entry."""
+        if self._role is not Role.LEADER:
+            raise NotLeader(self._leader_id)
+        if not isinstance(context, bytes):
+            raise TypeError(f"read context must be bytes, got {type(context).__name__}")
+        if not self.read_barrier_open():
+            # Until an entry of our term is committed our commit index may be behind the
+            # previous leader's: queue (the NOOP will open the barrier soon).
+            self._reads_awaiting_barrier.append(context)
+            return
+        self._start_read_round([context])
+
+    def read_barrier_open(self) -> bool:
+        """ReadIndex rule 1: the leader has committed an entry of its current term, so its
+        commit index is at least that of every earlier leader (Leader Completeness)."""
+        return self._committed_in_term
+
+    def read_round_confirmed(self, acks: set[NodeId]) -> bool:
+        """ReadIndex rule 2: a majority (including us) acknowledged the heartbeat round,
+        so no other leader with a newer term had been elected when it started."""
+        return len(acks) + 1 >= self.quorum
+
+    def _start_read_round(self, contexts: list[bytes]) -> None:
+        self._read_round += 1
+        round_id = self._read_round
+        index = self.log.committed
+        pending = self._pending_reads
+        for context in contexts:
+            pending.append(_PendingRead(context, index, round_id))
+        self._round_acks[round_id] = set()
+        self._maybe_release_reads(round_id)  # a single-node cluster needs no heartbeat
+        if self._pending_reads:
+            self.broadcast_heartbeat()
+
+    def _maybe_release_reads(self, round_id: int) -> None:
+        acks = self._round_acks.get(round_id)
+        if acks is None or not self.read_round_confirmed(acks):
+            return
+        # A confirmed round also confirms every earlier round (it started later).
+        released = [r for r in self._pending_reads if r.round <= round_id]
+        self._pending_reads = [r for r in self._pending_reads if r.round > round_id]
+        for read in released:
+            self._read_states.append(ReadState(read.context, read.index))
+        for old in [r for r in self._round_acks if r <= round_id]:
+            del self._round_acks[old]
+
+    def _abandon_reads(self) -> None:
+        """Leadership lost (or never had): these reads will never be confirmed."""
+        if self._pending_reads or self._reads_awaiting_barrier:
+            self._dropped_reads.extend(r.context for r in self._pending_reads)
+            self._dropped_reads.extend(self._reads_awaiting_barrier)
+            self._pending_reads = []
+            self._reads_awaiting_barrier = []
+        self._round_acks = {}
+        self._committed_in_term = False
+
+    def transfer_leadership(self, target: NodeId) -> None:
+        """Hand leadership to `target` (thesis §3.10): bring it up to date, then tell it
+        to campaign at once. Proposals are refused until the transfer ends or times out."""
+        if self._role is not Role.LEADER:
+            raise NotLeader(self._leader_id)
+        if target not in self._voter_set:
+            raise ValueError(f"cannot transfer leadership to {target!r}: not a voter")
+        if target == self.id:
+            return  # already the leader
+        if self.lead_transferee == target:
+            return  # already in progress
+        self.lead_transferee = target
+        self.election_elapsed = 0  # the transfer gets one election timeout
+        progress = self.progress[target]
+        if progress.match == self.log.last_index():
+            self._send(Message(_MT.TIMEOUT_NOW, self.id, target, self._term))
+        else:
+            self.maybe_send_append(target, send_if_empty=True)
+
+    def compact(self, index: int, data: bytes) -> None:
+        """The shell durably saved a snapshot of its state machine at applied `index`:
+        drop the log up to it, and keep (meta, data) to send to lagging followers."""
+        if not isinstance(data, bytes):
+            raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
+        if index > self.log.applied:
+            raise ValueError(
+                f"cannot compact to {index}: only {self.log.applied} is applied (a snapshot "
+                "must describe applied state)"
+            )
+        if index < self.log.snapshot_index:
+            raise ValueError(
+                f"cannot compact to {index}: the log is already compacted to "
+                f"{self.log.snapshot_index}"
+            )
+        if index == self.log.snapshot_index:
+            return  # nothing new
+        term = self.log.term(index)
+        assert term is not None
+        self.log.compact(index)
+        self._snapshot = SnapshotMeta(index, term, self.config.voters)
+        self._snapshot_data = data
+
+    # -- inputs: messages ----------------------------------------------------------------------
+
+    def step(self, message: Message) -> None:
+        """Handle one message from a peer. Misaddressed, unknown-sender, malformed and
+        stale messages are ignored (never raise); see `ignored_message_count`."""
+        problem = self.malformed(message)
+        if problem:
+            self.ignored_message_count += 1
+            self.last_ignored_reason = problem
+            return
+        m = message
+        mtype = m.type
+        if m.term > self._term:
+            if (
+                (mtype is _MT.PRE_VOTE or mtype is _MT.VOTE)
+                and m.context != TRANSFER_CONTEXT
+                and self.in_leader_lease()
+            ):
+                # Thesis §9.6 / §4.2.3: we heard from a leader within the minimum election
+                # timeout, so ignore (no term bump, no answer) a disruptive candidate.
+                return
+            if mtype is _MT.PRE_VOTE:
+                pass  # a PreVote never changes our term
+            elif mtype is _MT.PRE_VOTE_RESPONSE and not m.reject:
+                pass  # a granted PreVote echoes the proposed term; we have not moved yet
+            else:
+                leader = m.src if mtype in _FROM_LEADER else None
+                self.become_follower(m.term, leader)
+        elif m.term < self._term:
+            if mtype is _MT.APPEND or mtype is _MT.HEARTBEAT:
+                # A stale leader (e.g. back from a partition): tell it our term so it steps
+                # down. With CheckQuorum/PreVote it could otherwise never learn it.
+                self._send(Message(_MT.APPEND_RESPONSE, self.id, m.src, self._term))
+            elif mtype is _MT.PRE_VOTE:
+                self._send(Message(_MT.PRE_VOTE_RESPONSE, self.id, m.src, self._term, reject=True))
+            return  # every other stale message is ignored (Raft §5.1)
+
+        if mtype is _MT.PRE_VOTE or mtype is _MT.VOTE:
+            self.handle_vote_request(m)
+        elif self._role is Role.LEADER:
+            self.step_leader(m)
+        elif self._role is Role.FOLLOWER:
+            self.step_follower(m)
+        else:
+            self.step_candidate(m)
+
+    def malformed(self, m: Message) -> str:
+        """Why `m` must be ignored ("" if it is acceptable). Cheap checks only."""
+        if not isinstance(m, Message):
+            return f"not a Message: {type(m).__name__}"
+        if m.dst != self.id:
+            return f"addressed to {m.dst!r}, not to {self.id!r}"
+        if m.src not in self._voter_set or m.src == self.id:
+            return f"from {m.src!r}, which is not a peer of {self.id!r}"
+        if m.term < 0 or m.index < 0 or m.log_term < 0 or m.commit < 0:
+            return f"negative term or index in {m.type.value} from {m.src}"
+        entries = m.entries
+        if entries:
+            if m.type is not _MT.APPEND:
+                return f"{m.type.value} carries entries"
+            if (
+                entries[0].index != m.index + 1
+                or entries[-1].index != m.index + len(entries)
+                or entries[0].term < m.log_term
+                or entries[-1].term > m.term
+            ):
+                return (
+                    f"APPEND from {m.src} has entries that do not follow index {m.index} "
+                    "contiguously within its term"
+                )
+        if m.type is _MT.SNAPSHOT and (m.snapshot is None or m.offset < 0):
+            return f"SNAPSHOT from {m.src} without snapshot metadata or with a bad offset"
+        return ""
+
+    def in_leader_lease(self) -> bool:
+        """CheckQuorum's leader lease: with check_quorum on, (pre)votes for a higher term
+        are ignored (no answer, no term change) while we heard from a leader recently."""
+        return self.config.check_quorum and self.heard_from_leader_recently()
+
+    def heard_from_leader_recently(self) -> bool:
+        """Whether we heard from a live leader (or are one) within the minimum election
+        timeout: then no election is needed, and a PreVote is refused (thesis §9.6)."""
+        return (
+            self._leader_id is not None
+            and self.election_elapsed < self.config.election_timeout_ticks
+        )
+
+    def handle_vote_request(self, m: Message) -> None:
+        pre = m.type is _MT.PRE_VOTE
+        response_type = _MT.PRE_VOTE_RESPONSE if pre else _MT.VOTE_RESPONSE
+        if self.may_grant_vote(m):
+            if not pre:
+                self.record_vote(m.src)
+                self.election_elapsed = 0  # a vote is a promise; do not campaign against it
+            # Granted answers carry the candidate's term (PreVote: the proposed term).
+            self._send(Message(response_type, self.id, m.src, m.term))
+        else:
+            self._send(Message(response_type, self.id, m.src, self._term, reject=True))
+
+    def record_vote(self, candidate: NodeId) -> None:
+        """Remember our vote for this term; it goes to disk in the next Ready, before the
+        grant is sent."""
+        assert self._vote in (None, candidate), (
+            f"{self.id} would vote twice in term {self._term}: {self._vote} then {candidate}"
+        )
+        self._vote = candidate
+
+    def may_grant_vote(self, m: Message) -> bool:
+        """Raft §5.2 and §5.4.1: grant if we have not voted for anyone else in this term
+        and the candidate's log is at least as up to date as ours. A PreVote (thesis
+        §9.6) is granted if we WOULD vote at its term (ahead of ours) and have not heard
+        from a leader within the election timeout."""
+        can_vote = (
+            self._vote == m.src
+            or (self._vote is None and self._leader_id is None)
+            or (m.type is _MT.PRE_VOTE and m.term > self._term)
+        )
+        if m.type is _MT.PRE_VOTE and self.heard_from_leader_recently():
+            can_vote = False
+        return can_vote and self.log_is_up_to_date(m.index, m.log_term)
+
+    def log_is_up_to_date(self, last_index: int, last_term: int) -> bool:
+        """Raft §5.4.1 election restriction."""
+        return self.log.is_up_to_date(last_index, last_term)
+
+    # -- elections -------------------------------------------------------------------------------
+
+    def campaign(self, kind: CampaignKind) -> None:
+        """Start an election of the given kind (see CampaignKind)."""
+        if self._role is Role.LEADER:
+            return
+        if kind is CampaignKind.PRE_ELECTION:
+            self.become_pre_candidate()
+            vote_type = _MT.PRE_VOTE
+            term = self._term + 1  # the term we would campaign in; ours does not move
+        else:
+            self.become_candidate()
+            vote_type = _MT.VOTE
+            term = self._term
+        self._votes[self.id] = True
+        if self._tally() is True:
+            self._won_election()
+            return
+        context = TRANSFER_CONTEXT if kind is CampaignKind.TRANSFER else b""
+        last_index, last_term = self.log.last_index(), self.log.last_term()
+        for peer in self.peers:
+            self._send(
+                Message(
+                    vote_type,
+                    self.id,
+                    peer,
+                    term,
+                    log_term=last_term,
+                    index=last_index,
+                    context=context,
+                )
+            )
+
+    def _tally(self) -> bool | None:
+        """True: a majority granted; False: a majority refused; None: undecided."""
+        granted = sum(1 for v in self._votes.values() if v)
+        if granted >= self.quorum:
+            return True
+        if len(self._votes) - granted >= self.quorum:
+            return False
+        return None
+
+    def _won_election(self) -> None:
+        if self._role is Role.PRE_CANDIDATE:
+            self.campaign(CampaignKind.ELECTION)  # the real election; PreVote passed
+        else:
+            self.become_leader()
+
+    def step_candidate(self, m: Message) -> None:
+        mtype = m.type
+        if mtype in _FROM_LEADER:
+            # Same term, someone else won (Raft §5.2): follow it.
+            self.become_follower(self._term, m.src)
+            self.step_follower(m)
+            return
+        expected = _MT.PRE_VOTE_RESPONSE if self._role is Role.PRE_CANDIDATE else _MT.VOTE_RESPONSE
+        if mtype is not expected:
+            return
+        if mtype is _MT.PRE_VOTE_RESPONSE and not m.reject and m.term != self._term + 1:
+            # A grant from an earlier PreVote round (for the term we are now in, or
+            # below): it says nothing about the term this round asks for.
+            return
+        self._votes.setdefault(m.src, not m.reject)
+        result = self._tally()
+        if result is True:
+            self._won_election()
+        elif result is False:
+            self.become_follower(self._term, None)
+
+    # -- follower --------------------------------------------------------------------------------
+
+    def step_follower(self, m: Message) -> None:
+        mtype = m.type
+        if mtype in _FROM_LEADER:
+            self.election_elapsed = 0
+            self._leader_id = m.src
+            if mtype is _MT.APPEND:
+                self.handle_append(m)
+            elif mtype is _MT.HEARTBEAT:
+                self.handle_heartbeat(m)
+            else:
+                self.handle_snapshot(m)
+        elif mtype is _MT.TIMEOUT_NOW:
+            # Leader transfer: campaign now, skipping PreVote (the leader asked for it).
+            self.campaign(CampaignKind.TRANSFER)
+
+    def handle_append(self, m: Message) -> None:
+        log = self.log
+        if m.index < log.committed:
+            # Everything up to our commit index matches the leader's log (§5.4); tell it
+            # where we are so it skips ahead.
+            self._send(
+                Message(_MT.APPEND_RESPONSE, self.id, m.src, self._term, index=log.committed)
+            )
+            return
+        if log.match_term(m.index, m.log_term):
+            entries = m.entries
+            last_new = m.index + len(entries)
+            conflict = log.find_conflict(entries)
+            if conflict:
+                assert conflict > log.committed, (
+                    f"{self.id}: leader {m.src} would overwrite committed entry {conflict}"
+                )
+                log.append(entries[conflict - m.index - 1 :])
+            # Raft Figure 2: commit = min(leaderCommit, index of last new entry).
+            log.commit_to(min(m.commit, last_new))
+            self._send(Message(_MT.APPEND_RESPONSE, self.id, m.src, self._term, index=last_new))
+            return
+        # Log inconsistency (§5.3): reject, with a hint that skips a whole term at once.
+        hint_index = log.find_conflict_by_term(min(m.index, log.last_index()), m.log_term)
+        hint_term = log.term(hint_index) or 0
+        self._send(
+            Message(
+                _MT.APPEND_RESPONSE,
+                self.id,
+                m.src,
+                self._term,
+                index=m.index,
+                reject=True,
+                reject_hint=hint_index,
+                reject_term=hint_term,
+            )
+        )
+
+    def handle_heartbeat(self, m: Message) -> None:
+        # The leader caps the commit at our match, so it never exceeds our log.
+        self.log.commit_to(min(m.commit, self.log.last_index()))
+        self._send(Message(_MT.HEARTBEAT_RESPONSE, self.id, m.src, self._term, context=m.context))
+
+    def handle_snapshot(self, m: Message) -> None:
+        """One InstallSnapshot chunk (Raft §7). Chunks are assembled in memory; the
+        snapshot is handed to the shell (Ready.snapshot) once the last chunk arrives."""
+        meta = m.snapshot
+        assert meta is not None  # checked by malformed()
+        log = self.log
+        if meta.index <= log.committed:
+            # Older than what we know committed: nothing to install, say we are done.
+            self._assembling = None
+            self._assembly = bytearray()
+            self._send(
+                Message(
+                    _MT.SNAPSHOT_RESPONSE,
+                    self.id,
+                    m.src,
+                    self._term,
+                    index=log.committed,
+                    snapshot=meta,
+                    done=True,
+                )
+            )
+            return
+        if m.offset == 0:
+            self._assembling = meta
+            self._assembly = bytearray()
+        if self._assembling != meta or m.offset > len(self._assembly):
+            # A gap or a chunk of another snapshot: restart assembly from byte 0.
+            self._assembling = None
+            self._assembly = bytearray()
+            self._send(
+                Message(
+                    _MT.SNAPSHOT_RESPONSE,
+                    self.id,
+                    m.src,
+                    self._term,
+                    index=meta.index,
+                    snapshot=meta,
+                    offset=0,
+                    reject=True,
+                )
+            )
+            return
+        end = m.offset + len(m.data)
+        if end > len(self._assembly):  # a duplicate of received bytes adds nothing
+            self._assembly[m.offset :] = m.data
+        if not m.done:
+            self._send(
+                Message(
+                    _MT.SNAPSHOT_RESPONSE,
+                    self.id,
+                    m.src,
+                    self._term,
+                    index=meta.index,
+                    snapshot=meta,
+                    offset=len(self._assembly),
+                )
+            )
+            return
+        data = bytes(self._assembly)
+        self._assembling = None
+        self._assembly = bytearray()
+        self.install_snapshot(meta, data)
+        self._send(
+            Message(
+                _MT.SNAPSHOT_RESPONSE,
+                self.id,
+                m.src,
+                self._term,
+                index=log.committed,
+                snapshot=meta,
+                done=True,
+            )
+        )
+
+    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        """Adopt the leader's snapshot, newer than our commit index."""
+        log = self.log
+        if log.match_term(meta.index, meta.term):
+            # We already hold that entry: just learn it is committed (etcd does the same).
+            log.commit_to(meta.index)
+            return
+        log.restore(meta)
+        self._snapshot = meta
+        self._snapshot_data = data
+        self._received_snapshot = meta
+
+    # -- leader ----------------------------------------------------------------------------------
+
+    def step_leader(self, m: Message) -> None:
+        mtype = m.type
+        progress = self.progress.get(m.src)
+        if progress is None:
+            return
+        if mtype is _MT.APPEND_RESPONSE:
+            progress.recent_active = True
+            self.handle_append_response(m, progress)
+        elif mtype is _MT.HEARTBEAT_RESPONSE:
+            progress.recent_active = True
+            self.handle_heartbeat_response(m, progress)
+        elif mtype is _MT.SNAPSHOT_RESPONSE:
+            progress.recent_active = True
+            self.handle_snapshot_response(m, progress)
+        # Anything else at our own term (a VOTE_RESPONSE from an earlier election, a
+        # stray APPEND) carries no information for a leader: ignore it.
+
+    def handle_append_response(self, m: Message, progress: Progress) -> None:
+        if m.reject:
+            # Fast back-tracking: jump to the follower's hint, refined by our own log so
+            # that a whole term of conflicting entries is skipped in one round trip.
+            next_probe = m.reject_hint
+            if m.reject_term > 0:
+                next_probe = self.log.find_conflict_by_term(m.reject_hint, m.reject_term)
+            if progress.maybe_decrease_to(m.index, next_probe):
+                if progress.state is ProgressState.REPLICATE:
+                    progress.become_probe()
+                self.maybe_send_append(m.src, send_if_empty=True)
+            return
+        if m.index > self.log.last_index():
+            return  # claims entries we never had: not from this term's log; ignore
+        updated = progress.maybe_update(m.index)
+        if updated or (progress.match == m.index and progress.state is ProgressState.PROBE):
+            # (A probe answered at the match we already knew, e.g. right after a snapshot,
+            # also proves the logs agree there: start streaming.)
+            if progress.state is ProgressState.PROBE:
+                progress.become_replicate()
+            elif (
+                progress.state is ProgressState.SNAPSHOT
+                and progress.match >= progress.pending_snapshot
+            ):
+                progress.become_probe()
+                progress.become_replicate()
+            if updated and self.maybe_commit():
+                self._needs_broadcast = True
+            if m.src == self.lead_transferee and progress.match == self.log.last_index():
+                self._send(Message(_MT.TIMEOUT_NOW, self.id, m.src, self._term))
+        # Keep the pipeline full: send whatever the follower still lacks.
+        while self.maybe_send_append(m.src, send_if_empty=False):
+            pass
+
+    def handle_heartbeat_response(self, m: Message, progress: Progress) -> None:
+        if progress.state is ProgressState.SNAPSHOT:
+            # The follower is alive but we have no news of the snapshot: resend the chunk
+            # it is waiting for (messages may have been lost).
+            self.send_snapshot(m.src, progress)
+        else:
+            # Lost messages must not stall a follower forever: a heartbeat answer re-opens
+            # a paused probe, and frees one slot of a full pipeline (as etcd does).
+            progress.probe_sent = False
+            if progress.state is ProgressState.REPLICATE and progress.is_paused():
+                progress.inflight.popleft()
+            if progress.match < self.log.last_index():
+                self.maybe_send_append(m.src, send_if_empty=True)
+        if m.context:
+            round_id = _decode_round(m.context)
+            acks = self._round_acks.get(round_id)
+            if acks is not None:
+                acks.add(m.src)
+                self._maybe_release_reads(round_id)
+
+    def handle_snapshot_response(self, m: Message, progress: Progress) -> None:
+        if progress.state is not ProgressState.SNAPSHOT:
+            return
+        if m.done:
+            progress.maybe_update(m.index)
+            progress.become_probe()
+            self.maybe_send_append(m.src, send_if_empty=True)
+            return
+        if m.snapshot is None or m.snapshot.index != progress.pending_snapshot:
+            return  # about a snapshot we are no longer sending
+        if m.reject:
+            progress.snapshot_offset = 0
+        elif m.offset > progress.snapshot_offset:
+            progress.snapshot_offset = m.offset
+        else:
+            return  # a duplicate acknowledgement
+        self.send_snapshot(m.src, progress)
+
+    def maybe_commit(self) -> bool:
+        """Advance the commit index to the highest index a majority holds, if that entry
+        is of the current term. Returns whether the commit index moved."""
+        index = self.quorum_match_index()
+        if index <= self.log.committed or not self.may_commit_at(index):
+            return False
+        self.log.commit_to(index)
+        if not self._committed_in_term:
+            self._committed_in_term = True
+            if self._reads_awaiting_barrier:
+                queued, self._reads_awaiting_barrier = self._reads_awaiting_barrier, []
+                self._start_read_round(queued)
+        return True
+
+    def quorum_match_index(self) -> int:
+        """The highest index stored on a majority (counting ourselves)."""
+        matches = [p.match for p in self.progress.values()]
+        matches.append(self.log.last_index())
+        matches.sort(reverse=True)
+        return matches[self.quorum - 1]
+
+    def may_commit_at(self, index: int) -> bool:
+        """Raft §5.4.2 (Figure 8): only an entry of the current term may be committed by
+        counting replicas; earlier entries are committed indirectly, by Log Matching."""
+        return self.log.term(index) == self._term
+
+    def maybe_send_append(self, to: NodeId, send_if_empty: bool) -> bool:
+        """Send `to` the entries it lacks (bounded by the batch limits), or a snapshot if
+        they were compacted away. Returns whether a message was sent."""
+        progress = self.progress[to]
+        if progress.is_paused():
+            return False
+        log = self.log
+        prev_index = progress.next - 1
+        prev_term = log.term(prev_index)
+        if prev_term is None:
+            return self.send_snapshot(to, progress)
+        last = log.last_index()
+        committed = log.committed
+        if progress.next > last:
+            if not send_if_empty and progress.sent_commit >= min(committed, prev_index):
+                return False
+            entries: tuple[Entry, ...] = ()
+        else:
+            high = min(last + 1, progress.next + self.config.max_append_entries)
+            batch = log.slice(progress.next, high)
+            max_bytes = self.config.max_append_bytes
+            size = 0
+            for count, entry in enumerate(batch):
+                size += len(entry.data)
+                if size > max_bytes and count > 0:
+                    del batch[count:]
+                    break
+            entries = tuple(batch)
+        self._send(
+            Message(
+                _MT.APPEND,
+                self.id,
+                to,
+                self._term,
+                log_term=prev_term,
+                index=prev_index,
+                entries=entries,
+                commit=committed,
+            )
+        )
+        progress.sent_commit = committed
+        if entries:
+            progress.sent_entries(entries[-1].index)
+        elif progress.state is ProgressState.PROBE:
+            progress.probe_sent = True
+        return True
+
+    def send_snapshot(self, to: NodeId, progress: Progress) -> bool:
+        """InstallSnapshot (Raft §7): send the chunk of our latest snapshot at the offset
+        `to` acknowledged. Returns whether a chunk was sent."""
+        snapshot = self._snapshot
+        if snapshot is None:
+            return False  # cannot happen: entries are only compacted into a snapshot
+        if (
+            progress.state is not ProgressState.SNAPSHOT
+            or progress.pending_snapshot != snapshot.index
+        ):
+            progress.become_snapshot(snapshot.index)
+        offset = progress.snapshot_offset
+        chunk = self.config.snapshot_chunk_bytes
+        data = self._snapshot_data[offset : offset + chunk]
+        done = offset + chunk >= len(self._snapshot_data)
+        self._send(
+            Message(
+                _MT.SNAPSHOT,
+                self.id,
+                to,
+                self._term,
+                index=snapshot.index,
+                snapshot=snapshot,
+                offset=offset,
+                data=data,
+                done=done,
+            )
+        )
+        progress.probe_sent = True
+        return True
+
+    def broadcast_append(self) -> None:
+        """Send every follower what it lacks, or the new commit index."""
+        for peer in self.peers:
+            self.maybe_send_append(peer, send_if_empty=False)
+
+    def broadcast_heartbeat(self) -> None:
+        context = _encode_round(self._read_round) if self._pending_reads else b""
+        committed = self.log.committed
+        for peer, progress in self.progress.items():
+            self._send(
+                Message(
+                    _MT.HEARTBEAT,
+                    self.id,
+                    peer,
+                    self._term,
+                    commit=min(progress.match, committed),
+                    context=context,
+                )
+            )
+
+    # -- output ------------------------------------------------------------------------------------
+
+    def _send(self, message: Message) -> None:
+        self._messages.append(message)
+
+    def _hard_state_changed(self) -> bool:
+        last = self._last_hard_state
+        return (
+            last.term != self._term or last.vote != self._vote or last.commit != self.log.committed
+        )
+
+    def has_ready(self) -> bool:
+        return bool(
+            self._messages
+            or self._needs_broadcast
+            or self.log.has_unstable()
+            or self.log.committed > self.log.applying
+            or self._received_snapshot is not None
+            or self._read_states
+            or self._dropped_reads
+            or self._hard_state_changed()
+        )
+
+    def ready(self) -> Ready:
+        """Take out everything the shell must do now (see `Ready` for the order)."""
+        if self._needs_broadcast:
+            self._needs_broadcast = False
+            if self._role is Role.LEADER:
+                self.broadcast_append()
+        log = self.log
+        hard_state = None
+        must_sync = False
+        if self._hard_state_changed():
+            last = self._last_hard_state
+            must_sync = last.term != self._term or last.vote != self._vote
+            hard_state = HardState(self._term, self._vote, log.committed)
+            self._last_hard_state = hard_state
+        entries: tuple[Entry, ...] = ()
+        if log.has_unstable():
+            entries = tuple(log.unstable_entries())
+            log.stable_to(entries[-1].index)
+            must_sync = True
+        snapshot = self._received_snapshot
+        snapshot_data = b""
+        if snapshot is not None:
+            snapshot_data = self._snapshot_data
+            self._received_snapshot = None
+            must_sync = True
+            log.applying = max(log.applying, snapshot.index)
+        committed: tuple[Entry, ...] = ()
+        if log.committed > log.applying:
+            committed = tuple(self.entries_to_apply())
+            if committed:
+                log.mark_applying(committed[-1].index)
+        ready = Ready(
+            hard_state=hard_state,
+            entries=entries,
+            snapshot=snapshot,
+            snapshot_data=snapshot_data,
+            must_sync=must_sync,
+            messages=tuple(self._messages),
+            committed_entries=committed,
+            read_states=tuple(self._read_states),
+            dropped_reads=tuple(self._dropped_reads),
+        )
+        self._messages = []
+        self._read_states = []
+        self._dropped_reads = []
+        return ready
+
+    def entries_to_apply(self) -> list[Entry]:
+        """Committed entries not yet handed out: only committed entries are ever applied
+        (and so acknowledged). Overridable so a test can break exactly this rule."""
+        return self.log.next_committed()
+
+    def advance(self, ready: Ready) -> None:
+        """The shell finished `ready`: its entries are durable and applied."""
+        log = self.log
+        applied = log.applied
+        if ready.snapshot is not None:
+            applied = max(applied, ready.snapshot.index)
+        if ready.committed_entries:
+            applied = max(applied, ready.committed_entries[-1].index)
+        if applied > log.applied:
+            log.applied_to(applied)
+        assert log.applied <= log.committed, "applied index passed the commit index"
+
+
+_FROM_LEADER = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT})
+
+
+def _encode_round(round_id: int) -> bytes:
+    return round_id.to_bytes(8, "big")
+
+
+def _decode_round(context: bytes) -> int:
+    return int.from_bytes(context[:8], "big")

@@ -1,0 +1,181 @@
+"""A 3-node cluster of real node processes elects a leader and serves the client API;
+every bad input gets its own clear error and no input takes a node down.
+
+Real processes on loopback; every wait is on a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from system.kv.client import CasMismatch, InvalidArgument, KVClient, NotFound
+from system.kv.local_cluster import LocalCluster
+from system.kv.proto import kv_pb2, kv_pb2_grpc
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with LocalCluster(3, tmp_path_factory.mktemp("cluster3"),
+                      node_args=["--max-value-bytes", "4096", "--max-key-bytes", "64"]) as c:
+        c.start()
+        c.wait_for_leader(timeout_s=20)
+        yield c
+
+
+@pytest.fixture
+def client(cluster: LocalCluster):
+    with cluster.client(timeout_s=10) as kv:
+        yield kv
+
+
+def _raw_stub(address: str) -> tuple[grpc.Channel, kv_pb2_grpc.KVStub]:
+    channel = grpc.insecure_channel(address)
+    return channel, kv_pb2_grpc.KVStub(channel)
+
+
+def test_three_nodes_elect_one_leader_all_agree_on(cluster: LocalCluster) -> None:
+    leader = cluster.wait_for_leader(timeout_s=10)
+    statuses = [cluster.status(node_id) for node_id in cluster.ids]
+    assert all(st is not None for st in statuses)
+    assert [st.role for st in statuses].count("leader") == 1
+    assert {st.leader_id for st in statuses} == {leader}
+    assert len({st.term for st in statuses}) == 1
+
+
+def test_put_get_cas_delete_round_trip(client: KVClient) -> None:
+    first = client.put("fruit", b"apple")
+    assert first.version == 1
+    got = client.get("fruit")
+    assert (got.value, got.version, got.stale) == (b"apple", 1, False)
+
+    second = client.cas("fruit", b"banana", expected_version=1)
+    assert second.version == 2
+    with pytest.raises(CasMismatch) as mismatch:
+        client.cas("fruit", b"cherry", expected_version=1)
+    assert mismatch.value.current_version == 2
+    assert client.get("fruit").value == b"banana"
+
+    created = client.cas("new-key", b"x", expected_version=0)  # 0 = must not exist
+    assert created.version == 1
+    with pytest.raises(CasMismatch) as exists:
+        client.cas("new-key", b"y", expected_version=0)
+    assert exists.value.current_version == 1
+
+    deleted = client.delete("fruit")
+    assert (deleted.existed, deleted.version) == (True, 2)
+    with pytest.raises(NotFound):
+        client.get("fruit")
+    again = client.delete("fruit")
+    assert again.existed is False
+
+
+def test_stale_read_on_a_follower_says_it_is_stale_and_how_far_it_got(cluster: LocalCluster,
+                                                                        client: KVClient) -> None:
+    written = client.put("stale-demo", b"v1")
+    leader = cluster.wait_for_leader()
+    follower = next(i for i in cluster.ids if i != leader)
+    cluster.wait_for_applied(follower, written.applied_index)
+    with KVClient([cluster.specs[follower].address]) as direct:
+        got = direct.get("stale-demo", consistency="stale")
+    assert got.stale is True
+    assert got.node_id == follower
+    assert got.applied_index >= written.applied_index
+    assert got.value == b"v1"
+
+
+def test_follower_refuses_linearizable_read_with_leader_hint(cluster: LocalCluster) -> None:
+    leader = cluster.wait_for_leader()
+    follower = next(i for i in cluster.ids if i != leader)
+    channel, stub = _raw_stub(cluster.specs[follower].address)
+    with channel, pytest.raises(grpc.RpcError) as err:
+        stub.Get(kv_pb2.GetRequest(key="k"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    metadata = dict(err.value.trailing_metadata())
+    assert metadata["leader-id"] == leader
+    assert metadata["leader-address"] == cluster.specs[leader].address
+    assert metadata["kv-outcome"] == "not-applied"
+
+
+def test_client_follows_redirect_from_a_follower(cluster: LocalCluster) -> None:
+    leader = cluster.wait_for_leader()
+    follower = next(i for i in cluster.ids if i != leader)
+    # The follower is listed first: the client must be redirected to the leader.
+    addresses = [cluster.specs[follower].address, cluster.specs[leader].address]
+    with KVClient(addresses) as kv:
+        assert kv.put("redirected", b"1").node_id == leader
+
+
+@pytest.mark.parametrize(
+    ("call", "expected_message"),
+    [
+        (lambda kv: kv.put("", b"v"), "key is empty"),
+        (lambda kv: kv.put("k" * 65, b"v"), "65 bytes long; the limit is 64"),
+        (lambda kv: kv.put("k", b"v" * 4097), "4097 bytes; the limit is 4096"),
+        (lambda kv: kv.get(""), "key is empty"),
+        (lambda kv: kv.delete("k" * 100), "100 bytes long; the limit is 64"),
+        (lambda kv: kv.get("k", consistency="eventual"), "consistency must be"),
+    ],
+    ids=["empty-key", "long-key", "big-value", "get-empty-key", "delete-long-key", "bad-consistency"],
+)
+def test_client_bad_input_gets_invalid_argument(client: KVClient, call, expected_message: str) -> None:
+    with pytest.raises(InvalidArgument, match=expected_message):
+        call(client)
+
+
+def test_expected_version_on_missing_key_is_a_cas_mismatch_at_version_zero(client: KVClient) -> None:
+    with pytest.raises(CasMismatch) as mismatch:
+        client.put("never-written", b"v", expected_version=3)
+    assert mismatch.value.current_version == 0
+    with pytest.raises(CasMismatch) as on_delete:
+        client.delete("never-written", expected_version=1)
+    assert on_delete.value.current_version == 0
+    with pytest.raises(NotFound):
+        client.get("never-written")
+
+
+def test_raw_bad_requests_get_invalid_argument_and_the_node_survives(cluster: LocalCluster) -> None:
+    leader = cluster.wait_for_leader()
+    address = cluster.specs[leader].address
+    channel = grpc.insecure_channel(address)
+    with channel:
+        raw_put = channel.unary_unary("/manyasone.kv.KV/Put")  # bytes in, bytes out
+        for garbage in (b"\xff\xff\xff\xff", b"\x0a\x05ab", b"\x0a\x02\xc3\x28"):
+            with pytest.raises(grpc.RpcError) as err:
+                raw_put(garbage, timeout=5)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "not a valid manyasone.kv.PutRequest" in err.value.details()
+
+        stub = kv_pb2_grpc.KVStub(channel)
+        with pytest.raises(grpc.RpcError) as bad_enum:
+            stub.Get(kv_pb2.GetRequest(key="k", consistency=7), timeout=5)
+        assert bad_enum.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "consistency 7 is not one of" in bad_enum.value.details()
+
+        with pytest.raises(grpc.RpcError) as unknown_method:
+            channel.unary_unary("/manyasone.kv.KV/Explode")(b"", timeout=5)
+        assert unknown_method.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+        # Every node still answers.
+        for node_id in cluster.ids:
+            assert cluster.status(node_id, timeout_s=5) is not None
+
+
+def test_rate_limit_answers_resource_exhausted_with_the_limit(tmp_path) -> None:
+    with LocalCluster(1, tmp_path, node_args=["--max-requests-per-s", "5"]) as single:
+        single.start()
+        single.wait_for_leader(timeout_s=20)
+        channel, stub = _raw_stub(single.addresses[0])
+        codes = []
+        with channel:
+            for i in range(30):  # bounded: 30 requests, well beyond a 5/s budget
+                try:
+                    stub.Get(kv_pb2.GetRequest(key=f"k{i}", consistency=kv_pb2.STALE), timeout=5)
+                    codes.append("ok")
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    assert "rate limit of 5 requests/s" in exc.details()
+                    codes.append("limited")
+        assert "limited" in codes and "ok" in codes
