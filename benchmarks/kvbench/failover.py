@@ -35,8 +35,12 @@ async def _probe(target: Target, timeout_s: float, interval_s: float, attempt_ti
     survivors = [open_client(target.client_kind, addresses[i]) for i in range(len(addresses)) if i != leader]
     try:
         await asyncio.gather(*(client.wait_connected(5.0) for client in survivors))
-        # One write through each survivor first, so the connections are warm.
-        await asyncio.gather(*(client.put("kvbench-failover", b"before", 5.0) for client in survivors))
+        # One write through each survivor first, so the connections are warm. A follower may
+        # refuse it with a leader hint (ours does; etcd and PySyncObj forward): that is fine.
+        await asyncio.gather(
+            *(client.put("kvbench-failover", b"before", 5.0) for client in survivors),
+            return_exceptions=True,
+        )
 
         loop = asyncio.get_running_loop()
         first_ack: asyncio.Future[float] = loop.create_future()
