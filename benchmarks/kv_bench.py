@@ -39,6 +39,7 @@ from benchmarks.kvbench.etcd_target import EtcdTarget  # noqa: E402
 from benchmarks.kvbench.failover import measure_leader_kill  # noqa: E402
 from benchmarks.kvbench.kv_targets import OursTarget, PySyncObjTarget  # noqa: E402
 from benchmarks.kvbench.loadgen import LoadSpec, Operation, run_load  # noqa: E402
+from benchmarks.kvbench.machine import fdatasync_latency, load_average  # noqa: E402
 from benchmarks.kvbench.processes import RssSampler  # noqa: E402
 from benchmarks.kvbench.target import Target  # noqa: E402
 
@@ -216,14 +217,14 @@ def run_leader_kills(name: str, settings: Settings, work_dir: Path, result: repo
         )
 
 
-def load_average() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
-def render(results: dict[str, report.SystemResult], settings: Settings, command: str, started: str, load_before: str) -> str:
+def render(
+    results: dict[str, report.SystemResult],
+    settings: Settings,
+    command: str,
+    started: str,
+    machine_before: str,
+    machine_after: str,
+) -> str:
     versions = ", ".join(
         f"{report.SYSTEM_TITLES[r.name]} {r.version}" for r in results.values() if r.version
     )
@@ -231,7 +232,9 @@ def render(results: dict[str, report.SystemResult], settings: Settings, command:
         "# Key-value store benchmark: ours vs etcd vs PySyncObj",
         "",
         f"Command: `{command}`  ",
-        f"Taken {started} UTC on {os.cpu_count()} cores; load average {load_before} before, {load_average()} after.  ",
+        f"Taken {started} UTC on {os.cpu_count()} cores, shared with other work.  ",
+        f"Before: {machine_before}.  ",
+        f"After: {machine_after}.  ",
         f"Versions: {versions}.  ",
         f"Each row: {settings.warmup_s:g} s warm-up then {settings.duration_s:g} s measured (at most "
         f"{settings.max_ops_per_row:,} operations; 1 MiB rows at most {settings.big_max_ops}), "
@@ -263,8 +266,9 @@ def render(results: dict[str, report.SystemResult], settings: Settings, command:
         "snapshot every 100,000 entries). Leader kill: writes are sent to both survivors every 20 ms "
         "after the SIGKILL; the figure is the time to the first acknowledgement of one of them.",
         "- The machine has 2 cores, shared with the servers, the load generator and, while this was "
-        "measured, other work (see the load average): absolute figures move from run to run; the "
-        "ratios, taken in the same run, move less.",
+        "measured, other work (see the load average and the fdatasync latency above, which bounds "
+        "both stores that fsync): absolute figures move from run to run; the ratios, taken in the "
+        "same run, move less.",
     ]
     notes = report.error_notes(results)
     if notes:
@@ -302,9 +306,13 @@ def main() -> int:
     signal.signal(signal.SIGTERM, interrupted)
     command = shlex.join(["python", "benchmarks/kv_bench.py", *sys.argv[1:]])
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
-    load_before = load_average()
     work_dir = Path(tempfile.mkdtemp(prefix="kvbench-"))
-    progress(f"work directory {work_dir}; load average {load_before}")
+
+    def machine_state() -> str:
+        return f"load average {load_average()}, fdatasync of 4 KiB here {fdatasync_latency(work_dir)}"
+
+    machine_before = machine_state()
+    progress(f"work directory {work_dir}; {machine_before}")
     results: dict[str, report.SystemResult] = {}
     began = time.monotonic()
     try:
@@ -314,6 +322,7 @@ def main() -> int:
         for name in systems:
             if not results[name].failure:
                 run_leader_kills(name, settings, work_dir, results[name])
+        machine_after = machine_state()
     except KeyboardInterrupt:
         progress("interrupted: every cluster has been stopped; no results written")
         return 130
@@ -322,7 +331,7 @@ def main() -> int:
             progress(f"kept {work_dir}")
         else:
             shutil.rmtree(work_dir, ignore_errors=True)
-    text = render(results, settings, command, started, load_before)
+    text = render(results, settings, command, started, machine_before, machine_after)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

@@ -81,26 +81,52 @@ _request_counter = itertools.count(1)
 
 class KVServiceClient(_ChannelClient):
     """manyasone.kv.KV: every put carries a fresh request id, as our client library's do,
-    so the store pays for its deduplication table as it would in use."""
+    so the store pays for its deduplication table as it would in use.
 
-    def __init__(self, address: str):
+    Our nodes do not forward: a follower answers UNAVAILABLE with the leader's address in
+    the trailing metadata. Like our client library, this client then moves to that address
+    for its next operations (etcd and the PySyncObj front forward instead, so they never
+    send a hint). The failed operation itself is not retried: it counts as an error."""
+
+    def __init__(self, address: str, follow_leader_hints: bool = True):
         super().__init__(address)
         self.kv = kv_pb2_grpc.KVStub(self.channel)
+        self.follow_leader_hints = follow_leader_hints
         self._id_prefix = f"bench-{os.getpid()}-{id(self):x}"
 
     async def put(self, key: str, value: bytes, timeout_s: float) -> None:
         request_id = f"{self._id_prefix}-{next(_request_counter)}"
-        await self.kv.Put(
-            kv_pb2.PutRequest(key=key, value=value, request_id=request_id), timeout=timeout_s
-        )
+        request = kv_pb2.PutRequest(key=key, value=value, request_id=request_id)
+        await self._call(self.kv.Put, request, timeout_s, follow_hint=True)
 
     async def get(self, key: str, linearizable: bool, timeout_s: float) -> None:
         consistency = kv_pb2.LINEARIZABLE if linearizable else kv_pb2.STALE
-        await self.kv.Get(kv_pb2.GetRequest(key=key, consistency=consistency), timeout=timeout_s)
+        request = kv_pb2.GetRequest(key=key, consistency=consistency)
+        # A stale read is served by whichever member was asked; only the others need the leader.
+        await self._call(self.kv.Get, request, timeout_s, follow_hint=linearizable)
+
+    async def _call(self, method, request, timeout_s: float, follow_hint: bool) -> None:
+        try:
+            await method(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            if self.follow_leader_hints and follow_hint and error.code() is grpc.StatusCode.UNAVAILABLE:
+                await self._move_to(dict(error.trailing_metadata() or ()).get("leader-address", ""))
+            raise
+
+    async def _move_to(self, address: str) -> None:
+        if not address or address == self.address:
+            return
+        old = self.channel
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.kv = kv_pb2_grpc.KVStub(self.channel)
+        await old.close(grace=None)
 
 
-def open_client(kind: ClientKind, address: str) -> AsyncClient:
-    """A client for one member; call inside a running event loop (grpc.aio binds to it)."""
+def open_client(kind: ClientKind, address: str, follow_leader_hints: bool = True) -> AsyncClient:
+    """A client for one member; call inside a running event loop (grpc.aio binds to it).
+    follow_leader_hints=False pins it to that member (the leader-kill probe wants that: a
+    survivor may still name the dead leader)."""
     if kind is ClientKind.ETCD:
         return EtcdClient(address)
-    return KVServiceClient(address)
+    return KVServiceClient(address, follow_leader_hints)

@@ -32,7 +32,11 @@ async def _probe(target: Target, timeout_s: float, interval_s: float, attempt_ti
     if leader is None:
         raise ClusterError(f"{target.name}: no leader before the kill")
     addresses = target.client_addresses()
-    survivors = [open_client(target.client_kind, addresses[i]) for i in range(len(addresses)) if i != leader]
+    survivors = [
+        open_client(target.client_kind, addresses[i], follow_leader_hints=False)
+        for i in range(len(addresses))
+        if i != leader
+    ]
     try:
         await asyncio.gather(*(client.wait_connected(5.0) for client in survivors))
         # One write through each survivor first, so the connections are warm. A follower may
