@@ -40,7 +40,7 @@ from benchmarks.kvbench.failover import measure_leader_kill  # noqa: E402
 from benchmarks.kvbench.kv_targets import OursTarget, PySyncObjTarget  # noqa: E402
 from benchmarks.kvbench.loadgen import LoadSpec, Operation, run_load  # noqa: E402
 from benchmarks.kvbench.machine import fdatasync_latency, load_average  # noqa: E402
-from benchmarks.kvbench.processes import RssSampler  # noqa: E402
+from benchmarks.kvbench.processes import RssSampler, wait_until  # noqa: E402
 from benchmarks.kvbench.target import Target  # noqa: E402
 
 TARGET_CLASSES: dict[str, type[Target]] = {
@@ -51,6 +51,7 @@ TARGET_CLASSES: dict[str, type[Target]] = {
 VALUE_SIZE_BYTES = 256
 BIG_VALUE_BYTES = 1024 * 1024
 BIG_VALUE_CLIENTS = 4
+LEADER_WAIT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,11 @@ ROW_PLANS = (
 
 
 def measure_row(target: Target, plan: RowPlan, settings: Settings, result: report.SystemResult) -> None:
-    leader = target.find_leader()
-    if leader is None:
-        raise RuntimeError(f"no leader before row {plan.key!r}\n{target.describe_logs()}")
+    # A cluster may be between leaders after the previous row's load: wait for one.
+    try:
+        leader = wait_until(target.find_leader, LEADER_WAIT_S, what=f"a leader before row {plan.key!r}")
+    except TimeoutError as error:
+        raise RuntimeError(f"{error}\n{target.describe_logs()}") from error
     addresses = target.client_addresses()
     spec = LoadSpec(
         client_kind=target.client_kind,
