@@ -307,6 +307,9 @@ def main() -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupted)
+    # A shell starts background jobs with SIGINT ignored, and Python keeps that; Ctrl-C or
+    # kill -INT must still stop the clusters.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     command = shlex.join(["python", "benchmarks/kv_bench.py", *sys.argv[1:]])
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")
     work_dir = Path(tempfile.mkdtemp(prefix="kvbench-"))

@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.kvbench.clients import ClientKind, open_client
-from benchmarks.kvbench.processes import REPO_ROOT, child_environment
+from benchmarks.kvbench.processes import REPO_ROOT, child_environment, die_with_parent
 
 
 class Operation(enum.Enum):
@@ -198,6 +198,7 @@ def run_load(spec: LoadSpec, processes: int, log_dir: Path) -> LoadResult:
                     cwd=REPO_ROOT,
                     env=child_environment(),
                     start_new_session=True,
+                    preexec_fn=die_with_parent,
                 )
             )
         for child in children:

@@ -10,6 +10,7 @@ it did not start.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -20,6 +21,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Linux prctl(PR_SET_PDEATHSIG): the kernel sends the child this signal when the thread that
+# started it dies, so even a SIGKILLed benchmark (which runs no finally) leaves no server
+# behind. Looked up before any fork: the child only makes the call.
+_PR_SET_PDEATHSIG = 1
+try:
+    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:
+    _libc = None
+
+
+def die_with_parent() -> None:
+    """preexec_fn for children: SIGKILL me when my parent dies (no-op off Linux)."""
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def free_loopback_ports(count: int) -> list[int]:
@@ -64,6 +80,7 @@ class ManagedProcess:
             cwd=str(cwd or REPO_ROOT),
             env=child_environment(),
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
 
     @property
