@@ -19,6 +19,7 @@ to loopback addresses only, and every load loop is bounded in time and count.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import shlex
@@ -41,6 +42,7 @@ from benchmarks.kvbench.kv_targets import OursTarget, PySyncObjTarget  # noqa: E
 from benchmarks.kvbench.loadgen import LoadSpec, Operation, run_load  # noqa: E402
 from benchmarks.kvbench.machine import fdatasync_latency, load_average  # noqa: E402
 from benchmarks.kvbench.processes import RssSampler, wait_until  # noqa: E402
+from benchmarks.kvbench.profiling import Sampler  # noqa: E402
 from benchmarks.kvbench.target import Target  # noqa: E402
 
 TARGET_CLASSES: dict[str, type[Target]] = {
@@ -162,7 +164,13 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
         )
 
 
-def run_throughput_rows(names: list[str], settings: Settings, work_dir: Path, results: dict[str, report.SystemResult]) -> None:
+def run_throughput_rows(
+    names: list[str],
+    settings: Settings,
+    work_dir: Path,
+    results: dict[str, report.SystemResult],
+    profile: bool,
+) -> None:
     """All clusters up at once, each row measured on every system back to back, so that
     the ratios of a row are taken within seconds of each other even when the machine's
     other load comes and goes."""
@@ -191,9 +199,30 @@ def run_throughput_rows(names: list[str], settings: Settings, work_dir: Path, re
                 except Exception as error:  # one system failing must not cost the others their rows
                     _fail(results[name], target, error)
                     del targets[name]
+        if profile and "ours" in targets:
+            profile_leader(targets["ours"], settings, results["ours"])
     finally:
         for target in targets.values():
             target.stop()
+
+
+def profile_leader(target: Target, settings: Settings, result: report.SystemResult) -> None:
+    """Run the 64-client put load once more with py-spy sampling our leader. Not part of
+    the table: sampling costs CPU on a 2-core machine, so it gets its own run."""
+    plan = next(plan for plan in ROW_PLANS if plan.key == "put_64")
+    try:
+        leader = wait_until(target.find_leader, LEADER_WAIT_S, what="a leader to profile")
+        member = target.members[leader]
+        assert member is not None
+        sampler = Sampler(
+            member.pid, settings.warmup_s + settings.duration_s + 1, target.work_dir / "leader-profile.txt"
+        )
+        scratch = report.SystemResult(name=target.name)
+        measure_row(target, dataclasses.replace(plan, label=f"{plan.label} again, under py-spy"), settings, scratch)
+        result.profile = sampler.result()
+    except Exception as error:  # the profile is a note; the figures stand without it
+        result.notes.append(f"no profile of the leader: {type(error).__name__}: {error}")
+        progress(f"[{target.name}] profile skipped: {error}")
 
 
 def _fail(result: report.SystemResult, target: Target, error: Exception) -> None:
@@ -273,6 +302,8 @@ def render(
         "both stores that fsync): absolute figures move from run to run; the ratios, taken in the "
         "same run, move less.",
     ]
+    if "ours" in results and results["ours"].profile is not None:
+        lines += ["", *report.profile_section(results["ours"].profile)]
     notes = report.error_notes(results)
     if notes:
         lines += ["", "## Failures and errors", "", *notes]
@@ -288,6 +319,11 @@ def main() -> int:
     parser.add_argument("--kill-repeats", type=int, help="leader kills per system (overrides the mode)")
     parser.add_argument("--client-processes", type=int, help="load-generator processes (default 1)")
     parser.add_argument("--keep-work-dir", action="store_true", help="keep data and logs of the clusters")
+    parser.add_argument(
+        "--no-profile",
+        action="store_true",
+        help="skip the extra 64-client put run with py-spy sampling our leader",
+    )
     args = parser.parse_args()
 
     systems = [name.strip() for name in args.systems.split(",") if name.strip()]
@@ -324,7 +360,7 @@ def main() -> int:
     try:
         for name in systems:
             results[name] = report.SystemResult(name=name, durability=TARGET_CLASSES[name].durability)
-        run_throughput_rows(systems, settings, work_dir, results)
+        run_throughput_rows(systems, settings, work_dir, results, profile=not args.no_profile)
         for name in systems:
             if not results[name].failure:
                 run_leader_kills(name, settings, work_dir, results[name])

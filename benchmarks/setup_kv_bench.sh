@@ -6,6 +6,7 @@
 #              `etcd` daemon; `etcdctl` is in the separate etcd-client package, which the
 #              benchmark does not need (it asks etcd for its leader over gRPC).
 #   PySyncObj  from PyPI, pinned to the 0.3 line the reference figures were taken with.
+#   py-spy     from PyPI: samples our leader from outside for the report's profile section.
 #
 # Needs root (apt-get). Never starts a service: the benchmark starts its own etcd members
 # on loopback ports in a temporary directory and stops them when it ends.
@@ -32,3 +33,8 @@ if ! python -c 'import pysyncobj' >/dev/null 2>&1; then
     python -m pip install --quiet "pysyncobj>=0.3.12,<0.4"
 fi
 python -c 'import pysyncobj, importlib.metadata as m; print("pysyncobj", m.version("pysyncobj"))'
+
+if ! command -v py-spy >/dev/null 2>&1; then
+    python -m pip install --quiet "py-spy>=0.4,<0.5"
+fi
+py-spy --version

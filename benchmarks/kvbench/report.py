@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
+from benchmarks.kvbench.profiling import Profile
+
 
 class Better(enum.Enum):
     HIGHER = "higher"
@@ -78,6 +80,7 @@ class SystemResult:
     errors: dict[str, tuple[int, str]] = field(default_factory=dict)  # row -> (count, first)
     failure: str = ""  # why the system could not be measured (in full or in part)
     notes: list[str] = field(default_factory=list)  # anything else a reader must know
+    profile: Profile | None = None  # py-spy summary of the leader under 64-client puts
 
     def record_failover(self, seconds: float) -> None:
         self.failover_samples_s.append(seconds)
@@ -152,3 +155,32 @@ def error_notes(results: dict[str, SystemResult]) -> list[str]:
                 notes.append(f"- {SYSTEM_TITLES[result.name]}, `{row_key}`: {count} failed operations, first: {first}")
         notes += [f"- {SYSTEM_TITLES[result.name]}, {note}" for note in result.notes]
     return notes
+
+
+def profile_section(profile: Profile) -> list[str]:
+    """Markdown lines: where our leader's samples went during 64-client puts."""
+    if profile.samples == 0:
+        return ["## Where our leader spends its time", "", "py-spy recorded no samples."]
+
+    def rows(shares) -> str:
+        return tabulate(
+            [[s.function, f"{s.self_percent:.1f}%", f"{s.total_percent:.1f}%"] for s in shares],
+            headers=["function", "self", "with callees"],
+            tablefmt="github",
+            disable_numparse=True,
+        )
+
+    return [
+        "## Where our leader spends its time (py-spy, 64-client puts, run again after the table)",
+        "",
+        f"{profile.samples:,} samples of the leader while it was not idle (blocking system calls "
+        "such as fdatasync count as busy: the event loop waits for them).",
+        "",
+        "Most samples on top of the stack:",
+        "",
+        rows(profile.top_self),
+        "",
+        "Our code, with callees:",
+        "",
+        rows(profile.top_total_in_project),
+    ]
