@@ -65,10 +65,11 @@ class Settings:
     kill_repeats: int
     client_processes: int
     op_timeout_s: float = 10.0
+    big_op_timeout_s: float = 30.0  # one 1 MiB put; PySyncObj's never finish (docs/benchmarks.md)
 
 
-FULL = Settings(warmup_s=1.0, duration_s=8.0, max_ops_per_row=200_000, big_max_ops=400, kill_repeats=5, client_processes=1)
-QUICK = Settings(warmup_s=0.3, duration_s=1.5, max_ops_per_row=20_000, big_max_ops=40, kill_repeats=1, client_processes=1)
+FULL = Settings(warmup_s=1.0, duration_s=8.0, max_ops_per_row=200_000, big_max_ops=400, kill_repeats=5, client_processes=2)
+QUICK = Settings(warmup_s=0.3, duration_s=1.5, max_ops_per_row=20_000, big_max_ops=40, kill_repeats=1, client_processes=2, big_op_timeout_s=5.0)
 
 
 def progress(message: str) -> None:
@@ -128,7 +129,7 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
         duration_s=settings.duration_s,
         max_measured_ops=settings.big_max_ops if plan.big else settings.max_ops_per_row,
         keys_per_client=plan.keys_per_client,
-        op_timeout_s=30.0 if plan.big else settings.op_timeout_s,
+        op_timeout_s=settings.big_op_timeout_s if plan.big else settings.op_timeout_s,
     )
     with RssSampler(target.server_pids()) as sampler:
         load = run_load(spec, settings.client_processes, target.work_dir)
@@ -317,7 +318,7 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results" / "kv.md"))
     parser.add_argument("--duration-s", type=float, help="measured seconds per row (overrides the mode)")
     parser.add_argument("--kill-repeats", type=int, help="leader kills per system (overrides the mode)")
-    parser.add_argument("--client-processes", type=int, help="load-generator processes (default 1)")
+    parser.add_argument("--client-processes", type=int, help="load-generator processes (default 2; never more than the clients)")
     parser.add_argument("--keep-work-dir", action="store_true", help="keep data and logs of the clusters")
     parser.add_argument(
         "--no-profile",
