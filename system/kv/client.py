@@ -135,10 +135,15 @@ class _Attempt:
 
 
 class KVClient:
-    """A client of one KV cluster. `addresses` are the nodes' host:port (any order)."""
+    """A client of one KV cluster. `addresses` are the nodes' host:port (any order).
+
+    `timeout_s` bounds each call (all attempts together); `attempt_timeout_s` (default:
+    whatever remains of the call's deadline) bounds one attempt, so a paused node costs
+    at most that before the client tries another; `retries` bounds the attempts.
+    """
 
     def __init__(self, addresses: Sequence[str], *, timeout_s: float = 5.0, retries: int = 20,
-                 attempt_timeout_s: float = 2.0, client_id: str | None = None) -> None:
+                 attempt_timeout_s: float | None = None, client_id: str | None = None) -> None:
         if not addresses:
             raise ValueError("KVClient needs at least one node address")
         self.addresses = list(dict.fromkeys(addresses))
@@ -265,14 +270,20 @@ class KVClient:
             address = self._pick(hint)
             hint = None
             try:
-                response = rpc(self._stub(address), min(remaining, self.attempt_timeout_s))
+                attempt_s = remaining if self.attempt_timeout_s is None else min(
+                    remaining, self.attempt_timeout_s)
+                response = rpc(self._stub(address), attempt_s)
             except grpc.RpcError as exc:
                 result = _Attempt(exc)
                 last = f"{address}: {result.code.name}: {result.details}"
                 if result.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidArgument(result.details) from None
-                if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and result.from_server:
-                    pass  # certainly not applied; back off and retry
+                if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not result.from_server:
+                    # gRPC itself refused the message (larger than 256 MiB): never sent whole.
+                    raise InvalidArgument(f"request too large for the transport: {result.details}"
+                                          ) from None
+                if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    pass  # the node's rate limit: certainly not applied; back off and retry
                 elif result.from_server and result.outcome == "not-applied":
                     if result.leader_address and result.leader_address != address:
                         hint = result.leader_address

@@ -37,6 +37,7 @@ import logging
 import os
 import random
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -70,7 +71,7 @@ class NodeConfig:
     peers: Mapping[NodeId, str]  # the OTHER members: id -> host:port
     data_dir: Path
     tick_ms: int = 20  # real time per core tick
-    election_timeout_ticks: int = 10  # randomized by the core in [T, 2T)
+    election_timeout_ticks: int = 25  # randomized by the core in [T, 2T): 0.5-1 s at 20 ms
     heartbeat_interval_ticks: int = 1
     snapshot_entries: int = 10_000  # take a snapshot once this many entries follow the last one
     snapshot_bytes: int = 64 * 1024 * 1024  # ... or once the log after it holds this many bytes
@@ -153,6 +154,7 @@ class Node:
             self._last_snapshot_index = 0
             self._applied_term = 0
         self._hard_state = restored.hard_state
+        self._applied_bytes_since_snapshot = 0  # entry bytes applied after the last snapshot
         raft_config = RaftConfig(
             node_id=config.node_id,
             voters=config.voters,
@@ -173,7 +175,10 @@ class Node:
         self._read_waiters: list[_ReadWaiter] = []  # heap by index
         self._pending_reads: dict[bytes, asyncio.Future[int]] = {}
         self._read_ids = itertools.count(1)
-        self._drive_scheduled = False
+        self._wake: asyncio.Event | None = None
+        self._drive_task: asyncio.Task[None] | None = None
+        # Storage calls run on this one thread, one at a time, in Ready order.
+        self._storage_thread = ThreadPoolExecutor(1, thread_name_prefix="storage")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tick_task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -192,21 +197,26 @@ class Node:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
         self.transport.start()
+        self._drive_task = self._loop.create_task(self._drive_forever(), name="raft-drive")
         self._tick_task = self._loop.create_task(self._tick_forever(), name="raft-tick")
         self._kick()
 
     async def stop(self) -> None:
         """Stop ticking and sending, answer waiters "outcome unknown", close storage.
 
-        Anything being persisted has finished already: storage calls run to completion on
-        this loop before any other callback, so stopping never leaves a half-written Ready.
+        The Ready being carried out is finished first (persisted, sent, applied), so
+        stopping never leaves a half-written Ready; no further Ready is taken.
         """
         self._stopping = True
         if self._tick_task is not None:
             self._tick_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._tick_task
+        if self._drive_task is not None:
+            self._kick()
+            await self._drive_task
         for waiter in self._write_waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(OutcomeUnknown("node is shutting down"))
@@ -216,6 +226,7 @@ class Node:
                 fut.set_exception(NotLeaderError(None, ""))
         self._pending_reads.clear()
         await self.transport.close()
+        self._storage_thread.shutdown(wait=True)
         self.storage.close()
         log.info("node stopped", extra={"node": self.config.node_id})
 
@@ -263,9 +274,16 @@ class Node:
         future: asyncio.Future[PutResult | DeleteResult | CommandRejected] = (
             asyncio.get_running_loop().create_future()
         )
-        self._write_waiters[index] = _WriteWaiter(term=term, future=future)
+        waiter = _WriteWaiter(term=term, future=future)
+        self._write_waiters[index] = waiter
         self._kick()
-        return await future
+        try:
+            return await future
+        finally:
+            # The caller went away (deadline, cancellation): forget the waiter so an entry
+            # that never commits here does not pin it in memory. The entry itself stays.
+            if self._write_waiters.get(index) is waiter:
+                del self._write_waiters[index]
 
     async def read_barrier(self) -> int:
         """Wait until a linearizable read may be served here (ReadIndex, Raft §6.4).
@@ -299,30 +317,44 @@ class Node:
     # ----- the drive loop --------------------------------------------------------------
 
     def _kick(self) -> None:
-        """Schedule one drive of the core soon; inputs arriving meanwhile share it."""
-        if not self._drive_scheduled and self._loop is not None and not self._stopping:
-            self._drive_scheduled = True
-            self._loop.call_soon(self._drive)
+        """Wake the drive task; inputs arriving while it is busy share its next round."""
+        if self._wake is not None:
+            self._wake.set()
 
-    def _drive(self) -> None:
-        self._drive_scheduled = False
-        try:
-            while self.core.has_ready():
-                ready = self.core.ready()
-                self._handle_ready(ready)
-                self.core.advance(ready)
-                self._maybe_snapshot()
-        except Exception:
-            # A storage failure (or a broken invariant) leaves us unable to promise
-            # durability: stop at once rather than answer anything more.
-            log.critical("fatal error in the Raft drive loop; stopping the process",
-                         exc_info=True, extra={"node": self.config.node_id})
-            logging.shutdown()
-            os._exit(70)
-        self._log_role_change()
+    async def _drive_forever(self) -> None:
+        """The only place Readies are taken and carried out, one at a time, in order.
 
-    def _handle_ready(self, ready: Ready) -> None:
-        # 1. Persist, then fsync, before anything that depends on it leaves this node.
+        Persisting runs on the storage thread so that the loop keeps accepting requests and
+        peer messages during an fsync; the core takes those inputs meanwhile (as etcd's
+        RawNode does) and they leave in the NEXT Ready, after this one is durable: this is
+        what batches proposals (group commit).
+        """
+        assert self._wake is not None and self._loop is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                while self.core.has_ready():
+                    ready = self.core.ready()
+                    if ready.entries or ready.snapshot is not None or ready.hard_state is not None:
+                        await self._loop.run_in_executor(self._storage_thread, self._persist, ready)
+                    self._after_persist(ready)
+                    self.core.advance(ready)
+                    await self._maybe_snapshot()
+            except Exception:
+                # A storage failure (or a broken invariant) leaves us unable to promise
+                # durability: stop at once rather than answer anything more.
+                log.critical("fatal error in the Raft drive loop; stopping the process",
+                             exc_info=True, extra={"node": self.config.node_id})
+                logging.shutdown()
+                os._exit(70)
+            self._log_role_change()
+            if self._stopping:
+                return
+
+    def _persist(self, ready: Ready) -> None:
+        """Step 1 of a Ready, on the storage thread: write, then fsync, before anything
+        that depends on it leaves this node (Raft Figure 2)."""
         need_sync = ready.must_sync
         if ready.snapshot is not None:
             self.storage.install_snapshot(ready.snapshot, ready.snapshot_data)
@@ -337,6 +369,8 @@ class Node:
             self._hard_state = ready.hard_state
         if need_sync:
             self.storage.sync()
+
+    def _after_persist(self, ready: Ready) -> None:
         if self.unsafe is not None and ready.entries:
             self.unsafe.after_persist(self, ready.entries)
 
@@ -373,6 +407,7 @@ class Node:
         else:
             result = sm.apply(entry.index, entry.data)
         self._applied_term = entry.term
+        self._applied_bytes_since_snapshot += len(entry.data)
         waiter = self._write_waiters.pop(entry.index, None)
         if waiter is None or waiter.future.done():
             return
@@ -388,6 +423,7 @@ class Node:
         self.state_machine = KVStateMachine.restore(data)
         self._applied_term = meta.term
         self._last_snapshot_index = meta.index
+        self._applied_bytes_since_snapshot = 0
         self.snapshots_installed += 1
         self.last_installed_snapshot_index = meta.index
         # Writes proposed here at indexes the snapshot covers: we cannot tell whether
@@ -409,19 +445,26 @@ class Node:
             if not waiter.future.done():
                 waiter.future.set_result(None)
 
-    def _maybe_snapshot(self) -> None:
+    async def _maybe_snapshot(self) -> None:
         """Snapshot by log size (entries or bytes), then let the core compact (Raft §7)."""
         applied = self.state_machine.applied_index
         if applied <= self._last_snapshot_index:
             return
-        if (self.storage.log_entries_since_snapshot < self.config.snapshot_entries
-                and self.storage.log_bytes_since_snapshot < self.config.snapshot_bytes):
+        # Count only the APPLIED part of the log: a snapshot cannot cover the rest, so
+        # counting a large uncommitted entry would take a useless snapshot per apply.
+        if (applied - self._last_snapshot_index < self.config.snapshot_entries
+                and self._applied_bytes_since_snapshot < self.config.snapshot_bytes):
             return
         data = self.state_machine.snapshot()
         meta = SnapshotMeta(index=applied, term=self._applied_term, voters=self.config.voters)
-        self.storage.save_snapshot(meta, data)
+        assert self._loop is not None
+        # Nothing is applied while we wait (only this task applies), so `applied` stays
+        # the state machine's index until compact().
+        await self._loop.run_in_executor(self._storage_thread, self.storage.save_snapshot,
+                                         meta, data)
         self.core.compact(applied, data)
         self._last_snapshot_index = applied
+        self._applied_bytes_since_snapshot = 0
         log.info("took snapshot", extra={"node": self.config.node_id, "snapshot_index": applied,
                                           "snapshot_bytes": len(data)})
 
@@ -439,8 +482,7 @@ class Node:
         log.warning("debug state", extra={
             "node": self.config.node_id, "status": repr(self.core.status()),
             "progress": repr(progress),
-            "dropped_messages": repr({pid: s.dropped_messages
-                                      for pid, s in self.transport._senders.items()}),  # noqa: SLF001
+            "dropped_messages": repr(self.transport.dropped_messages()),
             "write_waiters": len(self._write_waiters), "read_waiters": len(self._read_waiters)})
 
     # ----- views -----------------------------------------------------------------------

@@ -170,7 +170,9 @@ class DurableStorage:
             if last.size_bytes == 0:
                 # Created (or torn) before its header was written: write it now.
                 self._write(wal.encode_segment_header(last.sequence), last)
-                self._write(wal.encode_hard_state(self._hard_state), last)
+            # The last segment may have lost its copy of the hard state to a torn
+            # rotation; once older segments are compacted away it must still be here.
+            self._write(wal.encode_hard_state(self._hard_state), last)
         snapshot = replay.snapshot
         if (
             snapshot is not None

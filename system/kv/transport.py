@@ -126,6 +126,66 @@ def message_from_proto(pb: raft_pb2.RaftMessage) -> Message:
     )
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+_TAG_BATCH_MESSAGES = b"\x12"  # MessageBatch.messages = 2, length-delimited
+_TAG_MESSAGE_ENTRIES = b"\x3a"  # RaftMessage.entries = 7
+_TAG_MESSAGE_DATA = b"\x7a"  # RaftMessage.data = 15
+_TAG_ENTRY_DATA = b"\x1a"  # Entry.data = 3
+
+
+def encode_batch(src: NodeId, messages: Iterable[Message]) -> bytes:
+    """The wire bytes of MessageBatch(src, messages), built so that each entry's data and
+    each snapshot chunk is copied ONCE (into the result).
+
+    Building the protobuf objects instead copies a 64 MiB value four times or more (into
+    each Entry, into the repeated field, into the batch, into the serialized string):
+    about 1.3 s of event-loop time per follower on this machine, long enough for followers
+    to start an election. Protobuf wire format lets a message be the concatenation of its
+    fields in any order, so the small fields are serialized by protobuf and the bulky
+    ones are appended as length-delimited fields (tests/kv/test_transport.py checks that
+    protobuf parses the result to exactly message_to_proto's record).
+    """
+    parts: list[bytes] = [raft_pb2.MessageBatch(src=src).SerializeToString()]
+    for message in messages:
+        header = raft_pb2.RaftMessage(
+            type=_TYPE_TO_PROTO[message.type], src=message.src, dst=message.dst,
+            term=message.term, log_term=message.log_term, index=message.index,
+            commit=message.commit, reject=message.reject, reject_hint=message.reject_hint,
+            reject_term=message.reject_term, context=message.context,
+            offset=message.offset, done=message.done,
+        )
+        if message.snapshot is not None:
+            snap = message.snapshot
+            header.snapshot.CopyFrom(
+                raft_pb2.SnapshotMeta(index=snap.index, term=snap.term, voters=list(snap.voters)))
+        body: list[bytes] = [header.SerializeToString()]
+        for entry in message.entries:
+            entry_header = raft_pb2.Entry(
+                term=entry.term, index=entry.index, kind=_KIND_TO_PROTO[entry.kind]
+            ).SerializeToString()
+            data_field = (_TAG_ENTRY_DATA + _varint(len(entry.data))) if entry.data else b""
+            entry_len = len(entry_header) + len(data_field) + len(entry.data)
+            body += [_TAG_MESSAGE_ENTRIES, _varint(entry_len), entry_header, data_field]
+            if entry.data:
+                body.append(entry.data)
+        if message.data:
+            body += [_TAG_MESSAGE_DATA, _varint(len(message.data)), message.data]
+        body_len = sum(len(b) for b in body)
+        parts += [_TAG_BATCH_MESSAGES, _varint(body_len), *body]
+    return b"".join(parts)
+
+
 def message_size_bytes(message: Message) -> int:
     """Rough wire size of `message`, used to bound queues and batches."""
     return (
@@ -134,6 +194,16 @@ def message_size_bytes(message: Message) -> int:
         + len(message.context)
         + sum(len(e.data) + 24 for e in message.entries)
     )
+
+
+def _retransmission_key(message: Message) -> tuple[object, ...] | None:
+    """Identity of a bulky message a leader may send again unchanged (None: never coalesce)."""
+    if message.type is MessageType.APPEND and message.entries:
+        return ("append", message.term, message.index, message.entries[0].index,
+                message.entries[-1].index, message.entries[-1].term)
+    if message.type is MessageType.SNAPSHOT and message.snapshot is not None:
+        return ("snapshot", message.term, message.snapshot.index, message.offset)
+    return None
 
 
 class PeerSender:
@@ -148,6 +218,7 @@ class PeerSender:
         peer_id: NodeId,
         address: str,
         *,
+        lane: str = "control",
         max_queue_messages: int = 4096,
         max_queue_bytes: int = 512 * 1024 * 1024,
         max_batch_bytes: int = 64 * 1024 * 1024,
@@ -156,6 +227,7 @@ class PeerSender:
         self.src = src
         self.peer_id = peer_id
         self.address = address
+        self.lane = lane
         self._max_queue_messages = max_queue_messages
         self._max_queue_bytes = max_queue_bytes
         self._max_batch_bytes = max_batch_bytes
@@ -165,31 +237,58 @@ class PeerSender:
         # Created in start(): gRPC aio channels and asyncio events bind to the running loop.
         self._wakeup: asyncio.Event | None = None
         self._channel: grpc.aio.Channel | None = None
-        self._stub: raft_pb2_grpc.RaftPeerStub | None = None
+        self._send_rpc: grpc.aio.UnaryUnaryMultiCallable | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.dropped_messages = 0  # shed because the queue was full or a Send failed
+        self.coalesced_messages = 0  # duplicates of a message still queued or in flight
+        self._pending_keys: dict[tuple[object, ...], int] = {}
         self._failing = False  # for logging only: log transitions, not every failure
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
-        self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        self._stub = raft_pb2_grpc.RaftPeerStub(self._channel)
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"send-{self.peer_id}")
+        # A channel of its own per lane (local subchannel pool = its own TCP connection).
+        options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+        self._channel = grpc.aio.insecure_channel(self.address, options=options)
+        # Bytes in (see encode_batch), SendAck out.
+        self._send_rpc = self._channel.unary_unary(
+            "/manyasone.raft.RaftPeer/Send", request_serializer=None,
+            response_deserializer=raft_pb2.SendAck.FromString)
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"send-{self.peer_id}-{self.lane}")
 
     def enqueue(self, message: Message) -> None:
-        """Queue `message`; never blocks. Sheds the oldest messages beyond the bounds."""
+        """Queue `message`; never blocks. Sheds the oldest messages beyond the bounds.
+
+        A retransmission identical to one still queued or in flight is dropped: a leader
+        probing a slow follower re-sends its pending APPEND on every heartbeat answer, and
+        with 64 MiB entries those copies would swamp the link and the follower.
+        """
+        key = _retransmission_key(message)
+        if key is not None:
+            if key in self._pending_keys:
+                self.coalesced_messages += 1
+                return
+            self._pending_keys[key] = self._pending_keys.get(key, 0) + 1
         size = message_size_bytes(message)
         self._queue.append((message, size))
         self._queued_bytes += size
         while len(self._queue) > 1 and (
             len(self._queue) > self._max_queue_messages or self._queued_bytes > self._max_queue_bytes
         ):
-            _, old_size = self._queue.popleft()
+            old, old_size = self._queue.popleft()
             self._queued_bytes -= old_size
+            self._forget(old)
             self.dropped_messages += 1
         if self._wakeup is not None:
             self._wakeup.set()
+
+    def _forget(self, message: Message) -> None:
+        key = _retransmission_key(message)
+        if key is not None and key in self._pending_keys:
+            self._pending_keys[key] -= 1
+            if self._pending_keys[key] <= 0:
+                del self._pending_keys[key]
 
     def _take_batch(self) -> list[Message]:
         batch: list[Message] = []
@@ -205,7 +304,7 @@ class PeerSender:
         return batch
 
     async def _run(self) -> None:
-        assert self._wakeup is not None and self._stub is not None
+        assert self._wakeup is not None and self._send_rpc is not None
         backoff_s = 0.02
         while not self._closed:
             if not self._queue:
@@ -213,22 +312,22 @@ class PeerSender:
                 await self._wakeup.wait()
                 continue
             batch = self._take_batch()
-            request = raft_pb2.MessageBatch(
-                src=self.src, messages=[message_to_proto(m) for m in batch]
-            )
+            request = encode_batch(self.src, batch)
             batch_bytes = sum(message_size_bytes(m) for m in batch)
-            # Big batches (snapshot chunks, 64 MiB values) need longer than heartbeats.
-            timeout_s = self._rpc_timeout_s + batch_bytes / (20 * 1024 * 1024)
+            # Big batches (64 MiB values) need longer than heartbeats: allow 5 MB/s.
+            timeout_s = self._rpc_timeout_s + batch_bytes / (5 * 1024 * 1024)
             try:
-                await self._stub.Send(request, timeout=timeout_s, wait_for_ready=False)
+                await self._send_rpc(request, timeout=timeout_s, wait_for_ready=False)
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as exc:
+                for message in batch:
+                    self._forget(message)
                 self.dropped_messages += len(batch)
                 if not self._failing:
                     log.warning(
                         "peer unreachable: dropping messages, will retry with backoff",
-                        extra={"peer": self.peer_id, "address": self.address,
+                        extra={"peer": self.peer_id, "lane": self.lane, "address": self.address,
                                "code": exc.code().name, "details": exc.details()},
                     )
                     self._failing = True
@@ -236,11 +335,14 @@ class PeerSender:
                 self.dropped_messages += len(self._queue)
                 self._queue.clear()
                 self._queued_bytes = 0
+                self._pending_keys.clear()
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 0.5)
                 continue
+            for message in batch:
+                self._forget(message)
             if self._failing:
-                log.info("peer reachable again", extra={"peer": self.peer_id})
+                log.info("peer reachable again", extra={"peer": self.peer_id, "lane": self.lane})
                 self._failing = False
             backoff_s = 0.02
 
@@ -256,27 +358,45 @@ class PeerSender:
             await self._channel.close(grace=None)
 
 
+# Messages that carry log entries or snapshot chunks travel on their own connection, so a
+# 64 MiB APPEND never holds up heartbeats and votes behind it (which would make followers
+# start elections while the leader is merely busy). Raft tolerates the reordering between
+# the two lanes; within a lane, order is kept.
+_BULK_TYPES = frozenset({MessageType.APPEND, MessageType.SNAPSHOT})
+
+
 class Transport:
-    """All outbound peer links of one node."""
+    """All outbound peer links of one node: per peer, a control lane and a bulk lane."""
 
     def __init__(self, node_id: NodeId, peers: Mapping[NodeId, str]) -> None:
         self.node_id = node_id
-        self._senders = {pid: PeerSender(node_id, pid, addr) for pid, addr in peers.items()}
+        self._control = {pid: PeerSender(node_id, pid, addr, lane="control")
+                         for pid, addr in peers.items()}
+        self._bulk = {pid: PeerSender(node_id, pid, addr, lane="bulk", rpc_timeout_s=5.0)
+                      for pid, addr in peers.items()}
+
+    @property
+    def senders(self) -> list[PeerSender]:
+        return [*self._control.values(), *self._bulk.values()]
 
     def start(self) -> None:
-        for sender in self._senders.values():
+        for sender in self.senders:
             sender.start()
 
     def send(self, messages: Iterable[Message]) -> None:
         for message in messages:
-            sender = self._senders.get(message.dst)
+            lanes = self._bulk if message.type in _BULK_TYPES else self._control
+            sender = lanes.get(message.dst)
             if sender is None:
                 log.error("message for unknown peer dropped", extra={"dst": message.dst})
                 continue
             sender.enqueue(message)
 
+    def dropped_messages(self) -> dict[str, int]:
+        return {f"{s.peer_id}/{s.lane}": s.dropped_messages for s in self.senders}
+
     async def close(self) -> None:
-        await asyncio.gather(*(s.close() for s in self._senders.values()))
+        await asyncio.gather(*(s.close() for s in self.senders))
 
 
 class PeerService(raft_pb2_grpc.RaftPeerServicer):

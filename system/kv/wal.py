@@ -15,8 +15,8 @@ Payloads:
     SEGMENT_HEADER  b"KVWAL", u16 format version, u64 segment sequence number
                     (always the first record of a segment)
     HARD_STATE      u64 term, u64 commit, u8 has_vote, u16 vote length, vote (UTF-8)
-                    (the second record of every segment repeats the current hard state,
-                    so deleting older segments never loses it)
+                    (re-recorded as the second record of every new segment and at every
+                    open, so deleting older segments never loses it)
     ENTRY           u64 term, u64 index, u8 kind (0 normal, 1 noop), data
     TRUNCATE        u64 index: entries with index >= this are dropped
 

@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A `RaftCore` is driven by exactly four inputs and never does anything on its own:
+A `RaftCore` moves only when called, and never does anything on its own:
 
 - `tick()`: one unit of logical time passed. Followers and candidates count ticks towards
   an election timeout randomized in [T, 2T) with the injected `random.Random`; leaders
@@ -23,11 +23,15 @@ or an append acknowledgement is never sent before what it promises is on disk
 The rules, each in its own overridable method so a test can break exactly one by
 subclassing (the name says which rule and where it comes from):
 
-- elections: `campaign`, `may_grant_vote` (one vote per term, §5.2), `log_is_up_to_date`
-  (§5.4.1), `in_leader_lease` (PreVote/CheckQuorum disruption guard, thesis §9.6);
+- elections: `campaign`, `may_grant_vote` and `record_vote` (one vote per term, §5.2),
+  `log_is_up_to_date` (§5.4.1), `heard_from_leader_recently` (a PreVote is refused while
+  a leader is alive, thesis §9.6), `in_leader_lease` (with CheckQuorum, higher-term
+  (pre)votes are ignored while a leader is alive, thesis §4.2.3);
+- leadership: `maybe_step_down_without_quorum` (CheckQuorum, thesis §6.2);
 - commitment: `quorum_match_index` and `may_commit_at` (only entries of the current
   term are committed by counting replicas: Raft §5.4.2, Figure 8); the leader appends a
   NOOP at the start of its term so that earlier entries get committed promptly (§8);
+  `entries_to_apply` hands out committed entries only;
 - replication: `maybe_send_append`, batching (max_append_entries / max_append_bytes),
   pipelining (max_inflight_appends per follower, see progress.py), fast back-tracking with
   reject_hint / reject_term (etcd's findConflictByTerm);
@@ -42,6 +46,9 @@ subclassing (the name says which rule and where it comes from):
 Proposals are appended to the leader's log at once but sent to followers when the next
 Ready is taken, so every proposal made between two Readies travels in one APPEND per
 follower: batching falls out of the Ready cycle.
+
+Local invariants (commit never decreases, applied <= commit, a leader holds its own vote,
+...) are asserted after every input by `check_invariants`.
 
 Membership changes are not implemented: the voter set is fixed by the configuration.
 This module must never do I/O, read a clock or use global randomness.
@@ -170,8 +177,12 @@ class Ready:
 
     hard_state: HardState | None = None  # persist if not None (None = unchanged)
     entries: tuple[Entry, ...] = ()  # append durably, first dropping stored entries >= [0].index
-    snapshot: SnapshotMeta | None = None  # a snapshot received from the leader: persist it
-    snapshot_data: bytes = b""  # ...with these bytes, and drop stored entries it covers
+    # A snapshot received from the leader: persist it with `snapshot_data`. It is only
+    # emitted when our log does NOT hold the snapshot's last entry, so every stored entry
+    # is either covered by it or from a divergent history: drop them all (as etcd's
+    # MemoryStorage.ApplySnapshot does); `entries` of the same Ready follow the snapshot.
+    snapshot: SnapshotMeta | None = None
+    snapshot_data: bytes = b""
     must_sync: bool = False  # fsync the above before sending `messages`
     messages: tuple[Message, ...] = ()  # send only after the above is durable
     committed_entries: tuple[Entry, ...] = ()  # apply in order (after restoring `snapshot`)
@@ -233,7 +244,11 @@ class RaftCore:
             snapshot = None
         self._term: int = hard.term  # current term; never decreases
         self._vote: NodeId | None = hard.vote  # whom we voted for in _term; set at most once
-        self.log = RaftLog(snapshot, restored.entries if restored else (), hard.commit)
+        stored = restored.entries if restored else ()
+        if snapshot is not None and stored and stored[0].index <= snapshot.index:
+            # Entries the snapshot covers are redundant (a shell may keep them): skip.
+            stored = tuple(e for e in stored if e.index > snapshot.index)
+        self.log = RaftLog(snapshot, stored, hard.commit)
         if snapshot is not None and self._term < snapshot.term:
             raise ValueError(
                 f"restored term {self._term} is below the snapshot's term {snapshot.term}"
@@ -390,8 +405,6 @@ class RaftCore:
         last = self.log.last_index()
         max_inflight = self.config.max_inflight_appends
         self.progress = {peer: Progress(last + 1, max_inflight) for peer in self.peers}
-        for progress in self.progress.values():
-            progress.recent_active = True  # give everyone one election timeout to answer
         self._committed_in_term = False
         # Raft §8: a NOOP of our own term lets us commit (by counting, §5.4.2) every earlier
         # entry, and tells us our commit index is current (needed by ReadIndex).
@@ -405,6 +418,7 @@ class RaftCore:
             self._tick_leader()
         else:
             self._tick_election()
+        self.check_invariants()
 
     def _tick_election(self) -> None:
         self.election_elapsed += 1
@@ -417,6 +431,9 @@ class RaftCore:
     def _tick_leader(self) -> None:
         self.heartbeat_elapsed += 1
         self.election_elapsed += 1
+        for progress in self.progress.values():
+            if progress.state is ProgressState.SNAPSHOT:
+                progress.snapshot_idle_ticks += 1
         if self.election_elapsed >= self.config.election_timeout_ticks:
             self.election_elapsed = 0
             if self.config.check_quorum and self.maybe_step_down_without_quorum():
@@ -463,11 +480,9 @@ class RaftCore:
 
     def append_entry(self, data: bytes, kind: EntryKind) -> int:
         """Leader: append one entry of the current term to our own log."""
-        log = self.log
-        index = log.last_index() + 1
-        log.entries.append(Entry(self._term, index, data, kind))
-        if len(self._voter_set) == 1:
-            self.maybe_commit()
+        index = self.log.append_new(self._term, data, kind)
+        if not self.peers:
+            self.maybe_commit()  # a single-node cluster is its own majority
         return index
 
     def read_index(self, context: bytes) -> None:
@@ -535,11 +550,12 @@ class RaftCore:
             raise NotLeader(self._leader_id)
         if target not in self._voter_set:
             raise ValueError(f"cannot transfer leadership to {target!r}: not a voter")
-        if target == self.id:
-            return  # already the leader
         if self.lead_transferee == target:
             return  # already in progress
-        self.lead_transferee = target
+        if target == self.id:
+            self.lead_transferee = None  # we stay: abandon any transfer in progress
+            return
+        self.lead_transferee = target  # replaces any earlier target
         self.election_elapsed = 0  # the transfer gets one election timeout
         progress = self.progress[target]
         if progress.match == self.log.last_index():
@@ -552,18 +568,17 @@ class RaftCore:
         drop the log up to it, and keep (meta, data) to send to lagging followers."""
         if not isinstance(data, bytes):
             raise TypeError(f"snapshot data must be bytes, got {type(data).__name__}")
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"compact index must be an int, got {type(index).__name__}")
         if index > self.log.applied:
             raise ValueError(
                 f"cannot compact to {index}: only {self.log.applied} is applied (a snapshot "
                 "must describe applied state)"
             )
-        if index < self.log.snapshot_index:
-            raise ValueError(
-                f"cannot compact to {index}: the log is already compacted to "
-                f"{self.log.snapshot_index}"
-            )
-        if index == self.log.snapshot_index:
-            return  # nothing new
+        if index <= self.log.snapshot_index:
+            # Already compacted that far (e.g. a leader's snapshot was installed while the
+            # shell was saving its own): the older snapshot is simply not needed.
+            return
         term = self.log.term(index)
         assert term is not None
         self.log.compact(index)
@@ -615,6 +630,7 @@ class RaftCore:
             self.step_follower(m)
         else:
             self.step_candidate(m)
+        self.check_invariants()
 
     def malformed(self, m: Message) -> str:
         """Why `m` must be ignored ("" if it is acceptable). Cheap checks only."""
@@ -626,6 +642,8 @@ class RaftCore:
             return f"from {m.src!r}, which is not a peer of {self.id!r}"
         if m.term < 0 or m.index < 0 or m.log_term < 0 or m.commit < 0:
             return f"negative term or index in {m.type.value} from {m.src}"
+        if m.term == 0 and m.type in _REQUESTS:
+            return f"{m.type.value} from {m.src} at term 0 (terms of leaders start at 1)"
         entries = m.entries
         if entries:
             if m.type is not _MT.APPEND:
@@ -633,7 +651,7 @@ class RaftCore:
             if (
                 entries[0].index != m.index + 1
                 or entries[-1].index != m.index + len(entries)
-                or entries[0].term < m.log_term
+                or entries[0].term < max(1, m.log_term)
                 or entries[-1].term > m.term
             ):
                 return (
@@ -825,76 +843,68 @@ class RaftCore:
         self._send(Message(_MT.HEARTBEAT_RESPONSE, self.id, m.src, self._term, context=m.context))
 
     def handle_snapshot(self, m: Message) -> None:
-        """One InstallSnapshot chunk (Raft §7). Chunks are assembled in memory; the
-        snapshot is handed to the shell (Ready.snapshot) once the last chunk arrives."""
+        """One InstallSnapshot chunk (Raft §7). Chunks are assembled in volatile memory
+        and the snapshot is handed to the shell (Ready.snapshot) once the last one
+        arrives. Every chunk is answered with the offset we expect next, so the leader
+        resumes from there whatever was lost, duplicated or reordered."""
         meta = m.snapshot
         assert meta is not None  # checked by malformed()
         log = self.log
         if meta.index <= log.committed:
-            # Older than what we know committed: nothing to install, say we are done.
-            self._assembling = None
-            self._assembly = bytearray()
-            self._send(
-                Message(
-                    _MT.SNAPSHOT_RESPONSE,
-                    self.id,
-                    m.src,
-                    self._term,
-                    index=log.committed,
-                    snapshot=meta,
-                    done=True,
-                )
-            )
+            # Not newer than what we know committed: nothing to install, say we are done.
+            if self._assembling is not None and self._assembling.index <= log.committed:
+                self._discard_assembly()
+            self._send_snapshot_response(m.src, meta, index=log.committed, done=True)
             return
-        if m.offset == 0:
-            self._assembling = meta
+        if self._assembling != meta:
+            if m.offset != 0:
+                # A chunk of a snapshot we are not assembling: start it from byte 0.
+                self._send_snapshot_response(m.src, meta, index=meta.index, reject=True)
+                return
+            self._assembling = meta  # a new snapshot replaces any partial one
             self._assembly = bytearray()
-        if self._assembling != meta or m.offset > len(self._assembly):
-            # A gap or a chunk of another snapshot: restart assembly from byte 0.
-            self._assembling = None
-            self._assembly = bytearray()
-            self._send(
-                Message(
-                    _MT.SNAPSHOT_RESPONSE,
-                    self.id,
-                    m.src,
-                    self._term,
-                    index=meta.index,
-                    snapshot=meta,
-                    offset=0,
-                    reject=True,
-                )
+        assembly = self._assembly
+        if m.offset > len(assembly):
+            # A gap (a chunk was lost or overtaken): ask for the missing bytes.
+            self._send_snapshot_response(
+                m.src, meta, index=meta.index, offset=len(assembly), reject=True
             )
             return
         end = m.offset + len(m.data)
-        if end > len(self._assembly):  # a duplicate of received bytes adds nothing
-            self._assembly[m.offset :] = m.data
+        if end > len(assembly):  # a duplicate of bytes already held adds nothing
+            assembly[m.offset :] = m.data
         if not m.done:
-            self._send(
-                Message(
-                    _MT.SNAPSHOT_RESPONSE,
-                    self.id,
-                    m.src,
-                    self._term,
-                    index=meta.index,
-                    snapshot=meta,
-                    offset=len(self._assembly),
-                )
-            )
+            self._send_snapshot_response(m.src, meta, index=meta.index, offset=len(assembly))
             return
-        data = bytes(self._assembly)
+        data = bytes(assembly)
+        self._discard_assembly()
+        self.install_snapshot(meta, data)
+        self._send_snapshot_response(m.src, meta, index=log.committed, done=True)
+
+    def _discard_assembly(self) -> None:
         self._assembling = None
         self._assembly = bytearray()
-        self.install_snapshot(meta, data)
+
+    def _send_snapshot_response(
+        self,
+        to: NodeId,
+        meta: SnapshotMeta,
+        index: int,
+        offset: int = 0,
+        reject: bool = False,
+        done: bool = False,
+    ) -> None:
         self._send(
             Message(
                 _MT.SNAPSHOT_RESPONSE,
                 self.id,
-                m.src,
+                to,
                 self._term,
-                index=log.committed,
+                index=index,
                 snapshot=meta,
-                done=True,
+                offset=offset,
+                reject=reject,
+                done=done,
             )
         )
 
@@ -965,9 +975,11 @@ class RaftCore:
 
     def handle_heartbeat_response(self, m: Message, progress: Progress) -> None:
         if progress.state is ProgressState.SNAPSHOT:
-            # The follower is alive but we have no news of the snapshot: resend the chunk
-            # it is waiting for (messages may have been lost).
-            self.send_snapshot(m.src, progress)
+            # The follower is alive but no chunk was answered for a while: the chunk or
+            # its answer was lost; resend it. (Not on every heartbeat answer: under
+            # reordering that would multiply the chunks in flight.)
+            if progress.snapshot_idle_ticks >= self.snapshot_resend_ticks():
+                self.send_snapshot(m.src, progress)
         else:
             # Lost messages must not stall a follower forever: a heartbeat answer re-opens
             # a paused probe, and frees one slot of a full pipeline (as etcd does).
@@ -993,12 +1005,12 @@ class RaftCore:
             return
         if m.snapshot is None or m.snapshot.index != progress.pending_snapshot:
             return  # about a snapshot we are no longer sending
-        if m.reject:
-            progress.snapshot_offset = 0
-        elif m.offset > progress.snapshot_offset:
-            progress.snapshot_offset = m.offset
-        else:
-            return  # a duplicate acknowledgement
+        progress.snapshot_idle_ticks = 0
+        if m.offset == progress.snapshot_offset and not m.reject:
+            return  # the chunk at that offset is already on its way
+        # Resume where the follower says it is (a stale answer at worst costs a resend
+        # the follower acknowledges as a duplicate).
+        progress.snapshot_offset = min(m.offset, len(self._snapshot_data))
         self.send_snapshot(m.src, progress)
 
     def maybe_commit(self) -> bool:
@@ -1103,7 +1115,12 @@ class RaftCore:
             )
         )
         progress.probe_sent = True
+        progress.snapshot_idle_ticks = 0
         return True
+
+    def snapshot_resend_ticks(self) -> int:
+        """Ticks without any answer to a snapshot chunk before it is sent again."""
+        return max(2, self.config.election_timeout_ticks // 2)
 
     def broadcast_append(self) -> None:
         """Send every follower what it lacks, or the new commit index."""
@@ -1174,11 +1191,9 @@ class RaftCore:
             self._received_snapshot = None
             must_sync = True
             log.applying = max(log.applying, snapshot.index)
-        committed: tuple[Entry, ...] = ()
-        if log.committed > log.applying:
-            committed = tuple(self.entries_to_apply())
-            if committed:
-                log.mark_applying(committed[-1].index)
+        committed = tuple(self.entries_to_apply())
+        if committed:
+            log.mark_applying(committed[-1].index)
         ready = Ready(
             hard_state=hard_state,
             entries=entries,
@@ -1193,6 +1208,7 @@ class RaftCore:
         self._messages = []
         self._read_states = []
         self._dropped_reads = []
+        self.check_invariants()
         return ready
 
     def entries_to_apply(self) -> list[Entry]:
@@ -1210,10 +1226,33 @@ class RaftCore:
             applied = max(applied, ready.committed_entries[-1].index)
         if applied > log.applied:
             log.applied_to(applied)
-        assert log.applied <= log.committed, "applied index passed the commit index"
+        self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """Local invariants, asserted after every input (cheap comparisons only). A
+        broken variant made by a test may override this too, so that the cluster-level
+        checker, rather than this assertion, shows the effect of the broken rule."""
+        log = self.log
+        assert log.snapshot_index <= log.committed <= log.last_index(), (
+            f"{self.id}: commit {log.committed} outside the log "
+            f"[{log.snapshot_index}, {log.last_index()}]"
+        )
+        assert log.applied <= log.applying <= log.committed, (
+            f"{self.id}: applied {log.applied} / handed out {log.applying} passed the "
+            f"commit index {log.committed} (only committed entries may be applied)"
+        )
+        assert log.committed >= self._last_hard_state.commit, (
+            f"{self.id}: commit index went backwards"
+        )
+        if self._role is Role.LEADER:
+            assert self._leader_id == self.id and self._vote == self.id, (
+                f"{self.id}: leader of term {self._term} without its own vote"
+            )
 
 
 _FROM_LEADER = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT})
+# Sent only by a leader or a (pre-)candidate, hence always at a term >= 1.
+_REQUESTS = _FROM_LEADER | {MessageType.VOTE, MessageType.PRE_VOTE, MessageType.TIMEOUT_NOW}
 
 
 def _encode_round(round_id: int) -> bytes:

@@ -39,6 +39,7 @@ class Progress:
         "sent_commit",
         "pending_snapshot",
         "snapshot_offset",
+        "snapshot_idle_ticks",
     )
 
     def __init__(self, next_index: int, max_inflight: int) -> None:
@@ -53,7 +54,8 @@ class Progress:
         self.recent_active: bool = False
         self.sent_commit: int = 0  # highest commit index sent in an APPEND (to skip repeats)
         self.pending_snapshot: int = 0  # SNAPSHOT: index of the snapshot being sent
-        self.snapshot_offset: int = 0  # SNAPSHOT: bytes of it the follower acknowledged
+        self.snapshot_offset: int = 0  # SNAPSHOT: offset of the next chunk to send, in bytes
+        self.snapshot_idle_ticks: int = 0  # SNAPSHOT: ticks since a chunk was sent or answered
 
     def __repr__(self) -> str:
         return (
@@ -92,6 +94,7 @@ class Progress:
         self.state = ProgressState.SNAPSHOT
         self.pending_snapshot = snapshot_index
         self.snapshot_offset = 0
+        self.snapshot_idle_ticks = 0
         self.probe_sent = False
         self.inflight.clear()
 

@@ -266,6 +266,25 @@ def test_new_leader_appends_a_noop_of_its_term_and_commits_it() -> None:
     assert {n.leader_id for n in pump.nodes.values()} == {"a"}
 
 
+class VotesForAnyLog(RaftCore):
+    """Broken: drops the election restriction (Raft §5.4.1)."""
+
+    def log_is_up_to_date(self, last_index: int, last_term: int) -> bool:
+        return True
+
+
+def grants_to_a_candidate_with_an_older_log(cls) -> bool:
+    voter = core("a", cls=cls, restore=restored(2, (1, 2)))
+    voter.step(message(MT.VOTE, "b", "a", 3, index=5, log_term=1))
+    (reply,) = ready_messages(voter)
+    return not reply.reject
+
+
+def test_the_election_restriction_is_what_refuses_an_older_log() -> None:
+    assert grants_to_a_candidate_with_an_older_log(RaftCore) is False
+    assert grants_to_a_candidate_with_an_older_log(VotesForAnyLog) is True
+
+
 def test_vote_refused_to_a_candidate_whose_log_is_less_up_to_date() -> None:
     # Raft §5.4.1: our last entry has term 2; the candidate's last term is 1.
     voter = core("a", restore=restored(2, (1, 2)))
@@ -513,6 +532,29 @@ def test_followers_never_apply_beyond_what_the_leader_says_is_committed() -> Non
     assert all([e.index for e in pump.applied[i]] == [1, 2] for i in IDS)
 
 
+class AppliesUncommittedEntries(RaftCore):
+    """Broken: hands out every entry it stores for applying, committed or not (so the
+    shell would acknowledge writes a new leader may still overwrite)."""
+
+    def entries_to_apply(self) -> list[Entry]:
+        return self.log.slice(self.log.applying + 1, self.log.last_index() + 1)
+
+
+def applied_by_a_follower_before_the_leader_commits(cls) -> list[int]:
+    follower = core("b", cls=cls)
+    follower.step(message(MT.APPEND, "a", "b", 1, index=0, log_term=0, entries=entries(1, 1)))
+    return [e.index for e in follower.ready().committed_entries]
+
+
+def test_only_committed_entries_are_handed_out_for_applying() -> None:
+    assert applied_by_a_follower_before_the_leader_commits(RaftCore) == []
+
+
+def test_applying_uncommitted_entries_is_caught_by_the_core_invariant_check() -> None:
+    with pytest.raises(AssertionError, match="only committed entries may be applied"):
+        applied_by_a_follower_before_the_leader_commits(AppliesUncommittedEntries)
+
+
 def test_an_append_acknowledgement_leaves_with_the_entries_it_acknowledges() -> None:
     follower = core("b")
     follower.step(message(MT.APPEND, "a", "b", 1, index=0, log_term=0, entries=entries(1, 1)))
@@ -520,6 +562,22 @@ def test_an_append_acknowledgement_leaves_with_the_entries_it_acknowledges() -> 
     (ack,) = ready.messages
     assert (ack.type, ack.index, ack.reject) == (MT.APPEND_RESPONSE, 2, False)
     assert [e.index for e in ready.entries] == [1, 2] and ready.must_sync
+
+
+def test_a_commit_only_change_needs_no_fsync_and_an_unchanged_hard_state_is_not_sent() -> None:
+    follower = core("b")
+    follower.step(message(MT.APPEND, "a", "b", 1, index=0, log_term=0, entries=entries(1)))
+    first = follower.ready()
+    follower.advance(first)
+    assert first.must_sync and first.hard_state == HardState(1, None, 0)
+    follower.step(message(MT.HEARTBEAT, "a", "b", 1, commit=1))
+    second = follower.ready()
+    assert second.hard_state == HardState(1, None, 1) and not second.must_sync
+    assert [e.index for e in second.committed_entries] == [1]
+    follower.advance(second)
+    follower.step(message(MT.HEARTBEAT, "a", "b", 1, commit=1))
+    third = follower.ready()
+    assert third.hard_state is None and not third.must_sync and len(third.messages) == 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -555,16 +613,35 @@ def round_trips_to_find_the_match(leader: RaftCore, follower: RaftCore) -> int:
     return trips
 
 
-def test_conflicting_follower_is_found_in_a_few_round_trips_not_one_per_entry() -> None:
-    # Leader: 5 entries of term 1, then term 6. Follower: same 5, then 100 entries of terms
-    # 2..5 that the leader never had (each a failed leadership).
+def diverged_pair(cls) -> tuple[RaftCore, RaftCore]:
     common = (1,) * 5
-    follower_log = common + (2,) * 25 + (3,) * 25 + (4,) * 25 + (5,) * 25
-    leader = leader_with_log(common + (6,) * 3, term=7)
-    follower = core("b", restore=restored(6, follower_log))
+    leader = leader_with_log(common + (3,) * 50 + (5,) * 50, term=6, cls=cls)
+    follower = core("b", restore=restored(5, common + (2,) * 50 + (4,) * 60), cls=cls)
+    return leader, follower
+
+
+def test_conflicting_follower_is_found_in_a_few_round_trips_not_one_per_entry() -> None:
+    # Both logs share 5 entries of term 1, then diverge for 100 entries: the leader's are
+    # of terms 3 and 5, the follower's of terms 2 and 4 (leaderships the other never saw).
+    leader, follower = diverged_pair(RaftCore)
     trips = round_trips_to_find_the_match(leader, follower)
     assert trips <= 3, f"took {trips} round trips"
     assert leader.progress["b"].match == leader.log.last_index()
+    assert [e.term for e in follower.log_entries()] == [e.term for e in leader.log_entries()]
+
+
+class BacksOffOneEntryAtATime(RaftCore):
+    """Slow (not unsafe): the naive back-off of the paper's Figure 2, one index per
+    rejected APPEND, instead of skipping a term at a time."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.log.find_conflict_by_term = lambda index, term: min(index, self.log.last_index())
+
+
+def test_without_the_term_hint_the_same_conflict_takes_one_round_trip_per_entry() -> None:
+    leader, follower = diverged_pair(BacksOffOneEntryAtATime)
+    assert round_trips_to_find_the_match(leader, follower) >= 100
     assert [e.term for e in follower.log_entries()] == [e.term for e in leader.log_entries()]
 
 
@@ -682,6 +759,49 @@ def test_read_index_waits_until_the_leader_committed_an_entry_of_its_term() -> N
     assert pump.read_states["a"] == [ReadState(b"r1", 1)]
 
 
+class ReadIndexBeforeOwnTermCommit(RaftCore):
+    """Broken: serves ReadIndex before the leader committed an entry of its term, when
+    its commit index may still be behind the previous leader's."""
+
+    def read_barrier_open(self) -> bool:
+        return True
+
+
+def read_states_before_the_noop_commits(cls) -> list[ReadState]:
+    """A new leader whose NOOP is not yet committed gets a read; its heartbeat round is
+    acknowledged by everyone, but the APPENDs carrying the NOOP are held back."""
+    pump = Pump(core_class=cls, pre_vote=False)
+    leader = pump.nodes["a"]
+    for _ in range(leader.randomized_election_timeout):
+        leader.tick()
+    pump.flush("a")
+    pump.deliver(pump.take(lambda m: True))  # votes
+    pump.flush_all()
+    pump.deliver(pump.take(lambda m: True))  # grants: a leads, NOOP appended
+    assert leader.role is Role.LEADER
+    pump.flush("a")
+    pump.take(lambda m: m.type is MT.APPEND)  # the NOOP never arrives
+    leader.read_index(b"r")
+    for _ in range(3):
+        leader.tick()
+        pump.flush("a")
+        pump.take(lambda m: m.type is MT.APPEND)
+        pump.deliver(pump.take(lambda m: True))
+        pump.flush_all()
+        pump.take(lambda m: m.type is MT.APPEND_RESPONSE)
+        pump.deliver(pump.take(lambda m: True))
+        pump.flush("a")
+    return pump.read_states["a"]
+
+
+def test_read_index_barrier_holds_reads_until_an_own_term_entry_commits() -> None:
+    assert read_states_before_the_noop_commits(RaftCore) == []
+
+
+def test_read_index_barrier_broken_serves_at_a_possibly_stale_commit_index() -> None:
+    assert read_states_before_the_noop_commits(ReadIndexBeforeOwnTermCommit) == [ReadState(b"r", 0)]
+
+
 def test_read_index_is_confirmed_by_a_majority_for_a_round_started_after_the_request() -> None:
     pump = Pump(ids=("a", "b", "c", "d", "e"))
     leader = pump.elect("a")
@@ -777,7 +897,7 @@ def lagging_follower_pump(chunk_bytes: int = 10, data: bytes = b"S" * 35) -> Pum
     return pump
 
 
-def test_compact_drops_the_log_prefix_and_rejects_unapplied_indexes() -> None:
+def test_compact_drops_the_log_prefix_rejects_unapplied_and_ignores_older_indexes() -> None:
     pump = Pump()
     leader = pump.elect("a")
     for k in range(3):
@@ -787,8 +907,8 @@ def test_compact_drops_the_log_prefix_and_rejects_unapplied_indexes() -> None:
         leader.compact(5, b"s")
     leader.compact(3, b"s")
     assert [e.index for e in leader.log_entries()] == [4]
-    with pytest.raises(ValueError, match="already compacted"):
-        leader.compact(2, b"s")
+    leader.compact(2, b"older")  # already compacted further: nothing to do
+    assert leader.snapshot_meta.index == 3 and leader.log.snapshot_index == 3
 
 
 def test_lagging_follower_gets_the_snapshot_in_chunks_and_then_takes_part_in_commits() -> None:
@@ -814,26 +934,71 @@ def test_lagging_follower_gets_the_snapshot_in_chunks_and_then_takes_part_in_com
     assert leader.commit_index == 7 and pump.applied["c"][-1].data == b"after"
 
 
-def test_snapshot_assembly_restarts_when_a_chunk_offset_does_not_match() -> None:
+def snapshot_chunk(meta: SnapshotMeta, offset: int, data: bytes, done: bool = False) -> Message:
+    return message(
+        MT.SNAPSHOT,
+        "a",
+        "c",
+        1,
+        index=meta.index,
+        snapshot=meta,
+        offset=offset,
+        data=data,
+        done=done,
+    )
+
+
+def test_snapshot_chunks_out_of_order_are_answered_with_the_offset_expected_next() -> None:
     follower = core("c", snapshot_chunk_bytes=4)
     meta = SnapshotMeta(6, 1, IDS)
-    snap = lambda offset, data, done=False: message(  # noqa: E731
-        MT.SNAPSHOT, "a", "c", 1, index=6, snapshot=meta, offset=offset, data=data, done=done
-    )
-    follower.step(snap(0, b"abcd"))
-    follower.step(snap(8, b"ijkl"))  # a gap: 4..8 was lost
+    follower.step(snapshot_chunk(meta, 0, b"abcd"))
+    follower.step(snapshot_chunk(meta, 8, b"ijkl", done=True))  # a gap: 4..8 not here yet
+    follower.step(snapshot_chunk(meta, 0, b"abcd"))  # a duplicate changes nothing
     replies = ready_messages(follower)
-    assert [(m.offset, m.reject) for m in replies] == [(4, False), (0, True)]
-    follower.step(snap(4, b"efgh"))  # offset no longer matches: assembly was restarted
-    (reply,) = ready_messages(follower)
-    assert reply.reject and reply.offset == 0
-    follower.step(snap(0, b"abcd"))
-    follower.step(snap(0, b"abcd"))  # a duplicate changes nothing
-    follower.step(snap(4, b"efgh", done=True))
+    assert [(m.offset, m.reject, m.done) for m in replies] == [
+        (4, False, False),
+        (4, True, False),
+        (4, False, False),
+    ]
+    follower.step(snapshot_chunk(meta, 4, b"efgh"))
+    follower.step(snapshot_chunk(meta, 8, b"ijkl", done=True))
     ready = follower.ready()
-    assert ready.snapshot == meta and ready.snapshot_data == b"abcdefgh"
-    assert [(m.offset, m.done) for m in ready.messages][-1] == (0, True)
-    assert ready.messages[-1].index == 6
+    assert ready.snapshot == meta and ready.snapshot_data == b"abcdefghijkl"
+    assert [(m.offset, m.done, m.index) for m in ready.messages] == [(8, False, 6), (0, True, 6)]
+
+
+def test_snapshot_assembly_restarts_for_a_chunk_of_another_snapshot() -> None:
+    follower = core("c", snapshot_chunk_bytes=4)
+    old, new = SnapshotMeta(6, 1, IDS), SnapshotMeta(9, 1, IDS)
+    follower.step(snapshot_chunk(old, 0, b"abcd"))
+    follower.step(snapshot_chunk(new, 4, b"WXYZ"))  # the leader moved on: start over
+    (_, reply) = ready_messages(follower)
+    assert (reply.reject, reply.offset, reply.snapshot) == (True, 0, new)
+    follower.step(snapshot_chunk(new, 0, b"STUV"))  # replaces the partial old one
+    follower.step(snapshot_chunk(new, 4, b"WXYZ", done=True))
+    ready = follower.ready()
+    assert ready.snapshot == new and ready.snapshot_data == b"STUVWXYZ"
+
+
+def test_a_lost_snapshot_chunk_is_resent_after_the_transfer_goes_quiet() -> None:
+    pump = lagging_follower_pump(chunk_bytes=10)
+    leader = pump.nodes["a"]
+    leader.tick()  # heartbeat -> c answers -> probe -> the leader finds c's entries compacted
+    lost: list[Message] = []
+    for _ in range(10):
+        pump.flush_all()
+        lost = pump.take(lambda m: m.type is MT.SNAPSHOT)
+        if lost:
+            break
+        pump.deliver(pump.take(lambda m: True))
+    assert [m.offset for m in lost] == [0]
+    assert leader.progress["c"].state is ProgressState.SNAPSHOT
+    quiet = 0
+    while not pump.installed["c"] and quiet < 3 * leader.config.election_timeout_ticks:
+        pump.tick()
+        quiet += 1
+    assert pump.installed["c"] == [b"S" * 35]
+    assert quiet >= leader.snapshot_resend_ticks()  # not resent on every heartbeat answer
 
 
 def test_a_snapshot_older_than_the_commit_index_is_acknowledged_without_install() -> None:
@@ -863,6 +1028,27 @@ def test_restart_rebuilds_from_snapshot_plus_log_and_reapplies_committed_entries
     assert ready.entries == () and ready.hard_state is None and not ready.must_sync
     node.advance(ready)
     assert node.applied_index == 9 and not node.has_ready()
+
+
+def test_restart_skips_stored_entries_the_snapshot_covers() -> None:
+    state = PersistentState(
+        HardState(2, None, 6), SnapshotMeta(6, 2, IDS), b"s", entries(2, 2, 2, start=5)
+    )
+    node = core("a", restore=state)
+    assert [e.index for e in node.log_entries()] == [7] and node.commit_index == 6
+
+
+def test_a_snapshot_is_emitted_only_when_the_log_lacks_its_last_entry() -> None:
+    meta = SnapshotMeta(3, 1, IDS)
+    holds_it = core("c", restore=restored(1, (1, 1, 1, 1)))
+    holds_it.step(message(MT.SNAPSHOT, "a", "c", 1, index=3, snapshot=meta, data=b"s", done=True))
+    ready = holds_it.ready()
+    assert ready.snapshot is None and holds_it.commit_index == 3
+    assert [e.index for e in holds_it.log_entries()] == [1, 2, 3, 4]
+    diverged = core("c", restore=restored(2, (1, 2, 2, 2)))  # its entry 3 has term 2, not 1
+    diverged.step(message(MT.SNAPSHOT, "a", "c", 2, index=3, snapshot=meta, data=b"s", done=True))
+    ready = diverged.ready()
+    assert ready.snapshot == meta and diverged.log_entries() == ()
 
 
 def test_restarted_leader_can_send_its_restored_snapshot() -> None:
@@ -913,6 +1099,17 @@ def test_leader_transfer_is_aborted_after_an_election_timeout() -> None:
     assert leader.propose(b"z")[0] == 2
 
 
+def test_leader_transfer_to_itself_abandons_a_transfer_in_progress() -> None:
+    pump = Pump()
+    leader = pump.elect("a")
+    pump.isolated = {"c"}
+    leader.transfer_leadership("c")
+    with pytest.raises(ProposalDropped):
+        leader.propose(b"x")
+    leader.transfer_leadership("a")
+    assert leader.lead_transferee is None and leader.propose(b"x")[0] == 2
+
+
 def test_leader_transfer_input_errors() -> None:
     pump = Pump()
     leader = pump.elect("a")
@@ -938,6 +1135,8 @@ def test_leader_transfer_input_errors() -> None:
         message(MT.APPEND, "b", "a", 1, index=0, entries=(Entry(9, 1),)),  # future term
         message(MT.HEARTBEAT, "b", "a", 1, entries=(Entry(1, 1),)),  # entries on a heartbeat
         message(MT.SNAPSHOT, "b", "a", 1),  # snapshot without metadata
+        message(MT.HEARTBEAT, "b", "a", 0),  # a leader at term 0
+        message(MT.APPEND, "b", "a", 1, index=0, entries=(Entry(0, 1),)),  # entry of term 0
     ],
 )
 def test_malformed_or_misaddressed_messages_are_ignored(bad: Message) -> None:

@@ -1,0 +1,171 @@
+"""The client library against scripted fake nodes: redirects, retries that reuse the request
+id, and outcomes that tell "certainly not applied" (Unavailable) from "maybe applied"
+(Indeterminate). In-process gRPC servers on loopback; no real node needed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent import futures
+
+import grpc
+import pytest
+
+from system.kv.client import (
+    CasMismatch,
+    Indeterminate,
+    InvalidArgument,
+    KVClient,
+    NotFound,
+    Unavailable,
+)
+from system.kv.local_cluster import free_ports
+from system.kv.proto import kv_pb2
+
+Behaviour = Callable[[kv_pb2.PutRequest, grpc.ServicerContext], kv_pb2.PutResponse]
+
+
+def ok(version: int = 1) -> Behaviour:
+    return lambda request, context: kv_pb2.PutResponse(
+        applied=True, version=version, header=kv_pb2.Header(node_id="fake"))
+
+
+def fail(code: grpc.StatusCode, outcome: str | None, leader_address: str = "") -> Behaviour:
+    def behave(request: kv_pb2.PutRequest, context: grpc.ServicerContext) -> kv_pb2.PutResponse:
+        metadata = []
+        if outcome is not None:
+            metadata.append(("kv-outcome", outcome))
+        if leader_address:
+            metadata += [("leader-id", "nX"), ("leader-address", leader_address)]
+        context.set_trailing_metadata(metadata)
+        context.abort(code, f"scripted {code.name}")
+        raise AssertionError("unreachable")
+    return behave
+
+
+class FakeNode:
+    """A KV server answering Put from a script (the last behaviour repeats)."""
+
+    def __init__(self, script: list[Behaviour]) -> None:
+        self.script = list(script)
+        self.request_ids: list[str] = []
+        self.release = threading.Event()  # for behaviours that hold a request
+        self._server = grpc.server(futures.ThreadPoolExecutor(4))
+        (port,) = free_ports(1)
+        self.address = f"127.0.0.1:{port}"
+        handler = grpc.unary_unary_rpc_method_handler(
+            self._put, request_deserializer=kv_pb2.PutRequest.FromString,
+            response_serializer=kv_pb2.PutResponse.SerializeToString)
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("manyasone.kv.KV", {"Put": handler}),))
+        self._server.add_insecure_port(self.address)
+        self._server.start()
+
+    def _put(self, request: kv_pb2.PutRequest, context: grpc.ServicerContext) -> kv_pb2.PutResponse:
+        self.request_ids.append(request.request_id)
+        behave = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        return behave(request, context)
+
+    def stop(self) -> None:
+        self.release.set()
+        self._server.stop(grace=None)
+
+
+@pytest.fixture
+def nodes():
+    created: list[FakeNode] = []
+
+    def make(*script: Behaviour) -> FakeNode:
+        node = FakeNode(list(script))
+        created.append(node)
+        return node
+
+    yield make
+    for node in created:
+        node.stop()
+
+
+def test_follower_hint_redirects_to_the_leader_with_the_same_request_id(nodes) -> None:
+    leader = nodes(ok(version=5))
+    follower = nodes(fail(grpc.StatusCode.UNAVAILABLE, "not-applied", leader.address))
+    with KVClient([follower.address], timeout_s=5) as kv:
+        result = kv.put("k", b"v")
+    assert result.version == 5
+    assert follower.request_ids == leader.request_ids == [result.request_id]
+
+
+def test_retry_after_unknown_outcome_reuses_the_request_id_and_succeeds(nodes) -> None:
+    node = nodes(fail(grpc.StatusCode.UNKNOWN, "unknown"), ok(version=2))
+    with KVClient([node.address], timeout_s=5) as kv:
+        result = kv.put("k", b"v", request_id="caller-chosen-1")
+    assert result.version == 2
+    assert node.request_ids == ["caller-chosen-1", "caller-chosen-1"]
+
+
+def test_generated_request_ids_are_distinct_per_call(nodes) -> None:
+    node = nodes(ok())
+    with KVClient([node.address]) as kv:
+        kv.put("a", b"1")
+        kv.put("a", b"2")
+    assert len(set(node.request_ids)) == 2
+    assert all(rid.startswith(kv.client_id + ":") for rid in node.request_ids)
+
+
+def test_refusals_only_end_in_unavailable(nodes) -> None:
+    node = nodes(fail(grpc.StatusCode.UNAVAILABLE, "not-applied"))
+    with KVClient([node.address], timeout_s=0.5) as kv, pytest.raises(Unavailable):
+        kv.put("k", b"v")
+    assert len(node.request_ids) > 1  # it did retry
+
+
+def test_nothing_listening_is_unavailable_not_indeterminate() -> None:
+    (port,) = free_ports(1)
+    with KVClient([f"127.0.0.1:{port}"], timeout_s=0.5) as kv, pytest.raises(Unavailable):
+        kv.put("k", b"v")
+
+
+def test_an_unknown_outcome_followed_by_refusals_stays_indeterminate(nodes) -> None:
+    node = nodes(fail(grpc.StatusCode.UNKNOWN, "unknown"),
+                 fail(grpc.StatusCode.UNAVAILABLE, "not-applied"))
+    with KVClient([node.address], timeout_s=0.5) as kv, pytest.raises(Indeterminate) as err:
+        kv.put("k", b"v")
+    assert err.value.request_id == node.request_ids[0]
+    assert set(node.request_ids) == {err.value.request_id}
+
+
+def test_a_reply_that_never_comes_is_indeterminate(nodes) -> None:
+    def hold(request, context):  # noqa: ANN001, ANN202
+        node.release.wait(timeout=10)  # released by the fixture; bounded
+        return ok()(request, context)
+
+    node = nodes(hold)
+    with KVClient([node.address], timeout_s=0.3, retries=0) as kv, pytest.raises(Indeterminate):
+        kv.put("k", b"v")
+
+
+def test_a_broken_connection_without_server_metadata_is_indeterminate(nodes) -> None:
+    # UNAVAILABLE without the server's "kv-outcome" looks like a transport failure.
+    node = nodes(fail(grpc.StatusCode.UNAVAILABLE, None))
+    with KVClient([node.address], timeout_s=0.3) as kv, pytest.raises(Indeterminate):
+        kv.put("k", b"v")
+
+
+def test_invalid_argument_is_raised_at_once_without_retry(nodes) -> None:
+    node = nodes(fail(grpc.StatusCode.INVALID_ARGUMENT, "not-applied"))
+    with KVClient([node.address], timeout_s=5) as kv, pytest.raises(InvalidArgument, match="scripted"):
+        kv.put("k", b"v")
+    assert len(node.request_ids) == 1
+
+
+def test_cas_mismatch_carries_the_current_version(nodes) -> None:
+    node = nodes(lambda request, context: kv_pb2.PutResponse(applied=False, version=7))
+    with KVClient([node.address]) as kv, pytest.raises(CasMismatch) as err:
+        kv.cas("k", b"v", expected_version=6)
+    assert (err.value.expected_version, err.value.current_version) == (6, 7)
+
+
+def test_typed_errors_are_distinct() -> None:
+    assert not issubclass(Indeterminate, Unavailable)
+    assert not issubclass(Unavailable, Indeterminate)
+    assert not issubclass(NotFound, (Unavailable, Indeterminate, CasMismatch))

@@ -1,0 +1,186 @@
+"""Deliberately broken variants of the Raft core, the node shell and the register.
+
+Each variant breaks exactly one safety rule, by subclassing (never by flags in production
+code), so that the named-interleaving tests and the randomized simulation can show that
+they detect the broken rule: a safety test that cannot fail proves nothing.
+
+Each is a `SimVariant`, importable by the CLI to replay a failing seed, e.g.
+    python -m system.raft.sim --seed 12 --variant tests.raft.broken:VOTES_TWICE
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore
+from system.raft.linearizability import Function
+from system.raft.messages import Message, MessageType
+from system.raft.register import Command, Operation, Register, WriteResult, encode_command
+from system.raft.sim import Attempt, ClientOp, NodeShell, SimVariant
+from system.raft.types import SnapshotMeta
+
+# -- the core ---------------------------------------------------------------------------
+
+
+class _WithoutLocalAssertions(RaftCore):
+    """The core asserts its own local invariants after every input; a broken variant
+    turns them off so that the cluster-level checks (the SafetyMonitor, linearizability)
+    are what shows the effect of the broken rule."""
+
+    def check_invariants(self) -> None:
+        pass
+
+
+class CommitsOldTermEntries(_WithoutLocalAssertions):
+    """Figure 8 broken: commits any entry a majority holds, whatever its term (Raft §5.4.2
+    says only entries of the current term are committed by counting)."""
+
+    def may_commit_at(self, index: int) -> bool:
+        return True
+
+
+class VotesTwice(_WithoutLocalAssertions):
+    """One vote per term broken: grants every candidate whose log is up to date, even
+    after voting for another candidate in the same term (Raft §5.2)."""
+
+    def may_grant_vote(self, m: Message) -> bool:
+        if m.type is MessageType.PRE_VOTE:
+            return super().may_grant_vote(m)
+        return self.log_is_up_to_date(m.index, m.log_term)
+
+    def record_vote(self, candidate: str) -> None:
+        self._vote = candidate
+
+
+class ForgetsVoteOnRestart(_WithoutLocalAssertions):
+    """Persistent vote broken: a restarted node comes back without the vote it cast
+    before crashing (as if `vote` were not part of the durable hard state)."""
+
+    def __init__(self, config, rng, restored=None) -> None:  # noqa: ANN001
+        if restored is not None:
+            restored = replace(restored, hard_state=replace(restored.hard_state, vote=None))
+        super().__init__(config, rng, restored)
+
+
+class RestoresSnapshotOnly(_WithoutLocalAssertions):
+    """Restart broken: the restarted core treats everything up to the durable commit
+    index as already applied, so the shell, which rebuilt its state machine from the
+    snapshot alone, never re-applies the committed log entries after the snapshot."""
+
+    def __init__(self, config, rng, restored=None) -> None:  # noqa: ANN001
+        super().__init__(config, rng, restored)
+        self.log.applied = self.log.applying = self.log.committed
+
+
+class ReadsWithoutQuorumCheck(_WithoutLocalAssertions):
+    """ReadIndex broken: a read is confirmed without a majority acknowledging a
+    heartbeat round, so a deposed leader serves stale data (thesis §6.4)."""
+
+    def read_round_confirmed(self, acks: set) -> bool:
+        return True
+
+
+class SkipsPreVote(_WithoutLocalAssertions):
+    """PreVote broken: on election timeout the node raises its term and campaigns at
+    once, so a node cut off from the cluster returns with a high term and deposes a
+    healthy leader (thesis §9.6)."""
+
+    def campaign(self, kind: CampaignKind) -> None:
+        if kind is CampaignKind.PRE_ELECTION:
+            kind = CampaignKind.ELECTION
+        super().campaign(kind)
+
+
+class InstallsSnapshotByIndexOnly(_WithoutLocalAssertions):
+    """InstallSnapshot broken: a follower that already has AN entry at the snapshot's
+    index keeps its log and marks it committed, without checking that entry's term
+    (Raft §7: keep the log only if it holds the snapshot's last entry, index AND term)."""
+
+    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        if self.log.term(meta.index) is not None:
+            self.log.commit_to(meta.index)
+            return
+        super().install_snapshot(meta, data)
+
+
+# -- the shell --------------------------------------------------------------------------
+
+
+class AcknowledgesAtAppend(NodeShell):
+    """"Acknowledged" confused with "appended": the shell answers the client as soon as
+    the leader appended the write to its own log, before a majority has it (the design
+    essay's lost write)."""
+
+    def submit_write(self, op: ClientOp, attempt: Attempt) -> None:
+        core = self.core
+        assert core is not None and op.value is not None
+        operation = Operation.PUT if op.f is Function.PUT else Operation.CAS
+        command = Command(op.request_id, operation, op.key, op.value, op.expected_version)
+        try:
+            index, term = core.propose(encode_command(command))
+        except (NotLeader, ProposalDropped) as error:
+            self.sim.attempt_refused(op, attempt, str(error))
+            return
+        attempt.index, attempt.term = index, term
+        current = self.register.read(op.key)
+        self.sim.monitor.acknowledged_write(index, term, op.request_id)
+        self.sim.attempt_answered(op, attempt, self.node_id, True, op.value, current.version + 1)
+        self.after_input()
+
+
+# -- the state machine ------------------------------------------------------------------
+
+
+class IgnoresRequestIds(Register):
+    """Exactly-once broken: a retried write (same request id) is applied again."""
+
+    def apply_command(self, command: Command) -> WriteResult:
+        result = self._execute(command)
+        self._results[command.request_id] = result
+        return result
+
+
+COMMITS_OLD_TERM_ENTRIES = SimVariant(
+    "commits-old-term-entries", core_class=CommitsOldTermEntries,
+    description=CommitsOldTermEntries.__doc__ or "",
+)
+VOTES_TWICE = SimVariant("votes-twice", core_class=VotesTwice, description=VotesTwice.__doc__ or "")
+FORGETS_VOTE_ON_RESTART = SimVariant(
+    "forgets-vote-on-restart", core_class=ForgetsVoteOnRestart,
+    description=ForgetsVoteOnRestart.__doc__ or "",
+)
+RESTORES_SNAPSHOT_ONLY = SimVariant(
+    "restores-snapshot-only", core_class=RestoresSnapshotOnly,
+    description=RestoresSnapshotOnly.__doc__ or "",
+)
+READS_WITHOUT_QUORUM_CHECK = SimVariant(
+    "reads-without-quorum-check", core_class=ReadsWithoutQuorumCheck,
+    description=ReadsWithoutQuorumCheck.__doc__ or "",
+)
+SKIPS_PRE_VOTE = SimVariant(
+    "skips-pre-vote", core_class=SkipsPreVote, description=SkipsPreVote.__doc__ or ""
+)
+INSTALLS_SNAPSHOT_BY_INDEX_ONLY = SimVariant(
+    "installs-snapshot-by-index-only", core_class=InstallsSnapshotByIndexOnly,
+    description=InstallsSnapshotByIndexOnly.__doc__ or "",
+)
+ACKNOWLEDGES_AT_APPEND = SimVariant(
+    "acknowledges-at-append", shell_class=AcknowledgesAtAppend,
+    description=AcknowledgesAtAppend.__doc__ or "",
+)
+IGNORES_REQUEST_IDS = SimVariant(
+    "ignores-request-ids", register_class=IgnoresRequestIds,
+    description=IgnoresRequestIds.__doc__ or "",
+)
+
+ALL = {
+    "COMMITS_OLD_TERM_ENTRIES": COMMITS_OLD_TERM_ENTRIES,
+    "VOTES_TWICE": VOTES_TWICE,
+    "FORGETS_VOTE_ON_RESTART": FORGETS_VOTE_ON_RESTART,
+    "RESTORES_SNAPSHOT_ONLY": RESTORES_SNAPSHOT_ONLY,
+    "READS_WITHOUT_QUORUM_CHECK": READS_WITHOUT_QUORUM_CHECK,
+    "SKIPS_PRE_VOTE": SKIPS_PRE_VOTE,
+    "INSTALLS_SNAPSHOT_BY_INDEX_ONLY": INSTALLS_SNAPSHOT_BY_INDEX_ONLY,
+    "ACKNOWLEDGES_AT_APPEND": ACKNOWLEDGES_AT_APPEND,
+    "IGNORES_REQUEST_IDS": IGNORES_REQUEST_IDS,
+}
