@@ -66,6 +66,7 @@ class Settings:
     client_processes: int
     op_timeout_s: float = 10.0
     big_op_timeout_s: float = 30.0  # one 1 MiB put; PySyncObj's never finish (docs/benchmarks.md)
+    rounds: int = 1  # every row this many times; the table gives the median (peak for RSS)
 
 
 FULL = Settings(warmup_s=1.0, duration_s=8.0, max_ops_per_row=200_000, big_max_ops=400, kill_repeats=5, client_processes=2)
@@ -141,24 +142,23 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
         summary += f", p50 {p50:.2f} ms, p99 {p99:.2f} ms"
     if load.errors:
         summary += f", {load.errors} errors (first: {load.first_error})"
-    if plan.big and load.late_ops:
+    if load.late_ops and (plan.big or load.measured_ops == 0):
         summary += f", {load.late_ops} still in flight when the window closed"
     progress(f"[{target.name}] {plan.label}: {summary}")
 
     if plan.big:
-        result.figures["put_1mib_mbps"] = load.megabytes_per_s
-        result.figures["put_1mib_rss_mb"] = sampler.peak_member_rss_bytes / 1e6
+        result.add_sample("put_1mib_mbps", load.megabytes_per_s)
+        result.add_sample("put_1mib_rss_mb", sampler.peak_member_rss_bytes / 1e6, peak=True)
         figure_key = "put_1mib_mbps"
     else:
         figure_key = f"{plan.key}_ops"
-        result.figures[figure_key] = load.ops_per_s
+        result.add_sample(figure_key, load.ops_per_s)
         if plan.operation is Operation.PUT and p50 is not None and p99 is not None:
-            result.figures[f"{plan.key}_p50"] = p50
-            result.figures[f"{plan.key}_p99"] = p99
+            result.add_sample(f"{plan.key}_p50", p50)
+            result.add_sample(f"{plan.key}_p99", p99)
     if load.errors:
-        result.errors[figure_key] = (load.errors, load.first_error)
+        result.add_errors(figure_key, load.errors, load.first_error)
     if load.measured_ops == 0 and load.late_ops:
-        result.errors.setdefault(figure_key, (0, ""))
         result.notes.append(
             f"`{figure_key}`: no operation finished inside the measured window; "
             f"{load.late_ops} finished after it"
@@ -193,15 +193,28 @@ def run_throughput_rows(
             except Exception as error:
                 _fail(results[name], target, error)
                 del targets[name]
-        for plan in ROW_PLANS:
-            for name, target in list(targets.items()):
-                try:
-                    measure_row(target, plan, settings, results[name])
-                except Exception as error:  # one system failing must not cost the others their rows
-                    _fail(results[name], target, error)
-                    del targets[name]
+        # The 1 MiB rows come after every round of the others (and after the profile):
+        # PySyncObj does not recover from them in time (docs/benchmarks.md), and they leave
+        # etcd and our store holding hundreds of MB.
+        regular = [plan for plan in ROW_PLANS if not plan.big]
+        big = [plan for plan in ROW_PLANS if plan.big]
+
+        def run_rounds(plans: list[RowPlan]) -> None:
+            for round_number in range(settings.rounds):
+                if settings.rounds > 1:
+                    progress(f"round {round_number + 1}/{settings.rounds}")
+                for plan in plans:
+                    for name, target in list(targets.items()):
+                        try:
+                            measure_row(target, plan, settings, results[name])
+                        except Exception as error:  # one failing must not cost the others their rows
+                            _fail(results[name], target, error)
+                            del targets[name]
+
+        run_rounds(regular)
         if profile and "ours" in targets:
             profile_leader(targets["ours"], settings, results["ours"])
+        run_rounds(big)
     finally:
         for target in targets.values():
             target.stop()
@@ -269,7 +282,8 @@ def render(
         f"Before: {machine_before}.  ",
         f"After: {machine_after}.  ",
         f"Versions: {versions}.  ",
-        f"Each row: {settings.warmup_s:g} s warm-up then {settings.duration_s:g} s measured (at most "
+        f"Each row: {settings.rounds} round(s) (the table gives the median; peak for memory), each "
+        f"{settings.warmup_s:g} s warm-up then {settings.duration_s:g} s measured (at most "
         f"{settings.max_ops_per_row:,} operations; 1 MiB rows at most {settings.big_max_ops}), "
         f"{settings.client_processes} load-generator process(es) separate from the servers, one "
         f"gRPC connection per client. All clusters run at once and each row is measured on every "
@@ -319,6 +333,9 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, help="measured seconds per row (overrides the mode)")
     parser.add_argument("--kill-repeats", type=int, help="leader kills per system (overrides the mode)")
     parser.add_argument("--client-processes", type=int, help="load-generator processes (default 2; never more than the clients)")
+    parser.add_argument(
+        "--rounds", type=int, help="measure every row this many times and report the median (default 1)"
+    )
     parser.add_argument("--keep-work-dir", action="store_true", help="keep data and logs of the clusters")
     parser.add_argument(
         "--no-profile",
@@ -336,6 +353,7 @@ def main() -> int:
         "duration_s": args.duration_s,
         "kill_repeats": args.kill_repeats,
         "client_processes": args.client_processes,
+        "rounds": args.rounds,
     }
     settings = Settings(**{**settings.__dict__, **{k: v for k, v in overrides.items() if v is not None}})
 

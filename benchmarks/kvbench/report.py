@@ -82,6 +82,19 @@ class SystemResult:
     notes: list[str] = field(default_factory=list)  # anything else a reader must know
     profile: Profile | None = None  # py-spy summary of the leader under 64-client puts
 
+    samples: dict[str, list[float]] = field(default_factory=dict)  # per row, one per round
+
+    def add_sample(self, key: str, value: float, peak: bool = False) -> None:
+        """Record one round's figure; the table shows the median of the rounds (the
+        maximum when peak, as for memory)."""
+        values = self.samples.setdefault(key, [])
+        values.append(value)
+        self.figures[key] = max(values) if peak else statistics.median(values)
+
+    def add_errors(self, key: str, count: int, first: str) -> None:
+        previous_count, previous_first = self.errors.get(key, (0, ""))
+        self.errors[key] = (previous_count + count, previous_first or first)
+
     def record_failover(self, seconds: float) -> None:
         self.failover_samples_s.append(seconds)
         self.figures["failover_s"] = statistics.median(self.failover_samples_s)
