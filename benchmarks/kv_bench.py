@@ -137,7 +137,11 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
     p50, p99 = load.latency_ms(50), load.latency_ms(99)
     summary = f"{load.ops_per_s:,.0f} ops/s"
     if plan.big:
-        summary += f" = {load.megabytes_per_s:.1f} MB/s, peak member RSS {sampler.peak_member_rss_bytes / 1e6:.0f} MB"
+        summary += (
+            f" = {load.megabytes_per_s:.1f} MB/s, {load.acknowledged_ops} acknowledged in all, "
+            f"largest member RSS {(sampler.start_member_rss_bytes or 0) / 1e6:.0f} -> "
+            f"{sampler.peak_member_rss_bytes / 1e6:.0f} MB"
+        )
     if p50 is not None and p99 is not None:
         summary += f", p50 {p50:.2f} ms, p99 {p99:.2f} ms"
     if load.errors:
@@ -149,6 +153,10 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
     if plan.big:
         result.add_sample("put_1mib_mbps", load.megabytes_per_s)
         result.add_sample("put_1mib_rss_mb", sampler.peak_member_rss_bytes / 1e6, peak=True)
+        written_mib = load.acknowledged_ops * plan.value_size_bytes / 2**20
+        if written_mib and sampler.start_member_rss_bytes is not None:
+            growth_mb = (sampler.peak_member_rss_bytes - sampler.start_member_rss_bytes) / 1e6
+            result.add_sample("put_1mib_rss_growth", growth_mb / written_mib, peak=True)
         figure_key = "put_1mib_mbps"
     else:
         figure_key = f"{plan.key}_ops"

@@ -76,6 +76,7 @@ class LoadResult:
     measured_ops: int
     errors: int
     late_ops: int  # started in the window but acknowledged only after it closed
+    acknowledged_ops: int  # every acknowledged operation, warm-up and late ones included
     ops_per_s: float  # summed over generator processes, each over its own measured window
     latencies_us: tuple[int, ...]  # one per measured operation
     first_error: str  # empty when none
@@ -102,7 +103,7 @@ async def _drive(spec: LoadSpec, start_at: float, clients: list) -> dict:
     end_at = measure_from + spec.duration_s
     value = os.urandom(spec.value_size_bytes)
     latencies: list[int] = []
-    state = {"errors": 0, "late": 0, "first_error": "", "window_closed_at": end_at}
+    state = {"errors": 0, "late": 0, "acknowledged": 0, "first_error": "", "window_closed_at": end_at}
     # A generous hard cap on attempts per client, on top of the deadline.
     max_attempts_per_client = spec.max_measured_ops + 1_000_000
 
@@ -127,6 +128,7 @@ async def _drive(spec: LoadSpec, start_at: float, clients: list) -> dict:
                 await asyncio.sleep(0.01)
                 continue
             done = time.monotonic()
+            state["acknowledged"] += 1
             if started < state["window_closed_at"] < done:
                 state["late"] += 1
             if started >= measure_from and done <= state["window_closed_at"]:
@@ -143,6 +145,7 @@ async def _drive(spec: LoadSpec, start_at: float, clients: list) -> dict:
         "measured_ops": len(latencies),
         "errors": state["errors"],
         "late_ops": state["late"],
+        "acknowledged_ops": state["acknowledged"],
         "window_s": window_s,
         "latencies_us": latencies,
         "first_error": state["first_error"],
@@ -232,6 +235,7 @@ def run_load(spec: LoadSpec, processes: int, log_dir: Path) -> LoadResult:
         measured_ops=sum(output["measured_ops"] for output in outputs),
         errors=sum(output["errors"] for output in outputs),
         late_ops=sum(output["late_ops"] for output in outputs),
+        acknowledged_ops=sum(output["acknowledged_ops"] for output in outputs),
         ops_per_s=sum(
             o["measured_ops"] / o["window_s"] for o in outputs if o["window_s"] > 0
         ),

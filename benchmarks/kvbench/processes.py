@@ -141,12 +141,15 @@ class RssSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self.peak_member_rss_bytes = 0
+        self.start_member_rss_bytes: int | None = None  # the largest member's, at the start
 
     def _sample(self) -> None:
-        for pid in self._pids:
-            rss = rss_bytes(pid)
-            if rss is not None and rss > self.peak_member_rss_bytes:
-                self.peak_member_rss_bytes = rss
+        sizes = [rss for rss in (rss_bytes(pid) for pid in self._pids) if rss is not None]
+        if not sizes:
+            return
+        if self.start_member_rss_bytes is None:
+            self.start_member_rss_bytes = max(sizes)
+        self.peak_member_rss_bytes = max(self.peak_member_rss_bytes, *sizes)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -43,6 +43,7 @@ ROWS: tuple[Row, ...] = (
     Row("get_stale_64_ops", "stale get ops/s, 64 clients", Better.HIGHER),
     Row("put_1mib_mbps", "1 MiB puts, MB/s, 4 clients", Better.HIGHER, 1),
     Row("put_1mib_rss_mb", "peak RSS of the largest member in the 1 MiB row, MB", Better.LOWER),
+    Row("put_1mib_rss_growth", "RSS growth of that member per MiB acknowledged, MB", Better.LOWER, 2),
     Row("failover_s", "SIGKILL leader -> first acked write, s (median)", Better.LOWER, 2),
 )
 
