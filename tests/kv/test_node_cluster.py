@@ -179,3 +179,23 @@ def test_rate_limit_answers_resource_exhausted_with_the_limit(tmp_path) -> None:
                     assert "rate limit of 5 requests/s" in exc.details()
                     codes.append("limited")
         assert "limited" in codes and "ok" in codes
+
+
+def test_garbage_on_the_peer_port_is_refused_and_the_node_survives(cluster: LocalCluster) -> None:
+    from system.kv.proto import raft_pb2
+
+    address = cluster.specs[cluster.ids[0]].address
+    with grpc.insecure_channel(address) as channel:
+        raw_send = channel.unary_unary("/manyasone.raft.RaftPeer/Send")
+        with pytest.raises(grpc.RpcError) as garbage:
+            raw_send(b"\xff\xfe\xfd", timeout=5)
+        assert "Error parsing message" in garbage.value.details()  # gRPC's own refusal
+        stranger = raft_pb2.MessageBatch(
+            src="intruder", messages=[raft_pb2.RaftMessage(type=raft_pb2.VOTE, src="intruder",
+                                                           dst=cluster.ids[0], term=99)])
+        with pytest.raises(grpc.RpcError) as unknown_peer:
+            raw_send(stranger.SerializeToString(), timeout=5)
+        assert unknown_peer.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "does not know peer 'intruder'" in unknown_peer.value.details()
+    leader = cluster.wait_for_leader(timeout_s=10)
+    assert cluster.status(leader).term < 99  # the stranger's term was never taken up

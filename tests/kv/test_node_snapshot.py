@@ -79,3 +79,11 @@ def test_follower_stopped_during_5000_writes_rejoins_by_chunked_snapshot(tmp_pat
             fresh = kv.put("after-rejoin", b"yes")
             cluster.wait_for_applied(lagging, fresh.applied_index)
             assert follower.get("after-rejoin", consistency="stale").value == b"yes"
+
+        # After kill -9 it restarts from the installed snapshot plus its log.
+        cluster.kill(lagging)
+        cluster.start_node(lagging)
+        cluster.wait_for_applied(lagging, fresh.applied_index)
+        with KVClient([cluster.specs[lagging].address]) as follower:
+            assert follower.get("key-00000", consistency="stale").value == b"value-0" * 4
+            assert follower.get("after-rejoin", consistency="stale").value == b"yes"
