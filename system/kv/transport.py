@@ -1,9 +1,9 @@
 """Peer transport of a KV node: Raft messages to and from the other nodes over gRPC.
 
 What it does: converts `system.raft.messages.Message` to and from the protobuf records of
-`proto/raft.proto`, and keeps one sender per peer that batches everything queued for that
-peer into a single `RaftPeer.Send` call, with at most one call in flight per peer (so
-messages to one peer leave in the order the core produced them).
+`proto/raft.proto`, and keeps per peer two lanes (control and bulk), each a sender that
+writes everything queued as one batch to a long-lived `RaftPeer.Stream` (so messages on
+one lane leave in the order the core produced them).
 
 What it must never do: block the node's event loop, grow without bound, or retry a
 message on its own. Raft tolerates lost, duplicated and reordered messages and
@@ -19,7 +19,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
 import grpc
 
@@ -207,10 +207,8 @@ def _retransmission_key(message: Message) -> tuple[object, ...] | None:
 
 
 class PeerSender:
-    """Sends the messages for one peer: a bounded queue drained by one task.
-
-    Invariant: at most one Send RPC in flight, so a peer receives batches in queue order.
-    """
+    """Sends one lane's messages for one peer: a bounded queue drained by one task into one
+    stream at a time, so the peer receives batches in queue order."""
 
     def __init__(
         self,
@@ -222,7 +220,6 @@ class PeerSender:
         max_queue_messages: int = 4096,
         max_queue_bytes: int = 512 * 1024 * 1024,
         max_batch_bytes: int = 64 * 1024 * 1024,
-        rpc_timeout_s: float = 2.0,
     ) -> None:
         self.src = src
         self.peer_id = peer_id
@@ -231,13 +228,12 @@ class PeerSender:
         self._max_queue_messages = max_queue_messages
         self._max_queue_bytes = max_queue_bytes
         self._max_batch_bytes = max_batch_bytes
-        self._rpc_timeout_s = rpc_timeout_s
         self._queue: collections.deque[tuple[Message, int]] = collections.deque()
         self._queued_bytes = 0
         # Created in start(): gRPC aio channels and asyncio events bind to the running loop.
         self._wakeup: asyncio.Event | None = None
         self._channel: grpc.aio.Channel | None = None
-        self._send_rpc: grpc.aio.UnaryUnaryMultiCallable | None = None
+        self._stream_rpc: grpc.aio.StreamUnaryMultiCallable | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.dropped_messages = 0  # shed because the queue was full or a Send failed
@@ -251,8 +247,8 @@ class PeerSender:
         options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
         self._channel = grpc.aio.insecure_channel(self.address, options=options)
         # Bytes in (see encode_batch), SendAck out.
-        self._send_rpc = self._channel.unary_unary(
-            "/manyasone.raft.RaftPeer/Send", request_serializer=None,
+        self._stream_rpc = self._channel.stream_unary(
+            "/manyasone.raft.RaftPeer/Stream", request_serializer=None,
             response_deserializer=raft_pb2.SendAck.FromString)
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"send-{self.peer_id}-{self.lane}")
@@ -304,33 +300,43 @@ class PeerSender:
         return batch
 
     async def _run(self) -> None:
-        assert self._wakeup is not None and self._send_rpc is not None
+        """Write each batch to a long-lived stream; open a new one after any failure.
+
+        A write returns once gRPC has buffered the batch (HTTP/2 flow control is the
+        backpressure), so several batches can be on the wire at once, in order.
+        """
+        assert self._wakeup is not None and self._stream_rpc is not None
         backoff_s = 0.02
+        call: grpc.aio.StreamUnaryCall | None = None
         while not self._closed:
             if not self._queue:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
             batch = self._take_batch()
-            request = encode_batch(self.src, batch)
-            batch_bytes = sum(message_size_bytes(m) for m in batch)
-            # Big batches (64 MiB values) need longer than heartbeats: allow 5 MB/s.
-            timeout_s = self._rpc_timeout_s + batch_bytes / (5 * 1024 * 1024)
             try:
-                await self._send_rpc(request, timeout=timeout_s, wait_for_ready=False)
+                if call is None or call.done():
+                    call = self._stream_rpc(wait_for_ready=False)
+                await call.write(encode_batch(self.src, batch))
             except asyncio.CancelledError:
+                if call is not None:
+                    call.cancel()
                 raise
-            except grpc.aio.AioRpcError as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure: new stream after backoff
                 for message in batch:
                     self._forget(message)
                 self.dropped_messages += len(batch)
                 if not self._failing:
+                    code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else ""
                     log.warning(
                         "peer unreachable: dropping messages, will retry with backoff",
                         extra={"peer": self.peer_id, "lane": self.lane, "address": self.address,
-                               "code": exc.code().name, "details": exc.details()},
+                               "code": code, "details": str(exc)[:300]},
                     )
                     self._failing = True
+                if call is not None:
+                    call.cancel()
+                    call = None
                 # Whatever queued up meanwhile is probably stale too; the core resends.
                 self.dropped_messages += len(self._queue)
                 self._queue.clear()
@@ -372,7 +378,7 @@ class Transport:
         self.node_id = node_id
         self._control = {pid: PeerSender(node_id, pid, addr, lane="control")
                          for pid, addr in peers.items()}
-        self._bulk = {pid: PeerSender(node_id, pid, addr, lane="bulk", rpc_timeout_s=5.0)
+        self._bulk = {pid: PeerSender(node_id, pid, addr, lane="bulk")
                       for pid, addr in peers.items()}
 
     @property
@@ -410,6 +416,17 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
 
     async def Send(self, request: raft_pb2.MessageBatch, context: grpc.aio.ServicerContext
                    ) -> raft_pb2.SendAck:  # noqa: N802 - gRPC method name
+        await self._receive(request, context)
+        return raft_pb2.SendAck()
+
+    async def Stream(self, request_iterator: AsyncIterator[raft_pb2.MessageBatch],
+                     context: grpc.aio.ServicerContext) -> raft_pb2.SendAck:  # noqa: N802
+        async for request in request_iterator:
+            await self._receive(request, context)
+        return raft_pb2.SendAck()
+
+    async def _receive(self, request: raft_pb2.MessageBatch,
+                       context: grpc.aio.ServicerContext) -> None:
         if request.src not in self._known:
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -425,4 +442,3 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
                 log.warning("bad peer message dropped", extra={"peer": request.src, "reason": str(exc)})
         if messages:
             self._deliver(messages)
-        return raft_pb2.SendAck()

@@ -49,24 +49,25 @@ def test_unknown_unsafe_mode_is_refused_with_the_known_names(tmp_path) -> None:
 
 
 def _write_acknowledged_by_a_leader_without_a_majority(cluster: LocalCluster) -> tuple[bool, bool]:
-    """Pause both followers, write to the leader, kill the leader, resume the followers.
+    """Cut the leader off from its peers, write to it, kill it, let the others elect.
 
-    Returns (was the write acknowledged, is it visible on the new leader)."""
+    The links are cut (not the followers paused): a paused follower still has the write
+    in its socket buffer and may replicate it after resuming, which would make the lost
+    write's absence a matter of timing. Returns (was the write acknowledged, is it
+    visible on the new leader)."""
     cluster.start()
     leader = cluster.wait_for_leader(timeout_s=20)
     followers = [i for i in cluster.ids if i != leader]
     with KVClient([cluster.specs[leader].address], timeout_s=1.0, retries=0) as kv:
         kv.put("warm-up", b"1")
-        for follower in followers:
-            cluster.pause(follower)
+        cluster.isolate(leader)
         try:
             kv.put("checkpoint", b"only-on-the-leader")
             acknowledged = True
         except (Indeterminate, Unavailable):
             acknowledged = False
     cluster.kill(leader)
-    for follower in followers:
-        cluster.resume(follower)
+    cluster.heal()
     cluster.wait_for_leader(timeout_s=20, among=followers)
     with KVClient([cluster.specs[f].address for f in followers], timeout_s=10) as kv:
         try:
@@ -78,14 +79,14 @@ def _write_acknowledged_by_a_leader_without_a_majority(cluster: LocalCluster) ->
 
 
 def test_safe_node_does_not_acknowledge_a_write_a_majority_lacks(tmp_path) -> None:
-    with LocalCluster(3, tmp_path) as cluster:
+    with LocalCluster(3, tmp_path, proxy_peer_links=True) as cluster:
         acknowledged, visible = _write_acknowledged_by_a_leader_without_a_majority(cluster)
     assert not acknowledged
     assert not visible
 
 
 def test_ack_before_commit_canary_acknowledges_a_write_that_is_then_lost(tmp_path) -> None:
-    with LocalCluster(3, tmp_path, node_args=["--unsafe", "ack-before-commit"],
+    with LocalCluster(3, tmp_path, proxy_peer_links=True, node_args=["--unsafe", "ack-before-commit"],
                       env=UNSAFE_ENV) as cluster:
         acknowledged, visible = _write_acknowledged_by_a_leader_without_a_majority(cluster)
     assert acknowledged and not visible, "the canary should lose an acknowledged write"

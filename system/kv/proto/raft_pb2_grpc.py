@@ -39,6 +39,11 @@ class RaftPeerStub:
                 request_serializer=system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.SerializeToString,
                 response_deserializer=system_dot_kv_dot_proto_dot_raft__pb2.SendAck.FromString,
                 _registered_method=True)
+        self.Stream = channel.stream_unary(
+                '/manyasone.raft.RaftPeer/Stream',
+                request_serializer=system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.SerializeToString,
+                response_deserializer=system_dot_kv_dot_proto_dot_raft__pb2.SendAck.FromString,
+                _registered_method=True)
 
 
 class RaftPeerServicer:
@@ -52,11 +57,24 @@ class RaftPeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stream(self, request_iterator, context):
+        """The same as a long-lived stream: the sender writes batches as they form and never
+        waits for an answer per batch (what nodes use; Send stays for tools and tests).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftPeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Send': grpc.unary_unary_rpc_method_handler(
                     servicer.Send,
+                    request_deserializer=system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.FromString,
+                    response_serializer=system_dot_kv_dot_proto_dot_raft__pb2.SendAck.SerializeToString,
+            ),
+            'Stream': grpc.stream_unary_rpc_method_handler(
+                    servicer.Stream,
                     request_deserializer=system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.FromString,
                     response_serializer=system_dot_kv_dot_proto_dot_raft__pb2.SendAck.SerializeToString,
             ),
@@ -86,6 +104,33 @@ class RaftPeer:
             request,
             target,
             '/manyasone.raft.RaftPeer/Send',
+            system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.SerializeToString,
+            system_dot_kv_dot_proto_dot_raft__pb2.SendAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/manyasone.raft.RaftPeer/Stream',
             system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.SerializeToString,
             system_dot_kv_dot_proto_dot_raft__pb2.SendAck.FromString,
             options,
