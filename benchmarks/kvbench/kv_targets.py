@@ -36,14 +36,26 @@ class KVServiceTarget(Target):
             return kv_pb2_grpc.KVStub(channel).Status(kv_pb2.StatusRequest(), timeout=1.0)
 
     def _leader_seen_by(self, index: int) -> int | None:
-        status = self.status(index)
-        if status.role == "leader":
-            return index
-        if status.leader_id not in self.ids:
+        """The leader only when a majority agrees: it says it leads and enough live members
+        name it. A deposed leader may still believe it leads for a while (PySyncObj's step
+        down only after leaderFallbackTimeout, 30 s), and killing that one would time the
+        wrong thing."""
+        statuses = {}
+        for other in self.live_member_indexes():
+            try:
+                statuses[other] = self.status(other)
+            except grpc.RpcError:
+                continue
+        claimants = [i for i, status in statuses.items() if status.role == "leader"]
+        if not claimants:
             return None
-        leader = self.ids.index(status.leader_id)
-        # Ask the named leader whether it agrees, so a stale view is not taken for truth.
-        return leader if self.status(leader).role == "leader" else None
+        leader = max(claimants, key=lambda i: statuses[i].term)
+        votes = sum(
+            1
+            for i, status in statuses.items()
+            if i == leader or (status.leader_id == self.ids[leader] and status.role != "leader")
+        )
+        return leader if votes > CLUSTER_SIZE // 2 else None
 
 
 class PySyncObjTarget(KVServiceTarget):

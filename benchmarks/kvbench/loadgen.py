@@ -31,7 +31,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.kvbench.clients import ClientKind, open_client
-from benchmarks.kvbench.processes import REPO_ROOT, child_environment, die_with_parent
+from benchmarks.kvbench.processes import REPO_ROOT, child_environment, dying_with_parent
 
 
 class Operation(enum.Enum):
@@ -194,14 +194,15 @@ def run_load(spec: LoadSpec, processes: int, log_dir: Path) -> LoadResult:
             logs.append(log)
             children.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "benchmarks.kvbench.loadgen", child_spec.to_json()],
+                    dying_with_parent(
+                        [sys.executable, "-m", "benchmarks.kvbench.loadgen", child_spec.to_json()]
+                    ),
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=log,
                     cwd=REPO_ROOT,
                     env=child_environment(),
                     start_new_session=True,
-                    preexec_fn=die_with_parent,
                 )
             )
         for child in children:

@@ -10,8 +10,8 @@ it did not start.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,20 +22,19 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# Linux prctl(PR_SET_PDEATHSIG): the kernel sends the child this signal when the thread that
-# started it dies, so even a SIGKILLed benchmark (which runs no finally) leaves no server
-# behind. Looked up before any fork: the child only makes the call.
-_PR_SET_PDEATHSIG = 1
-try:
-    _libc: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
-except OSError:
-    _libc = None
+# The kernel's parent-death signal (PR_SET_PDEATHSIG): a child is SIGKILLed when the
+# benchmark dies, so even a SIGKILLed benchmark (which runs no finally) leaves no server
+# behind. Set by util-linux's `setpriv` just before it execs the child, rather than by a
+# preexec_fn, which would run Python in a forked copy of a process that has gRPC threads.
+_SETPRIV = shutil.which("setpriv")
 
 
-def die_with_parent() -> None:
-    """preexec_fn for children: SIGKILL me when my parent dies (no-op off Linux)."""
-    if _libc is not None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def dying_with_parent(argv: Sequence[str]) -> list[str]:
+    """argv, prefixed so that the process is SIGKILLed when its parent dies (unchanged
+    where setpriv is missing: the finally blocks still stop it)."""
+    if _SETPRIV is None:
+        return list(argv)
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
 
 
 def free_loopback_ports(count: int) -> list[int]:
@@ -73,14 +72,13 @@ class ManagedProcess:
         self.log_path = log_path
         self._log_file = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.popen = subprocess.Popen(
-            self.argv,
+            dying_with_parent(self.argv),
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=str(cwd or REPO_ROOT),
             env=child_environment(),
             start_new_session=True,
-            preexec_fn=die_with_parent,
         )
 
     @property

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.kvbench.processes import die_with_parent
+from benchmarks.kvbench.processes import dying_with_parent
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Sampler:
         if executable is None:
             raise FileNotFoundError("py-spy is not installed: run `bash benchmarks/setup_kv_bench.sh`")
         self._process = subprocess.Popen(
-            [
+            dying_with_parent([
                 executable, "record",
                 "--pid", str(pid),
                 "--duration", str(max(1, round(duration_s))),
@@ -49,11 +49,10 @@ class Sampler:
                 "--format", "raw",
                 "--output", str(output),
                 "--nonblocking",  # never pause the server it samples
-            ],
+            ]),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=die_with_parent,
         )  # fmt: skip
 
     def result(self, timeout_s: float = 60.0, top: int = 12) -> Profile:
