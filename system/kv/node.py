@@ -181,6 +181,11 @@ class Node:
         # (thesis §6.4 allows batching: each read's round begins after the read did).
         self._read_batch: list[asyncio.Future[int]] = []
         self._pending_reads: dict[bytes, list[asyncio.Future[int]]] = {}  # context -> batch
+        # At most one ReadIndex round in flight (as etcd's read loop): reads arriving
+        # meanwhile wait for it to end and then share the next one, so under load a round
+        # carries many reads and the leader exchanges one heartbeat per follower per
+        # round trip instead of one per drive round.
+        self._read_round_in_flight: bytes | None = None
         self._read_ids = itertools.count(1)
         self._wake: asyncio.Event | None = None
         self._drive_task: asyncio.Task[None] | None = None
@@ -381,7 +386,11 @@ class Node:
     def _start_read_batch(self) -> None:
         """One ReadIndex round for every linearizable read that arrived since the last
         one: one heartbeat per follower instead of one per read."""
-        if not self._read_batch:
+        if self._read_round_in_flight is not None and not self.is_leader:
+            # Leadership ended: the core answers that round in dropped_reads; do not let
+            # it hold back reads meanwhile (they will be refused as not-leader).
+            self._read_round_in_flight = None
+        if not self._read_batch or self._read_round_in_flight is not None:
             return
         batch, self._read_batch = self._read_batch, []
         context = f"{self.config.node_id}:{next(self._read_ids)}".encode()
@@ -394,6 +403,13 @@ class Node:
                     fut.set_exception(NotLeaderError(exc.leader_id, address))
             return
         self._pending_reads[context] = batch
+        self._read_round_in_flight = context
+
+    def _read_round_done(self, context: bytes) -> None:
+        if context == self._read_round_in_flight:
+            self._read_round_in_flight = None
+            if self._read_batch:
+                self._kick()  # the drive loop starts the next round
 
     def _persist(self, ready: Ready) -> None:
         """Step 1 of a Ready, on the storage thread: write, then fsync, before anything
@@ -447,6 +463,7 @@ class Node:
 
         # 4. Reads.
         for read_state in ready.read_states:
+            self._read_round_done(read_state.context)
             for fut in self._pending_reads.pop(read_state.context, ()):
                 if not fut.done():  # (a caller that gave up has cancelled its future)
                     fut.set_result(read_state.index)
@@ -454,6 +471,7 @@ class Node:
             leader = self.core.leader_id
             address = self.config.address_of(leader)
             for context in ready.dropped_reads:
+                self._read_round_done(context)
                 for fut in self._pending_reads.pop(context, ()):
                     if not fut.done():
                         fut.set_exception(NotLeaderError(leader, address))
