@@ -6,9 +6,12 @@ from a real timer, messages from peers, proposals and reads from the client serv
 any input the loop drains `core.ready()` and carries out each Ready in the order the
 contract fixes (docs/raft.md):
 
-1. persist entries, hard state and received snapshots, and fsync BEFORE anything is sent
-   (a vote or an append response promises what is on disk; Raft §5.2, Figure 2);
-2. send messages;
+1. send the leader's replication messages (`messages_before_persist`: APPEND, HEARTBEAT,
+   SNAPSHOT), then persist entries, hard state and received snapshots, and fsync BEFORE
+   anything else is sent (a vote or an append response promises what is on disk; Raft
+   §5.2, Figure 2). The leader writes its log in parallel with its followers (thesis
+   §10.2.1); the core counts its own copy towards a commit only once durable;
+2. send the other messages (`messages_after_persist`);
 3. restore the state machine from a received snapshot, then apply committed entries;
 4. serve read barriers once applied >= their index; refuse dropped reads.
 
@@ -173,7 +176,16 @@ class Node:
         self.last_installed_snapshot_index = 0
         self._write_waiters: dict[int, _WriteWaiter] = {}
         self._read_waiters: list[_ReadWaiter] = []  # heap by index
-        self._pending_reads: dict[bytes, asyncio.Future[int]] = {}
+        # Linearizable reads that arrived since the drive task last ran: they share ONE
+        # ReadIndex round (one heartbeat per follower), started after all of them arrived
+        # (thesis §6.4 allows batching: each read's round begins after the read did).
+        self._read_batch: list[asyncio.Future[int]] = []
+        self._pending_reads: dict[bytes, list[asyncio.Future[int]]] = {}  # context -> batch
+        # At most one ReadIndex round in flight (as etcd's read loop): reads arriving
+        # meanwhile wait for it to end and then share the next one, so under load a round
+        # carries many reads and the leader exchanges one heartbeat per follower per
+        # round trip instead of one per drive round.
+        self._read_round_in_flight: bytes | None = None
         self._read_ids = itertools.count(1)
         self._wake: asyncio.Event | None = None
         self._drive_task: asyncio.Task[None] | None = None
@@ -221,10 +233,11 @@ class Node:
             if not waiter.future.done():
                 waiter.future.set_exception(OutcomeUnknown("node is shutting down"))
         self._write_waiters.clear()
-        for fut in self._pending_reads.values():
+        for fut in [f for batch in self._pending_reads.values() for f in batch] + self._read_batch:
             if not fut.done():
                 fut.set_exception(NotLeaderError(None, ""))
         self._pending_reads.clear()
+        self._read_batch = []
         await self.transport.close()
         self._storage_thread.shutdown(wait=True)
         self.storage.close()
@@ -295,19 +308,14 @@ class Node:
             return self.state_machine.applied_index
         if self._stopping:
             raise NotLeaderError(None, "")
-        context = f"{self.config.node_id}:{next(self._read_ids)}".encode()
-        try:
-            self.core.read_index(context)
-        except NotLeader as exc:
-            raise NotLeaderError(exc.leader_id, self.config.address_of(exc.leader_id)) from None
+        if not self.is_leader:
+            leader = self.core.leader_id
+            raise NotLeaderError(leader, self.config.address_of(leader))
         loop = asyncio.get_running_loop()
         confirmed: asyncio.Future[int] = loop.create_future()
-        self._pending_reads[context] = confirmed
+        self._read_batch.append(confirmed)
         self._kick()
-        try:
-            index = await confirmed
-        finally:
-            self._pending_reads.pop(context, None)
+        index = await confirmed
         if self.state_machine.applied_index < index:
             ready: asyncio.Future[None] = loop.create_future()
             heapq.heappush(self._read_waiters, _ReadWaiter(index, next(self._read_ids), ready))
@@ -334,17 +342,34 @@ class Node:
             await self._wake.wait()
             self._wake.clear()
             try:
-                while self.core.has_ready():
+                while True:
+                    self._start_read_batch()
+                    if not self.core.has_ready():
+                        break
                     ready = self.core.ready()
+                    if ready.messages_before_persist:
+                        # A leader's APPENDs leave while it fsyncs its own copy (thesis
+                        # §10.2.1; the core counts that copy only once `advance` says it
+                        # is durable), so the two fsyncs of a write overlap.
+                        self.transport.send(ready.messages_before_persist)
+                    persisting = None
                     if ready.entries or ready.snapshot is not None or ready.must_sync or (
                             ready.hard_state is not None
                             and _vote_or_term_changed(self._hard_state, ready.hard_state)):
-                        await self._loop.run_in_executor(self._storage_thread, self._persist, ready)
+                        persisting = self._loop.run_in_executor(
+                            self._storage_thread, self._persist, ready)
                     elif ready.hard_state is not None:
                         # Only the commit index moved: a small write with no fsync (the
                         # commit index is a hint, safe to lose), not worth a thread hop.
                         self._persist(ready)
-                    self._after_persist(ready)
+                    applied_early = self._may_apply_before_persist(ready)
+                    if applied_early:
+                        # Entries committed AND already durable here: acknowledging them
+                        # need not wait for this Ready's fsync of newer entries.
+                        self._apply_and_serve_reads(ready)
+                    if persisting is not None:
+                        await persisting
+                    self._after_persist(ready, applied_early)
                     self.core.advance(ready)
                     await self._maybe_snapshot()
             except Exception:
@@ -357,6 +382,34 @@ class Node:
             self._log_role_change()
             if self._stopping:
                 return
+
+    def _start_read_batch(self) -> None:
+        """One ReadIndex round for every linearizable read that arrived since the last
+        one: one heartbeat per follower instead of one per read."""
+        if self._read_round_in_flight is not None and not self.is_leader:
+            # Leadership ended: the core answers that round in dropped_reads; do not let
+            # it hold back reads meanwhile (they will be refused as not-leader).
+            self._read_round_in_flight = None
+        if not self._read_batch or self._read_round_in_flight is not None:
+            return
+        batch, self._read_batch = self._read_batch, []
+        context = f"{self.config.node_id}:{next(self._read_ids)}".encode()
+        try:
+            self.core.read_index(context)
+        except NotLeader as exc:
+            address = self.config.address_of(exc.leader_id)
+            for fut in batch:
+                if not fut.done():
+                    fut.set_exception(NotLeaderError(exc.leader_id, address))
+            return
+        self._pending_reads[context] = batch
+        self._read_round_in_flight = context
+
+    def _read_round_done(self, context: bytes) -> None:
+        if context == self._read_round_in_flight:
+            self._read_round_in_flight = None
+            if self._read_batch:
+                self._kick()  # the drive loop starts the next round
 
     def _persist(self, ready: Ready) -> None:
         """Step 1 of a Ready, on the storage thread: write, then fsync, before anything
@@ -376,14 +429,32 @@ class Node:
         if need_sync:
             self.storage.sync()
 
-    def _after_persist(self, ready: Ready) -> None:
+    def _may_apply_before_persist(self, ready: Ready) -> bool:
+        """Whether steps 3-4 (apply, serve reads) may run while this Ready is persisted.
+
+        Yes when no snapshot is being installed and every committed entry is at or below
+        the core's durable index: each is then committed (stored durably on a majority)
+        and durable on this node too, so nothing this Ready writes is needed to apply or
+        acknowledge it (what is acknowledged is committed, and nothing acknowledged is
+        lost). A read's ReadIndex round does not depend on this node's disk at all."""
+        if ready.snapshot is not None or self.unsafe is not None:
+            return False
+        committed = ready.committed_entries
+        return not committed or committed[-1].index <= self.core.durable_index
+
+    def _after_persist(self, ready: Ready, applied_early: bool) -> None:
         if self.unsafe is not None and ready.entries:
             self.unsafe.after_persist(self, ready.entries)
 
-        # 2. Send.
-        if ready.messages:
-            self.transport.send(ready.messages)
+        # 2. Send what promises durable state (votes, responses); the leader's own
+        # replication traffic has already left (`messages_before_persist`).
+        if ready.messages_after_persist:
+            self.transport.send(ready.messages_after_persist)
 
+        if not applied_early:
+            self._apply_and_serve_reads(ready)
+
+    def _apply_and_serve_reads(self, ready: Ready) -> None:
         # 3. Apply: a received snapshot replaces the state machine first.
         if ready.snapshot is not None:
             self._restore_snapshot(ready.snapshot, ready.snapshot_data)
@@ -392,15 +463,18 @@ class Node:
 
         # 4. Reads.
         for read_state in ready.read_states:
-            fut = self._pending_reads.get(read_state.context)
-            if fut is not None and not fut.done():
-                fut.set_result(read_state.index)
+            self._read_round_done(read_state.context)
+            for fut in self._pending_reads.pop(read_state.context, ()):
+                if not fut.done():  # (a caller that gave up has cancelled its future)
+                    fut.set_result(read_state.index)
         if ready.dropped_reads:
-            hint = NotLeaderError(self.core.leader_id, self.config.address_of(self.core.leader_id))
+            leader = self.core.leader_id
+            address = self.config.address_of(leader)
             for context in ready.dropped_reads:
-                fut = self._pending_reads.get(context)
-                if fut is not None and not fut.done():
-                    fut.set_exception(hint)
+                self._read_round_done(context)
+                for fut in self._pending_reads.pop(context, ()):
+                    if not fut.done():
+                        fut.set_exception(NotLeaderError(leader, address))
         self._release_reads()
 
     def _apply(self, entry) -> None:  # noqa: ANN001 - an Entry

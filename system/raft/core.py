@@ -176,8 +176,18 @@ class Ready:
     # MemoryStorage.ApplySnapshot does); `entries` of the same Ready follow the snapshot.
     snapshot: SnapshotMeta | None = None
     snapshot_data: bytes = b""
-    must_sync: bool = False  # fsync the above before sending `messages`
-    messages: tuple[Message, ...] = ()  # send only after the above is durable
+    must_sync: bool = False  # fsync the above before sending `messages_after_persist`
+    # Every message of this Ready, in the order the core produced them. A shell may send
+    # them all after the above is durable (always correct), or split them:
+    messages: tuple[Message, ...] = ()
+    # ... the subset that depends on nothing this Ready persists: a leader's APPEND,
+    # HEARTBEAT and SNAPSHOT at a term already durable. They may be sent BEFORE (or while)
+    # this Ready is persisted (Raft thesis §10.2.1: the leader writes its log in parallel
+    # with replicating it; the core counts the leader's own copy only up to the index it
+    # has seen durable in `advance`, see `durable_index`) ...
+    messages_before_persist: tuple[Message, ...] = ()
+    # ... and the rest (votes, vote and append responses, anything else): strictly after.
+    messages_after_persist: tuple[Message, ...] = ()
     committed_entries: tuple[Entry, ...] = ()  # apply in order (after restoring `snapshot`)
     read_states: tuple[ReadState, ...] = ()  # serve once applied >= index
     dropped_reads: tuple[bytes, ...] = ()  # answer "not leader" to these read contexts
@@ -275,6 +285,12 @@ class RaftCore:
         self._received_snapshot: SnapshotMeta | None = None  # to persist + restore
         self._needs_broadcast: bool = False  # leader: new entries/commit to send at Ready
         self._last_hard_state: HardState = HardState(hard.term, hard.vote, self.log.committed)
+        # Every entry at or below this index is durable on this node (a shell finished the
+        # Ready that carried it: `advance`) AND is the entry our log holds there. A leader
+        # counts its own copy towards a commit quorum only up to here (`quorum_match_index`),
+        # which is what lets the shell send APPENDs before its own fsync. Lowering it is
+        # always safe (commits just wait for followers); it must never overstate.
+        self.durable_index: int = self.log.last_index()
         # Diagnostics: messages refused as malformed or misaddressed, and why (last one).
         self.ignored_message_count: int = 0
         self.last_ignored_reason: str = ""
@@ -465,7 +481,9 @@ class RaftCore:
         """Leader: append one entry of the current term to our own log."""
         index = self.log.append_new(self._term, data, kind)
         if not self.peers:
-            self.maybe_commit()  # a single-node cluster is its own majority
+            # A single-node cluster is its own majority; it commits once the entry is
+            # durable (`advance_durable`), and this call commits nothing new before that.
+            self.maybe_commit()
         return index
 
     def read_index(self, context: bytes) -> None:
@@ -789,6 +807,9 @@ class RaftCore:
                 assert conflict > log.committed, (
                     f"{self.id}: leader {m.src} would overwrite committed entry {conflict}"
                 )
+                if conflict <= self.durable_index:
+                    # The durable suffix from `conflict` on is about to be replaced.
+                    self.durable_index = conflict - 1
                 log.append(entries[conflict - m.index - 1 :])
             # Raft Figure 2: commit = min(leaderCommit, index of last new entry).
             log.commit_to(min(m.commit, last_new))
@@ -888,6 +909,9 @@ class RaftCore:
             # We already hold that entry: just learn it is committed (etcd does the same).
             log.commit_to(meta.index)
             return
+        # Our whole log is replaced; until the snapshot's Ready is durable, only what was
+        # committed (and so is in the snapshot too) is known durable and matching.
+        self.durable_index = min(self.durable_index, log.committed)
         log.restore(meta)
         self._snapshot = meta
         self._snapshot_data = data
@@ -999,9 +1023,11 @@ class RaftCore:
         return True
 
     def quorum_match_index(self) -> int:
-        """The highest index stored on a majority (counting ourselves)."""
+        """The highest index stored durably on a majority, counting ourselves only up to
+        our durable index: the shell may send APPENDs before its own fsync (thesis
+        §10.2.1), so entries merely in our memory are not yet a replica."""
         matches = [p.match for p in self.progress.values()]
-        matches.append(self.log.last_index())
+        matches.append(min(self.durable_index, self.log.last_index()))
         matches.sort(reverse=True)
         return matches[self.quorum - 1]
 
@@ -1155,6 +1181,8 @@ class RaftCore:
             must_sync = last.term != self._term or last.vote != self._vote
             hard_state = HardState(self._term, self._vote, log.committed)
             self._last_hard_state = hard_state
+        # (Readies are carried out one at a time, so every earlier Ready is durable now.)
+        term_or_vote_changed = must_sync
         entries: tuple[Entry, ...] = ()
         if log.has_unstable():
             entries = tuple(log.unstable_entries())
@@ -1170,13 +1198,17 @@ class RaftCore:
         committed = tuple(self.entries_to_apply())
         if committed:
             log.mark_applying(committed[-1].index)
+        messages = tuple(self._messages)
+        before, after = self.split_messages(messages, term_or_vote_changed)
         ready = Ready(
             hard_state=hard_state,
             entries=entries,
             snapshot=snapshot,
             snapshot_data=snapshot_data,
             must_sync=must_sync,
-            messages=tuple(self._messages),
+            messages=messages,
+            messages_before_persist=before,
+            messages_after_persist=after,
             committed_entries=committed,
             read_states=tuple(self._read_states),
             dropped_reads=tuple(self._dropped_reads),
@@ -1186,6 +1218,29 @@ class RaftCore:
         self._dropped_reads = []
         self.check_invariants()
         return ready
+
+    def split_messages(
+        self, messages: tuple[Message, ...], term_or_vote_changed: bool
+    ) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+        """Which messages may leave before this Ready is durable, which only after.
+
+        Only a leader's replication traffic may go early, and only when this Ready does
+        not change the term or vote it is sent under: an APPEND promises nothing about
+        the leader's disk, because the leader counts itself only up to `durable_index`.
+        Votes and all responses promise what is on disk (Raft Figure 2): after."""
+        if not messages:
+            return (), ()
+        if self._role is not Role.LEADER or term_or_vote_changed:
+            return (), messages
+        term = self._term
+        before = []
+        after = []
+        for m in messages:
+            if m.type in _FROM_LEADER and m.term == term:
+                before.append(m)
+            else:
+                after.append(m)
+        return tuple(before), tuple(after)
 
     def entries_to_apply(self) -> list[Entry]:
         """Committed entries not yet handed out: only committed entries are ever applied
@@ -1202,7 +1257,31 @@ class RaftCore:
             applied = max(applied, ready.committed_entries[-1].index)
         if applied > log.applied:
             log.applied_to(applied)
+        self.advance_durable(ready)
         self.check_invariants()
+
+    def advance_durable(self, ready: Ready) -> None:
+        """Record what `ready` made durable; a leader may now count its own copy of those
+        entries (and commit, if followers already answered: the thesis §10.2.1 case
+        where the followers' fsyncs finished before ours)."""
+        log = self.log
+        durable = self.durable_index
+        snapshot = ready.snapshot
+        if snapshot is not None and log.snapshot_index >= snapshot.index and log.match_term(
+            snapshot.index, snapshot.term
+        ):
+            durable = max(durable, snapshot.index)
+        if ready.entries:
+            first, last = ready.entries[0], ready.entries[-1]
+            # Only if those entries are still ours (no step replaced them while the shell
+            # was persisting) and follow what was already durable.
+            if first.index <= durable + 1 and log.match_term(last.index, last.term):
+                durable = max(durable, last.index)
+        if durable == self.durable_index:
+            return
+        self.durable_index = durable
+        if self._role is Role.LEADER and self.maybe_commit():
+            self._needs_broadcast = True
 
     def check_invariants(self) -> None:
         """Local invariants, asserted after every input (cheap comparisons only). A

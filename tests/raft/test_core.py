@@ -511,10 +511,13 @@ def test_figure8_old_entries_commit_once_a_current_term_entry_reaches_a_majority
     for _ in range(leader.randomized_election_timeout):
         leader.tick()
     leader.step(message(MT.VOTE_RESPONSE, "b", "a", 4))
+    first = leader.ready()
+    leader.advance(first)  # the leader's own NOOP is durable (thesis §10.2.1)
     leader.step(message(MT.APPEND_RESPONSE, "b", "a", 4, index=3))  # holds the NOOP too
     assert leader.commit_index == 3
     ready = leader.ready()
-    assert [e.index for e in ready.committed_entries] == [1, 2, 3]  # 1: re-applied after restart
+    applied = [e.index for r in (first, ready) for e in r.committed_entries]
+    assert applied == [1, 2, 3]  # 1: re-applied after restart
 
 
 def test_followers_never_apply_beyond_what_the_leader_says_is_committed() -> None:

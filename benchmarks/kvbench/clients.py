@@ -1,0 +1,132 @@
+"""Asynchronous clients the load generator drives, one per protocol: etcd's v3 gRPC API,
+and our store's `manyasone.kv.KV` service (spoken by our nodes and by the PySyncObj front).
+
+Each client owns one gRPC channel to one member, so N clients are N connections, as N
+separate client programs would be. Errors come out as `grpc.aio.AioRpcError`; counting
+them is the caller's job. This module must never retry: a retry would hide the latency
+and the failures the benchmark is there to measure.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+from typing import Protocol
+
+import grpc
+
+from benchmarks.kvbench import etcd_rpc_pb2, etcd_rpc_pb2_grpc
+from system.kv.proto import kv_pb2, kv_pb2_grpc
+
+# Enough for the 1 MiB row with room to spare; our store must take 64 MiB checkpoints.
+MAX_MESSAGE_BYTES = 80 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Without this, channels to the same address share one connection in the process-wide
+    # subchannel pool, and 64 "clients" would be 64 streams on one TCP connection.
+    ("grpc.use_local_subchannel_pool", 1),
+]
+
+
+class ClientKind(enum.Enum):
+    """Which wire protocol a cluster's members speak to clients."""
+
+    ETCD = "etcd"  # etcdserverpb.KV (Put, Range)
+    KV = "kv"  # manyasone.kv.KV (ours, and the PySyncObj front)
+
+
+class AsyncClient(Protocol):
+    async def wait_connected(self, timeout_s: float) -> None: ...
+    async def put(self, key: str, value: bytes, timeout_s: float) -> None: ...
+    async def get(self, key: str, linearizable: bool, timeout_s: float) -> None: ...
+    async def close(self) -> None: ...
+
+
+class _ChannelClient:
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+    async def wait_connected(self, timeout_s: float) -> None:
+        import asyncio
+
+        await asyncio.wait_for(self.channel.channel_ready(), timeout_s)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class EtcdClient(_ChannelClient):
+    """etcd v3: Put, and Range on one key (serializable=false is etcd's linearizable read,
+    confirmed through the leader; serializable=true is served locally, may be stale)."""
+
+    def __init__(self, address: str):
+        super().__init__(address)
+        self.kv = etcd_rpc_pb2_grpc.KVStub(self.channel)
+
+    async def put(self, key: str, value: bytes, timeout_s: float) -> None:
+        await self.kv.Put(etcd_rpc_pb2.PutRequest(key=key.encode(), value=value), timeout=timeout_s)
+
+    async def get(self, key: str, linearizable: bool, timeout_s: float) -> None:
+        await self.kv.Range(
+            etcd_rpc_pb2.RangeRequest(key=key.encode(), serializable=not linearizable),
+            timeout=timeout_s,
+        )
+
+
+_request_counter = itertools.count(1)
+
+
+class KVServiceClient(_ChannelClient):
+    """manyasone.kv.KV: every put carries a fresh request id, as our client library's do,
+    so the store pays for its deduplication table as it would in use.
+
+    Our nodes do not forward: a follower answers UNAVAILABLE with the leader's address in
+    the trailing metadata. Like our client library, this client then moves to that address
+    for its next operations (etcd and the PySyncObj front forward instead, so they never
+    send a hint). The failed operation itself is not retried: it counts as an error."""
+
+    def __init__(self, address: str, follow_leader_hints: bool = True):
+        super().__init__(address)
+        self.kv = kv_pb2_grpc.KVStub(self.channel)
+        self.follow_leader_hints = follow_leader_hints
+        self._id_prefix = f"bench-{os.getpid()}-{id(self):x}"
+
+    async def put(self, key: str, value: bytes, timeout_s: float) -> None:
+        request_id = f"{self._id_prefix}-{next(_request_counter)}"
+        request = kv_pb2.PutRequest(key=key, value=value, request_id=request_id)
+        await self._call(self.kv.Put, request, timeout_s, follow_hint=True)
+
+    async def get(self, key: str, linearizable: bool, timeout_s: float) -> None:
+        consistency = kv_pb2.LINEARIZABLE if linearizable else kv_pb2.STALE
+        request = kv_pb2.GetRequest(key=key, consistency=consistency)
+        # A stale read is served by whichever member was asked; only the others need the leader.
+        await self._call(self.kv.Get, request, timeout_s, follow_hint=linearizable)
+
+    async def _call(self, method, request, timeout_s: float, follow_hint: bool) -> None:
+        try:
+            await method(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            if self.follow_leader_hints and follow_hint and error.code() is grpc.StatusCode.UNAVAILABLE:
+                await self._move_to(dict(error.trailing_metadata() or ()).get("leader-address", ""))
+            raise
+
+    async def _move_to(self, address: str) -> None:
+        if not address or address == self.address:
+            return
+        old = self.channel
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.kv = kv_pb2_grpc.KVStub(self.channel)
+        await old.close(grace=None)
+
+
+def open_client(kind: ClientKind, address: str, follow_leader_hints: bool = True) -> AsyncClient:
+    """A client for one member; call inside a running event loop (grpc.aio binds to it).
+    follow_leader_hints=False pins it to that member (the leader-kill probe wants that: a
+    survivor may still name the dead leader)."""
+    if kind is ClientKind.ETCD:
+        return EtcdClient(address)
+    return KVServiceClient(address, follow_leader_hints)
