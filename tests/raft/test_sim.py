@@ -481,3 +481,19 @@ def test_cli_rejects_a_variant_that_is_not_one(capsys: pytest.CaptureFixture[str
         main(["--seed", "0", "--variant", "tests.raft.broken:ALL"])
     assert stop.value.code == 2
     assert "is not a SimVariant" in capsys.readouterr().err
+
+
+def test_cli_writes_a_failing_seeds_history_for_the_checker_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--history-out: the failing seed's history.jsonl, which `python -m checker check`
+    reads and finds invalid too (exit 1), with the HTML timeline."""
+    from checker.cli import main as checker_main
+
+    variant = "tests.raft.broken:IGNORES_REQUEST_IDS"
+    assert main(["--seed", "0", "--variant", variant, "--history-out", str(tmp_path)]) == 1
+    path = tmp_path / "seed-0" / "history.jsonl"
+    assert f"python -m checker check {path} --model versioned-kv" in capsys.readouterr().out
+    html = tmp_path / "out.html"
+    assert checker_main(["check", str(path), "--model", "versioned-kv", "--html", str(html)]) == 1
+    assert "not linearizable" in capsys.readouterr().out and html.stat().st_size > 0
