@@ -16,8 +16,9 @@ never written, +1 per applied write):
   not the expected one" (information, not a no-op). Any other `fail` certainly did not apply.
 - `get` -> `get` with `consistency` "stale" or "linearizable" on the invoke; stale reads
   promise no recency and the model does not check them.
-- the sim's own text of a completion's error, its request id and step go into extra fields
-  (`detail`, `request_id`, `step`), which the checker ignores.
+- other errors keep the sim's text in `error`; a mismatch's text goes to an extra field
+  `detail`, as do the request id (`request_id`) and the simulator step (`step`); the
+  checker ignores extra fields.
 
 What it must never do: I/O, clocks or anything but turning values into values.
 """
