@@ -45,7 +45,13 @@ from enum import Enum
 
 import checker
 from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, Ready, Role
-from system.raft.history import EventType, Function, HistoryEvent, to_records
+from system.raft.history import (
+    EventType,
+    Function,
+    HistoryEvent,
+    forget_unread_values,
+    to_records,
+)
 from system.raft.invariants import Rule, SafetyMonitor, Violation
 from system.raft.messages import Message, MessageType
 from system.raft.register import Command, CorruptSnapshot, Operation, Register, encode_command
@@ -1136,8 +1142,8 @@ class Simulation:
         of the seed: when it runs out the verdict is "unknown" (reported as such, never as
         valid), so a slow machine can turn a verdict into "unknown" but never flip it."""
         result = checker.check_linearizable(
-            to_records(self.history), checker.models.versioned_kv(), budget_s=budget_s,
-            all_keys=True,
+            forget_unread_values(to_records(self.history)), checker.models.versioned_kv(),
+            budget_s=budget_s, all_keys=True,
         )
         if result.valid is False:
             explanation = "\n".join(c.text() for c in result.counterexamples)
