@@ -46,6 +46,11 @@ class Command:
     expected_version: int | None = None  # CAS only: apply only if the key's version equals it
 
 
+# The start of a CAS mismatch's error text (kept in snapshots, so a duplicate request id
+# restored from one still reads as a mismatch).
+MISMATCH_ERROR = "version mismatch"
+
+
 @dataclass(frozen=True, slots=True)
 class WriteResult:
     """What applying a write returned. A duplicate request id returns the first result."""
@@ -54,6 +59,12 @@ class WriteResult:
     version: int  # the key's version after the write (or the current one when not ok)
     value: str | None  # the key's value after the write (or the current one when not ok)
     error: str = ""  # why not ok, for the person reading the history
+
+    @property
+    def cas_mismatch(self) -> bool:
+        """A CAS whose expected version differed from `version`, the key's version then
+        (as opposed to a malformed command, whose `version` means nothing)."""
+        return not self.ok and self.error.startswith(MISMATCH_ERROR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +152,7 @@ class Register:
                 ok=False,
                 version=version,
                 value=value,
-                error=f"version mismatch: expected {command.expected_version}, found {version}",
+                error=f"{MISMATCH_ERROR}: expected {command.expected_version}, found {version}",
             )
         self._cells[command.key] = (command.value, version + 1)
         return WriteResult(ok=True, version=version + 1, value=command.value)

@@ -22,14 +22,17 @@ machine), serves ReadIndex reads once applied, answers waiting clients, then cal
 the same seed always gives the same hash. A `SafetyMonitor` sees every persisted and
 applied entry and the core's role/term/commit after every input, and records violations
 of Raft's safety properties; the clients' operations form a Jepsen-style history that
-`check_linearizable()` checks.
+`check_linearizable()` hands to the project's checker (`checker`, model `versioned-kv`).
 
 Run `python -m system.raft.sim --seeds 200` for the randomized simulation (see swarm.py).
 
-What it must never do: read a clock, touch real sockets or files, use global randomness,
+What it must never do: read a clock, touch real sockets or files (but for the CLI's
+`--history-out`, through `histories.write`), use global randomness,
 or iterate over anything whose order is not deterministic (string hashing is randomized
 per process, so no set or dict keyed by strings is iterated unsorted). Broken variants of
 the core or shell are passed in (`SimVariant`), never switched on by flags in here.
+The one non-deterministic part is the end-of-run check: the checker's budget is wall-clock
+time, so on a slow machine a verdict can become "unknown" (never valid, never invalid).
 """
 
 from __future__ import annotations
@@ -40,15 +43,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+import checker
 from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, Ready, Role
-from system.raft.invariants import Rule, SafetyMonitor, Violation
-from system.raft.linearizability import (
+from system.raft.history import (
     EventType,
     Function,
     HistoryEvent,
-    Verdict,
-    check_history,
+    forget_unread_values,
+    to_records,
 )
+from system.raft.invariants import Rule, SafetyMonitor, Violation
 from system.raft.messages import Message, MessageType
 from system.raft.register import Command, CorruptSnapshot, Operation, Register, encode_command
 from system.raft.types import Entry, HardState, NodeId, PersistentState, SnapshotMeta
@@ -261,6 +265,9 @@ class ClientOp:
     result_version: int | None = None
     answered_by: NodeId = ""
     error: str = ""
+    # Writes answered by a state machine: True applied, False a CAS whose expected version
+    # did not match (result_version is the key's version then); None otherwise.
+    applied: bool | None = None
 
     @property
     def done(self) -> bool:
@@ -413,7 +420,7 @@ class NodeShell:
                 else:
                     self.sim.attempt_answered(
                         op, attempt, self.node_id, first.ok, first.value, first.version,
-                        first.error,
+                        first.error, mismatch=first.cas_mismatch,
                     )
 
     def apply(self, entry: Entry) -> None:
@@ -440,16 +447,17 @@ class NodeShell:
                 self.sim.attempt_refused(op, attempt, f"entry {entry.index} is a no-op")
             else:
                 self.acknowledge(op, attempt, entry, result.ok, result.value, result.version,
-                                 result.error)
+                                 result.error, mismatch=result.cas_mismatch)
 
     def acknowledge(
         self, op: ClientOp, attempt: Attempt, entry: Entry, ok: bool, value: str | None,
-        version: int, error: str,
+        version: int, error: str, mismatch: bool = False,
     ) -> None:
         """Tell the client its write's outcome; only ever after the entry was applied."""
         if ok and not op.done:
             self.sim.monitor.acknowledged_write(entry.index, entry.term, op.request_id)
-        self.sim.attempt_answered(op, attempt, self.node_id, ok, value, version, error)
+        self.sim.attempt_answered(op, attempt, self.node_id, ok, value, version, error,
+                                  mismatch=mismatch)
 
     def serve_reads(self) -> None:
         if not self.reads_to_serve:
@@ -522,6 +530,20 @@ class NodeShell:
 
 class SimulationStuck(AssertionError):
     """run_until ran out of steps before its condition held."""
+
+
+# Per key. The sim's keys hold a few hundred operations and decide in milliseconds; the
+# budget only bounds a pathological history, which then reads "unknown".
+DEFAULT_CHECK_BUDGET_S = 60.0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The linearizability verdict of a run: `valid` is True, False or "unknown"."""
+
+    valid: bool | str
+    explanation: str  # the counterexample of each invalid key, or why unknown; "" if valid
+    result: checker.Result  # the checker's whole answer (per-key table, JSON, timeline)
 
 
 MessageFilter = Callable[[Message], bool]
@@ -1009,8 +1031,8 @@ class Simulation:
             index=len(self.history), type=type, process=op.process, f=op.f, key=op.key,
             value=value, version=version, expected_version=op.expected_version,
             request_id=op.request_id, node="" if invoke else op.answered_by,
-            stale=op.stale and not invoke, step=self.step_count,
-            error="" if invoke else op.error,
+            stale=op.stale, step=self.step_count,
+            error="" if invoke else op.error, applied=None if invoke else op.applied,
         )
         self.history.append(event)
         self.record(f"history {event.line()}")
@@ -1084,12 +1106,17 @@ class Simulation:
 
     def attempt_answered(
         self, op: ClientOp, attempt: Attempt, node: NodeId, ok: bool, value: str | None,
-        version: int | None, error: str = "",
+        version: int | None, error: str = "", mismatch: bool = False,
     ) -> None:
+        """`node` answered: `ok`, or not applied. `mismatch`: a CAS whose expected version
+        was not `version`, the key's version when it was applied (an answer that carries
+        information, unlike other failures)."""
         attempt.state = AttemptState.ANSWERED
         if op.done:
             return
         op.result_value, op.result_version, op.answered_by, op.error = value, version, node, error
+        if op.f is not Function.GET:
+            op.applied = True if ok else (False if mismatch else None)
         self._complete(op, OpStatus.OK if ok else OpStatus.FAIL)
 
     def attempt_refused(self, op: ClientOp, attempt: Attempt, reason: str) -> None:
@@ -1107,8 +1134,24 @@ class Simulation:
 
     # -- end-of-run checks --------------------------------------------------------------------
 
-    def check_linearizable(self, max_states_per_key: int = 200_000) -> Verdict:
-        return check_history(self.history, max_states_per_key)
+    def check_linearizable(self, budget_s: float = DEFAULT_CHECK_BUDGET_S) -> Verdict:
+        """Is the clients' history linearizable for the register? The project's checker
+        decides (`checker.check_linearizable`, model `versioned-kv`), every key checked.
+
+        `budget_s` is wall-clock time per key, the only thing here that is not a function
+        of the seed: when it runs out the verdict is "unknown" (reported as such, never as
+        valid), so a slow machine can turn a verdict into "unknown" but never flip it."""
+        result = checker.check_linearizable(
+            forget_unread_values(to_records(self.history)), checker.models.versioned_kv(),
+            budget_s=budget_s, all_keys=True,
+        )
+        if result.valid is False:
+            explanation = "\n".join(c.text() for c in result.counterexamples)
+        elif result.valid is True:
+            explanation = ""
+        else:
+            explanation = f"the checker could not decide: {result.note}"
+        return Verdict(result.valid, explanation, result)
 
     def check_final_state(self) -> None:
         """After the cluster converged: every acknowledged write is in every caught-up
@@ -1163,6 +1206,44 @@ def load_variant(path: str) -> SimVariant:
     return variant
 
 
+def write_history(history: list[HistoryEvent], path: str) -> None:
+    """Write a run's history as `history.jsonl` (docs/histories.md) for
+    `python -m checker check PATH --model versioned-kv --html out.html`. The `time` of a
+    record is the simulator step it happened at (the sim has no clock), for display only."""
+    from histories.write import HistoryWriter
+
+    records = to_records(history)
+    step = 0
+    with HistoryWriter(path, clock_ns=lambda: step) as writer:
+        invokes: dict[int, int] = {}  # process -> index of its invoke in the file
+        for record in records:
+            fields = {
+                name: value
+                for name, value in record.to_json().items()
+                if name not in ("index", "time", "process", "type", "f", "key", "value")
+            }
+            step = dict(record.extra)["step"]
+            if record.type.value == "invoke":
+                invokes[record.process] = writer.invoke(  # type: ignore[index]
+                    record.process, record.f, record.key, record.value, **fields,  # type: ignore[arg-type]
+                )
+            else:
+                writer.complete(
+                    invokes.pop(record.process), record.type, record.value, **fields,  # type: ignore[arg-type]
+                )
+
+
+def save_history(history: list[HistoryEvent], directory: str, seed: int):  # noqa: ANN201
+    """DIR/seed-N/history.jsonl (replaced if it exists: the same seed gives the same file)."""
+    from pathlib import Path
+
+    path = Path(directory) / f"seed-{seed}" / "history.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    write_history(history, str(path))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the randomized simulation over many seeds; exit 0 if every seed passed."""
     import argparse
@@ -1186,6 +1267,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--safety-steps", type=int, default=swarm.SAFETY_STEPS)
     parser.add_argument("--liveness-steps", type=int, default=swarm.LIVENESS_STEPS)
     parser.add_argument("--trace", action="store_true", help="with --seed: print the trace")
+    parser.add_argument("--history-out", metavar="DIR",
+                        help="write the client history of each failing seed (and of --seed "
+                        "always) to DIR/seed-N/history.jsonl, for `python -m checker check`")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
@@ -1204,7 +1288,13 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[swarm.SeedResult] = []
     verdicts: dict[str, int] = {}
     for position, seed in enumerate(seeds, 1):
-        result = swarm.run_seed(seed, variant, args.safety_steps, args.liveness_steps)
+        run = swarm.SwarmRun(seed, variant, args.safety_steps, args.liveness_steps)
+        result = run.run()
+        if args.history_out and (not result.ok or args.seed is not None):
+            saved = save_history(run.sim.history, args.history_out, seed)
+            print(f"seed {seed}: history written to {saved}; check it with\n"
+                  f"  python -m checker check {saved} --model versioned-kv "
+                  f"--html {saved.parent / 'timeline.html'}")
         for kind, count in result.faults.items():
             totals_faults[kind] = totals_faults.get(kind, 0) + count
         for kind, count in result.ops.items():
@@ -1219,6 +1309,8 @@ def main(argv: list[str] | None = None) -> int:
                 run = swarm.SwarmRun(seed, variant, args.safety_steps, args.liveness_steps)
                 run.run()
                 print("\n".join(run.sim.trace))
+        if result.linearizability == "unknown":
+            print(f"seed {seed}: linearizability unknown ({result.linearizability_note})")
         if not result.ok:
             failed.append(result)
             print(f"seed {seed} FAILED ({len(result.violations)} violations):")

@@ -13,11 +13,14 @@ diverse runs find more bugs than one "average" mix). `run_seed` then plays:
 2. a liveness phase: heal everything, restart every crashed node, stop injecting faults;
    a new write must be committed and acknowledged within `liveness_steps`;
 3. convergence and a final linearizable read of every key, then the end checks:
-   acknowledged writes present everywhere, identical state machines, linearizable history.
+   acknowledged writes present everywhere, identical state machines, linearizable history
+   (decided by the project's checker, `checker`, with the `versioned-kv` model).
 
 The `SafetyMonitor` checks Raft's safety properties after every input to every core.
 A seed's outcome is a `SeedResult`; a failing seed prints the one command that replays
-it exactly. Everything derives from the seed: no clock, no global randomness.
+it exactly. Everything derives from the seed: no clock, no global randomness. The one
+exception is the linearizability checker's wall-clock budget (`Simulation.check_linearizable`):
+it can only turn a seed's verdict into "unknown", which is reported as such.
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from system.raft.history import Function
 from system.raft.invariants import Rule, Violation
-from system.raft.linearizability import Function
 from system.raft.sim import AttemptState, ClientOp, InFlight, OpStatus, Simulation, SimVariant
 
 # Defaults chosen so that 500 seeds take well under four minutes on one core (measured;
@@ -135,6 +138,7 @@ class SeedResult:
     committed: int = 0  # highest commit index reached
     trace_hash: str = ""
     linearizability: str = ""  # "valid", "invalid" or "unknown"
+    linearizability_note: str = ""  # unknown: which budget ran out, on which key
 
     @property
     def ok(self) -> bool:
@@ -197,11 +201,13 @@ class SwarmRun:
         verdict = sim.check_linearizable()
         if verdict.valid is False:
             sim.monitor.violate(Rule.LINEARIZABILITY, verdict.explanation)
-        return self.result(
-            {True: "valid", False: "invalid"}.get(verdict.valid, "unknown")  # type: ignore[arg-type]
-        )
+        if verdict.valid is True:
+            return self.result("valid")
+        if verdict.valid is False:
+            return self.result("invalid")
+        return self.result("unknown", verdict.explanation)
 
-    def result(self, linearizability: str) -> SeedResult:
+    def result(self, linearizability: str, note: str = "") -> SeedResult:
         sim = self.sim
         counts = {"ok": 0, "fail": 0, "info": 0}
         for op in sim.ops:
@@ -218,6 +224,7 @@ class SwarmRun:
             committed=sim.monitor.max_committed,
             trace_hash=sim.trace_hash(),
             linearizability=linearizability,
+            linearizability_note=note,
         )
 
     def liveness_phase(self) -> None:

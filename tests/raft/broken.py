@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready
-from system.raft.linearizability import Function
+from system.raft.history import Function
 from system.raft.messages import Message, MessageType
 from system.raft.register import Command, Operation, Register, WriteResult, encode_command
 from system.raft.sim import Attempt, ClientOp, NodeShell, SimVariant

@@ -28,8 +28,20 @@ def describe_failures(results: list[SeedResult], variant_path: str | None = None
 
 def test_a_few_seeds_pass_quickly() -> None:
     """A fast smoke run of the randomized simulation (the full one is slow)."""
-    failed = [r for r in (run_seed(seed) for seed in range(1000, 1005)) if not r.ok]
+    results = [run_seed(seed) for seed in range(1000, 1005)]
+    failed = [r for r in results if not r.ok]
     assert not failed, describe_failures(failed)
+    assert_linearizable(results)
+
+
+def assert_linearizable(results: list[SeedResult]) -> None:
+    """Every seed's history was decided valid by the checker: an "unknown" (budget ran
+    out) is not a pass."""
+    undecided = [r for r in results if r.linearizability != "valid"]
+    assert not undecided, "\n".join(
+        f"seed {r.seed}: linearizability {r.linearizability} {r.linearizability_note}"
+        for r in undecided
+    )
 
 
 @pytest.mark.slow
@@ -38,6 +50,7 @@ def test_randomized_seeds_keep_every_safety_property(first: int) -> None:
     results = [run_seed(seed, record_trace=False) for seed in range(first, first + CHUNK)]
     failed = [r for r in results if not r.ok]
     assert not failed, describe_failures(failed)
+    assert_linearizable(results)
     # The runs do what they claim: faults were injected and clients got answers.
     faults = sum(sum(r.faults.values()) for r in results)
     assert faults > CHUNK and sum(r.ops["ok"] for r in results) > CHUNK

@@ -1,0 +1,162 @@
+"""The simulator's client history, and its conversion to the project's operation records.
+
+What it is for: the simulator records every client operation as Jepsen does (an `invoke`,
+later one completion: `ok` it happened, `fail` it certainly did not, `info` unknown) as
+`HistoryEvent`s. At the end of a run the history must be linearizable for the versioned
+register of `system.raft.register`; the project's checker (`checker/`, model
+`versioned-kv`, docs/checker.md) decides that, so `to_records` turns the events into its
+`histories.Op` records (docs/histories.md), one record per event, same index, same order.
+
+How the register maps onto `versioned-kv` (both: a key is (value, version), version 0 =
+never written, +1 per applied write):
+- `put` -> `put` without `expected_version`; `cas` -> `put` with `expected_version`.
+- a CAS whose expected version did not match completes `fail` here with the key's current
+  version (`applied=False`); it becomes `fail` with `error: "cas-mismatch"` and that version,
+  which the model reads as "at some instant in the interval the version was this one, and
+  not the expected one" (information, not a no-op). Any other `fail` certainly did not apply.
+- `get` -> `get` with `consistency` "stale" or "linearizable" on the invoke; stale reads
+  promise no recency and the model does not check them.
+- other errors keep the sim's text in `error`; a mismatch's text goes to an extra field
+  `detail`, as do the request id (`request_id`) and the simulator step (`step`); the
+  checker ignores extra fields.
+
+What it must never do: I/O, clocks or anything but turning values into values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from histories.ops import Op, OpType
+
+CAS_MISMATCH = "cas-mismatch"  # the error text versioned-kv reads as a CAS that did not match
+
+
+class EventType(Enum):
+    INVOKE = "invoke"
+    OK = "ok"
+    FAIL = "fail"
+    INFO = "info"
+
+
+class Function(Enum):
+    PUT = "put"
+    CAS = "cas"
+    GET = "get"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    """One line of a client history (Jepsen's op model)."""
+
+    index: int  # position in the history; doubles as the logical time of the event
+    type: EventType
+    process: int  # a client process; it has at most one operation in flight
+    f: Function
+    key: str
+    value: str | None = None  # put/cas: the value written; get ok: the value read
+    version: int | None = None  # completion: the key's version after the write / as read
+    expected_version: int | None = None  # cas only
+    request_id: str = ""  # writes: the id every retry of this operation carries
+    node: str = ""  # completion: the node that answered
+    stale: bool = False  # a get served from local state without a ReadIndex barrier
+    step: int = 0  # the simulator step at which the event happened
+    error: str = ""  # fail/info: why
+    # Write completions answered by a state machine: False for a CAS whose expected version
+    # did not match (nothing changed; `version` is the key's version then). None otherwise.
+    applied: bool | None = None
+
+    def line(self) -> str:
+        parts = [f"{self.index}", self.type.value, f"p{self.process}", self.f.value, self.key]
+        if self.expected_version is not None:
+            parts.append(f"expect=v{self.expected_version}")
+        if self.value is not None:
+            parts.append(f"value={self.value!r}")
+        if self.version is not None:
+            parts.append(f"v{self.version}")
+        if self.stale:
+            parts.append("stale")
+        if self.applied is False:
+            parts.append("not-applied")
+        if self.node:
+            parts.append(f"@{self.node}")
+        if self.error:
+            parts.append(f"({self.error})")
+        return " ".join(parts)
+
+
+def to_records(history: list[HistoryEvent]) -> list[Op]:
+    """The history as `histories.Op` records for `checker` (see the module docstring)."""
+    records = []
+    for event in history:
+        f = "get" if event.f is Function.GET else "put"
+        invoke = event.type is EventType.INVOKE
+        extra: list[tuple[str, object]] = [("step", event.step)]
+        if event.request_id:
+            extra.append(("request_id", event.request_id))
+        error: str | None = event.error or None
+        if event.applied is False:
+            extra.append(("detail", event.error))
+            error = CAS_MISMATCH
+        consistency = None
+        if f == "get" and invoke:
+            consistency = "stale" if event.stale else "linearizable"
+        records.append(
+            Op(
+                index=event.index,
+                time=None,
+                process=event.process,
+                type=OpType(event.type.value),
+                f=f,
+                key=event.key,
+                value=None if f == "get" and invoke else event.value,
+                version=event.version,
+                expected_version=event.expected_version if invoke else None,
+                applied=event.applied,
+                node=event.node or None,
+                error=error,
+                consistency=consistency,
+                extra=tuple(sorted(extra)),
+            )
+        )
+    return records
+
+
+NEVER_READ = "<a value no read returned>"
+
+
+def forget_unread_values(records: list[Op]) -> list[Op]:
+    """The records with the value of every unknown-outcome write that no read returned
+    replaced by one placeholder, which leaves the verdict unchanged and the search small.
+
+    Why it is exact for `versioned-kv`: a write's value is only ever compared by reads
+    (a get matches a state iff value and version are equal; puts, mismatches and versions
+    never look at values). A value no read returned fails every such comparison, and so
+    does the placeholder (chosen unequal to every value read), so each step is legal in the
+    same configurations before and after. Why it matters: the sim's values are unique, so
+    the checker must try every subset and order of the pending unknown writes to fill the
+    version gaps (exponential: seeds 583 and 901 exhaust 2,000,000 configurations); once
+    their inputs are equal, its symmetry rule places identical unknown writes in invoke
+    order only (seed 583: 437 configurations). Counterexamples show the placeholder for them.
+    """
+    read = {r.value for r in records if r.f == "get" and r.type is OpType.OK}
+    placeholder = NEVER_READ
+    while placeholder in read:
+        placeholder += "'"
+    invokes: dict[object, int] = {}  # process -> position of its open invoke
+    unknown: list[int] = []
+    for position, record in enumerate(records):
+        if record.type is OpType.INVOKE:
+            invokes[record.process] = position
+            continue
+        start = invokes.pop(record.process, None)
+        if start is not None and record.type is OpType.INFO:
+            unknown.append(start)
+    unknown.extend(invokes.values())  # never completed: unknown as well
+    out = list(records)
+    for position in unknown:
+        record = out[position]
+        if record.f == "put" and record.value not in read:
+            out[position] = replace(record, value=placeholder)
+    return out
