@@ -35,6 +35,10 @@ class KVServiceTarget(Target):
         with grpc.insecure_channel(self.client_addresses()[index], options=CHANNEL_OPTIONS) as channel:
             return kv_pb2_grpc.KVStub(channel).Status(kv_pb2.StatusRequest(), timeout=1.0)
 
+    def _view_of(self, index: int) -> tuple[str, int]:
+        status = self.status(index)
+        return status.leader_id, status.term
+
     def _leader_seen_by(self, index: int) -> int | None:
         """The leader only when a majority agrees: it says it leads and enough live members
         name it. A deposed leader may still believe it leads for a while (PySyncObj's step
