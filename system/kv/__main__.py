@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -83,9 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _die_with_parent() -> None:
+    """When started by a supervisor that set KV_PARENT_PID (LocalCluster, `cluster`), ask
+    Linux to SIGKILL this process when that parent dies, so no node outlives it. If the
+    parent is already gone, exit now (it died before the request took effect)."""
+    parent = os.environ.get("KV_PARENT_PID")
+    if not parent:
+        return
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != int(parent):
+        sys.exit(0)
+
+
 def serve(args: argparse.Namespace) -> int:
     from system.kv.unsafe import UnsafeRefused, unsafe_mode
 
+    _die_with_parent()
     configure_logging(args.log_file)
     try:
         unsafe = unsafe_mode(args.unsafe)

@@ -6,7 +6,8 @@ needs: kill with any signal, pause/resume (SIGSTOP/SIGCONT), restart, Status pol
 and waiting for a condition with a deadline.
 
 What it must never do: leave a process behind. Every node runs in its own process group
-(`start_new_session`), dies with its parent (PR_SET_PDEATHSIG on Linux), and `close()`
+(`start_new_session`), dies with its parent (it sets PR_SET_PDEATHSIG itself when
+KV_PARENT_PID is in its environment), and `close()`
 (also called by the context manager and by the finalizer) SIGKILLs every group and reaps
 it. Waiting is always on a condition with a deadline, never a fixed sleep.
 """
@@ -14,7 +15,6 @@ it. Waiting is always on a condition with a deadline, never a fixed sleep.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -59,14 +59,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the parent dies (Linux prctl)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 class ClusterTimeout(AssertionError):
@@ -187,12 +179,17 @@ class LocalCluster:
         full_env.update(self.env)
         if env:
             full_env.update(env)
+        # The node asks the kernel to SIGKILL it when we die (see __main__.serve). No
+        # preexec_fn here: that forces a plain fork() of this process, and forking a
+        # process with live gRPC threads runs gRPC's fork handlers in the child, which
+        # sometimes abort it ("Check failed: next_worker->state == KICKED").
+        full_env["KV_PARENT_PID"] = str(os.getpid())
         with open(spec.stderr_file, "ab") as stderr:
             proc = subprocess.Popen(
                 self.command(node_id, extra_args),
                 cwd=REPO_ROOT, env=full_env, stdin=subprocess.DEVNULL,
                 stdout=stderr, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                start_new_session=True,
             )
         self.processes[node_id] = proc
         self._expected_exit.discard(node_id)

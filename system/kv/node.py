@@ -336,8 +336,14 @@ class Node:
             try:
                 while self.core.has_ready():
                     ready = self.core.ready()
-                    if ready.entries or ready.snapshot is not None or ready.hard_state is not None:
+                    if ready.entries or ready.snapshot is not None or ready.must_sync or (
+                            ready.hard_state is not None
+                            and _vote_or_term_changed(self._hard_state, ready.hard_state)):
                         await self._loop.run_in_executor(self._storage_thread, self._persist, ready)
+                    elif ready.hard_state is not None:
+                        # Only the commit index moved: a small write with no fsync (the
+                        # commit index is a hint, safe to lose), not worth a thread hop.
+                        self._persist(ready)
                     self._after_persist(ready)
                     self.core.advance(ready)
                     await self._maybe_snapshot()

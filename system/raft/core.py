@@ -39,7 +39,7 @@ subclassing (the name says which rule and where it comes from):
   chunks of `snapshot_chunk_bytes` to a follower whose next entry was compacted away;
 - ReadIndex (thesis §6.4): `read_barrier_open` (the leader has committed an entry of
   its own term) and `read_round_confirmed` (a majority acknowledged a heartbeat round
-  started after the read);
+  started after the read); the reads and rounds themselves are kept in read_only.py;
 - leader transfer (thesis §3.10): catch the target up, send TIMEOUT_NOW, refuse
   proposals meanwhile, give up after an election timeout.
 
@@ -63,6 +63,7 @@ from enum import Enum
 from system.raft.log import RaftLog
 from system.raft.messages import Message, MessageType
 from system.raft.progress import Progress, ProgressState
+from system.raft.read_only import ReadIndexQueue, ReadState, decode_round
 from system.raft.types import Entry, EntryKind, HardState, NodeId, PersistentState, SnapshotMeta
 
 # VOTE.context of a campaign started by TIMEOUT_NOW: voters must not ignore it on account
@@ -164,14 +165,6 @@ class ProposalDropped(Exception):  # noqa: N818 -- name fixed by the contract
 
 
 @dataclass(frozen=True)
-class ReadState:
-    """The read whose id is `context` may be served once applied index >= `index`."""
-
-    context: bytes
-    index: int
-
-
-@dataclass(frozen=True)
 class Ready:
     """What the shell must do, in field order; see the module docstring."""
 
@@ -202,13 +195,6 @@ class Status:
     applied_index: int
     last_index: int
     snapshot_index: int
-
-
-@dataclass
-class _PendingRead:
-    context: bytes  # the client's read id
-    index: int  # commit index when the read's round started; serve at applied >= index
-    round: int  # heartbeat round that must be acknowledged by a majority
 
 
 # ---------------------------------------------------------------------------------------
@@ -276,10 +262,7 @@ class RaftCore:
 
         # ReadIndex state (leader only).
         self._committed_in_term: bool = False  # leader committed an entry of its own term
-        self._reads_awaiting_barrier: list[bytes] = []  # contexts queued before that
-        self._pending_reads: list[_PendingRead] = []  # ordered by round
-        self._round_acks: dict[int, set[NodeId]] = {}  # round -> nodes that acknowledged it
-        self._read_round: int = 0  # last round started; increases
+        self.reads = ReadIndexQueue()  # reads waiting for the barrier or their round
 
         # Follower: InstallSnapshot chunks assembled so far (volatile, lost on crash).
         self._assembling: SnapshotMeta | None = None
@@ -495,7 +478,7 @@ class RaftCore:
         if not self.read_barrier_open():
             # Until an entry of our term is committed our commit index may be behind the
             # previous leader's: queue (the NOOP will open the barrier soon).
-            self._reads_awaiting_barrier.append(context)
+            self.reads.wait_for_barrier(context)
             return
         self._start_read_round([context])
 
@@ -510,37 +493,20 @@ class RaftCore:
         return len(acks) + 1 >= self.quorum
 
     def _start_read_round(self, contexts: list[bytes]) -> None:
-        self._read_round += 1
-        round_id = self._read_round
-        index = self.log.committed
-        pending = self._pending_reads
-        for context in contexts:
-            pending.append(_PendingRead(context, index, round_id))
-        self._round_acks[round_id] = set()
+        round_id = self.reads.start_round(contexts, self.log.committed)
         self._maybe_release_reads(round_id)  # a single-node cluster needs no heartbeat
-        if self._pending_reads:
+        if self.reads.pending:
             self.broadcast_heartbeat()
 
     def _maybe_release_reads(self, round_id: int) -> None:
-        acks = self._round_acks.get(round_id)
-        if acks is None or not self.read_round_confirmed(acks):
-            return
-        # A confirmed round also confirms every earlier round (it started later).
-        released = [r for r in self._pending_reads if r.round <= round_id]
-        self._pending_reads = [r for r in self._pending_reads if r.round > round_id]
-        for read in released:
-            self._read_states.append(ReadState(read.context, read.index))
-        for old in [r for r in self._round_acks if r <= round_id]:
-            del self._round_acks[old]
+        acks = self.reads.acks.get(round_id)
+        if acks is not None and self.read_round_confirmed(acks):
+            self._read_states.extend(self.reads.release_through(round_id))
 
     def _abandon_reads(self) -> None:
         """Leadership lost (or never had): these reads will never be confirmed."""
-        if self._pending_reads or self._reads_awaiting_barrier:
-            self._dropped_reads.extend(r.context for r in self._pending_reads)
-            self._dropped_reads.extend(self._reads_awaiting_barrier)
-            self._pending_reads = []
-            self._reads_awaiting_barrier = []
-        self._round_acks = {}
+        if self.reads or self.reads.acks:
+            self._dropped_reads.extend(self.reads.abandon())
         self._committed_in_term = False
 
     def transfer_leadership(self, target: NodeId) -> None:
@@ -636,6 +602,13 @@ class RaftCore:
         """Why `m` must be ignored ("" if it is acceptable). Cheap checks only."""
         if not isinstance(m, Message):
             return f"not a Message: {type(m).__name__}"
+        if type(m.type) is not MessageType or not (
+            type(m.term) is int
+            and type(m.index) is int
+            and type(m.log_term) is int
+            and type(m.commit) is int
+        ):
+            return "message type or a numeric field has the wrong type (a transport bug?)"
         if m.dst != self.id:
             return f"addressed to {m.dst!r}, not to {self.id!r}"
         if m.src not in self._voter_set or m.src == self.id:
@@ -989,10 +962,8 @@ class RaftCore:
             if progress.match < self.log.last_index():
                 self.maybe_send_append(m.src, send_if_empty=True)
         if m.context:
-            round_id = _decode_round(m.context)
-            acks = self._round_acks.get(round_id)
-            if acks is not None:
-                acks.add(m.src)
+            round_id = decode_round(m.context)
+            if self.reads.acknowledge(round_id, m.src) is not None:
                 self._maybe_release_reads(round_id)
 
     def handle_snapshot_response(self, m: Message, progress: Progress) -> None:
@@ -1022,8 +993,8 @@ class RaftCore:
         self.log.commit_to(index)
         if not self._committed_in_term:
             self._committed_in_term = True
-            if self._reads_awaiting_barrier:
-                queued, self._reads_awaiting_barrier = self._reads_awaiting_barrier, []
+            queued = self.reads.take_awaiting_barrier()
+            if queued:
                 self._start_read_round(queued)
         return True
 
@@ -1053,7 +1024,12 @@ class RaftCore:
         last = log.last_index()
         committed = log.committed
         if progress.next > last:
-            if not send_if_empty and progress.sent_commit >= min(committed, prev_index):
+            # Nothing new to send: an empty APPEND only to raise the follower's commit
+            # index, and not while APPENDs are in flight (the last one's answer brings us
+            # back here; heartbeats carry the commit index meanwhile).
+            if not send_if_empty and (
+                progress.inflight or progress.sent_commit >= min(committed, prev_index)
+            ):
                 return False
             entries: tuple[Entry, ...] = ()
         else:
@@ -1128,7 +1104,7 @@ class RaftCore:
             self.maybe_send_append(peer, send_if_empty=False)
 
     def broadcast_heartbeat(self) -> None:
-        context = _encode_round(self._read_round) if self._pending_reads else b""
+        context = self.reads.latest_round_context()
         committed = self.log.committed
         for peer, progress in self.progress.items():
             self._send(
@@ -1253,11 +1229,3 @@ class RaftCore:
 _FROM_LEADER = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT})
 # Sent only by a leader or a (pre-)candidate, hence always at a term >= 1.
 _REQUESTS = _FROM_LEADER | {MessageType.VOTE, MessageType.PRE_VOTE, MessageType.TIMEOUT_NOW}
-
-
-def _encode_round(round_id: int) -> bytes:
-    return round_id.to_bytes(8, "big")
-
-
-def _decode_round(context: bytes) -> int:
-    return int.from_bytes(context[:8], "big")

@@ -13,6 +13,7 @@ role/term/commit after every input. The monitor keeps, over all time and all nod
 - state-machine safety: no two nodes apply different entries at one index, and two
   nodes' state machines agree wherever both snapshot or restore at the same index;
 - a live node's commit index never decreases, and never passes its last log index;
+- a leader's commit index only moves to an entry of its own term (Figure 8, §5.4.2);
 - no acknowledged write is lost: an entry acknowledged to a client stays the entry at
   its index forever;
 - PreVote (Raft thesis §9.6): with pre_vote on, a node only starts a real election
@@ -39,6 +40,7 @@ class Rule(Enum):
     LEADER_COMPLETENESS = "leader completeness"
     STATE_MACHINE_SAFETY = "state-machine safety"
     COMMIT_MONOTONIC = "commit index monotonic"
+    COMMIT_BY_CURRENT_TERM = "a leader commits by counting only entries of its term"
     ACKNOWLEDGED_WRITE_LOST = "acknowledged write lost"
     EXACTLY_ONCE = "applied exactly once"
     PRE_VOTE = "pre-vote before raising the term"
@@ -142,13 +144,12 @@ class SafetyMonitor:
     def persisted_entries(self, node: NodeId, entries: tuple[Entry, ...]) -> None:
         self._append(node, self._logs[node], entries)
 
-    def persisted_snapshot(self, node: NodeId, snapshot: SnapshotMeta, kept_suffix: bool) -> None:
-        """A snapshot received from the leader replaced the log up to its index."""
+    def persisted_snapshot(self, node: NodeId, snapshot: SnapshotMeta) -> None:
+        """A snapshot received from the leader replaced the whole log."""
         log = self._logs[node]
-        if not kept_suffix:
-            for index in [i for i in log.terms if i > snapshot.index]:
-                del log.terms[index], log.chains[index]
-            log.last_index = snapshot.index
+        for index in [i for i in log.terms if i > snapshot.index]:
+            del log.terms[index], log.chains[index]
+        log.last_index = snapshot.index
         self._install_snapshot_mirror(node, log, snapshot)
 
     def compacted(self, node: NodeId, index: int, state_digest: str) -> None:
@@ -223,6 +224,16 @@ class SafetyMonitor:
                 self._check_leader_log(node, term)
         if role == "candidate" and previous != (role, term):
             self._check_pre_vote(node, term)
+        if previous == ("leader", term) and commit > self._commit.get(node, commit):
+            # Raft §5.4.2 (Figure 8): a leader's commit index only moves by counting
+            # replicas of an entry of its own term; older entries are committed with it.
+            log_term = self._logs[node].terms.get(commit)
+            if log_term != term:
+                self.violate(
+                    Rule.COMMIT_BY_CURRENT_TERM,
+                    f"{node}, leader of term {term}, advanced its commit index to {commit}, "
+                    f"an entry of term {log_term}",
+                )
         self._observe_commit(node, commit, last_index)
 
     # -- checks --------------------------------------------------------------------------

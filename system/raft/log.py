@@ -179,6 +179,8 @@ class RaftLog:
         del self.entries[: index - self.snapshot_index]
         self.snapshot_index = index
         self.snapshot_term = term
+        # The snapshot stands for everything up to `index`, handed out to persist or not.
+        self.unstable_from = max(self.unstable_from, index + 1)
 
     def restore(self, snapshot: SnapshotMeta) -> None:
         """Replace the whole log by `snapshot` (InstallSnapshot, Raft §7)."""

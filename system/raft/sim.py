@@ -90,15 +90,6 @@ class _DiskImage:
             return self.entries[-1].index
         return self.snapshot.index if self.snapshot else 0
 
-    def term_at(self, index: int) -> int | None:
-        base = self.snapshot.index if self.snapshot else 0
-        if index == base:
-            return self.snapshot.term if self.snapshot else 0
-        offset = index - base - 1
-        if 0 <= offset < len(self.entries):
-            return self.entries[offset].term
-        return None
-
 
 class FakeDisk:
     """One node's disk: what the OS holds (`current`) and what survived the last fsync
@@ -129,18 +120,12 @@ class FakeDisk:
         del image.entries[first - base - 1 :]
         image.entries.extend(entries)
 
-    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> bool:
-        """A snapshot from the leader: store it and drop the entries it covers. Entries
-        after it are kept only if the log agrees with it at its index (they then follow it
-        by Log Matching); otherwise they belong to a divergent history and go too.
-        Returns whether a suffix was kept."""
-        image = self.current
-        keep = image.term_at(meta.index) == meta.term
-        base = image.snapshot.index if image.snapshot else 0
-        image.entries = [e for e in image.entries if e.index > meta.index] if keep else []
-        del base
-        image.snapshot, image.snapshot_data = meta, data
-        return keep and bool(image.entries)
+    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        """A snapshot from the leader: store it and drop ALL stored entries (the Ready
+        contract: it is only emitted when the log lacks the snapshot's last entry, so every
+        stored entry is covered by it or from a divergent history)."""
+        self.current.entries = []
+        self.current.snapshot, self.current.snapshot_data = meta, data
 
     def save_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         """The shell's own snapshot (before `compact`): written and fsynced at once."""
@@ -399,8 +384,8 @@ class NodeShell:
         if ready.hard_state is not None:
             disk.write_hard_state(ready.hard_state)
         if ready.snapshot is not None:
-            kept = disk.install_snapshot(ready.snapshot, ready.snapshot_data)
-            monitor.persisted_snapshot(self.node_id, ready.snapshot, kept)
+            disk.install_snapshot(ready.snapshot, ready.snapshot_data)
+            monitor.persisted_snapshot(self.node_id, ready.snapshot)
         if ready.entries:
             try:
                 disk.append(ready.entries)
@@ -869,15 +854,20 @@ class Simulation:
     def tick(self, node: NodeId | None = None, times: int = 1) -> None:
         """Advance logical time by `times` ticks on `node`, or on every live node."""
         for _ in range(times):
-            self._begin_step()
-            targets = [node] if node is not None else self.alive()
-            self.record(f"tick {','.join(targets)}")
-            for target in targets:
-                shell = self.nodes[target]
-                if shell.core is None:
-                    raise ValueError(f"cannot tick {target}: it is crashed")
-                shell.core.tick()
-                shell.after_input()
+            self.tick_nodes([node] if node is not None else self.alive())
+
+    def tick_nodes(self, nodes: Iterable[NodeId]) -> None:
+        """One step in which exactly `nodes` (live ones) advance their clocks by a tick."""
+        targets = list(nodes)
+        self._check_nodes(targets)
+        self._begin_step()
+        self.record(f"tick {','.join(targets)}")
+        for target in targets:
+            shell = self.nodes[target]
+            if shell.core is None:
+                raise ValueError(f"cannot tick {target}: it is crashed")
+            shell.core.tick()
+            shell.after_input()
 
     def step(self) -> None:
         """One step of the default fair schedule: deliver the oldest message in flight,
@@ -984,10 +974,14 @@ class Simulation:
         self._next_process += 1
         return self._next_process
 
-    def _invoke(
-        self, f: Function, key: str, value: str | None, expected_version: int | None,
-        process: int | None, request_id: str | None, stale: bool, retry_on_refusal: bool,
+    def invoke(
+        self, f: Function, key: str, value: str | None = None,
+        expected_version: int | None = None, process: int | None = None,
+        request_id: str | None = None, stale: bool = False, retry_on_refusal: bool = False,
     ) -> ClientOp:
+        """Record a client's invoke without sending it anywhere yet (see `submit`).
+        `retry_on_refusal`: a driven client retries refused attempts itself, so a refusal
+        does not complete the op as `fail`."""
         process = self.new_process() if process is None else process
         for other in self.ops:
             if other.process == process and not other.done:
@@ -1042,22 +1036,21 @@ class Simulation:
     def put(self, node: NodeId, key: str, value: str, process: int | None = None,
             request_id: str | None = None) -> ClientOp:
         """A client writes key=value through `node`."""
-        op = self._invoke(Function.PUT, key, value, None, process, request_id, False, False)
+        op = self.invoke(Function.PUT, key, value, process=process, request_id=request_id)
         self.submit(op, node)
         return op
 
     def cas(self, node: NodeId, key: str, expected_version: int, value: str,
             process: int | None = None, request_id: str | None = None) -> ClientOp:
         """A client writes key=value through `node` if the key's version is expected_version."""
-        op = self._invoke(Function.CAS, key, value, expected_version, process, request_id,
-                          False, False)
+        op = self.invoke(Function.CAS, key, value, expected_version, process, request_id)
         self.submit(op, node)
         return op
 
     def get(self, node: NodeId, key: str, stale: bool = False,
             process: int | None = None) -> ClientOp:
         """A client reads `key` through `node`: linearizable (ReadIndex) unless stale."""
-        op = self._invoke(Function.GET, key, None, None, process, None, stale, False)
+        op = self.invoke(Function.GET, key, process=process, stale=stale)
         self.submit(op, node)
         return op
 
@@ -1142,24 +1135,13 @@ class Simulation:
             )
         for node in alive:
             core, disk = self.core(node), self.nodes[node].disk.current
-            if tuple(disk.entries) != core.log_entries() and not self._disk_extends(node):
+            if tuple(disk.entries) != core.log_entries():
                 self.monitor.violate(
                     Rule.STORAGE,
                     f"{node}'s durable log ({len(disk.entries)} entries after "
                     f"{disk.snapshot.index if disk.snapshot else 0}) differs from its core's "
                     f"log ({len(core.log_entries())} entries after {core.log.snapshot_index})",
                 )
-
-    def _disk_extends(self, node: NodeId) -> bool:
-        """The core compacted further than the disk shows, or the reverse: compare the
-        entries both hold."""
-        core, disk = self.core(node), self.nodes[node].disk.current
-        in_core = {e.index: e for e in core.log_entries()}
-        on_disk = {e.index: e for e in disk.entries}
-        common = sorted(set(in_core) & set(on_disk))
-        same = all(in_core[i] == on_disk[i] for i in common)
-        core_last = core.log.last_index()
-        return same and disk.last_index() == core_last
 
 
 # ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore
+from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready
 from system.raft.linearizability import Function
 from system.raft.messages import Message, MessageType
 from system.raft.register import Command, Operation, Register, WriteResult, encode_command
@@ -128,6 +128,15 @@ class AcknowledgesAtAppend(NodeShell):
         self.after_input()
 
 
+class SkipsFsync(NodeShell):
+    """Durability broken: the shell writes what a Ready asks but never fsyncs before
+    sending, so a power loss can take back a vote or an entry already promised to a
+    candidate or a leader (Raft Figure 2: respond only after persisting)."""
+
+    def persist(self, ready: Ready) -> None:
+        super().persist(replace(ready, must_sync=False))
+
+
 # -- the state machine ------------------------------------------------------------------
 
 
@@ -168,6 +177,9 @@ ACKNOWLEDGES_AT_APPEND = SimVariant(
     "acknowledges-at-append", shell_class=AcknowledgesAtAppend,
     description=AcknowledgesAtAppend.__doc__ or "",
 )
+SKIPS_FSYNC = SimVariant(
+    "skips-fsync", shell_class=SkipsFsync, description=SkipsFsync.__doc__ or ""
+)
 IGNORES_REQUEST_IDS = SimVariant(
     "ignores-request-ids", register_class=IgnoresRequestIds,
     description=IgnoresRequestIds.__doc__ or "",
@@ -182,5 +194,6 @@ ALL = {
     "SKIPS_PRE_VOTE": SKIPS_PRE_VOTE,
     "INSTALLS_SNAPSHOT_BY_INDEX_ONLY": INSTALLS_SNAPSHOT_BY_INDEX_ONLY,
     "ACKNOWLEDGES_AT_APPEND": ACKNOWLEDGES_AT_APPEND,
+    "SKIPS_FSYNC": SKIPS_FSYNC,
     "IGNORES_REQUEST_IDS": IGNORES_REQUEST_IDS,
 }

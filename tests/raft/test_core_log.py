@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from system.raft.log import RaftLog
 from system.raft.progress import Progress, ProgressState
+from system.raft.read_only import ReadIndexQueue, ReadState, decode_round, encode_round
 from system.raft.types import Entry, SnapshotMeta
 
 
@@ -121,3 +124,67 @@ def test_progress_snapshot_state_sends_no_entries_until_done() -> None:
     progress.maybe_update(20)
     progress.become_probe()
     assert (progress.state, progress.next) == (ProgressState.PROBE, 21)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6), st.integers(1, 4)), max_size=40))
+def test_log_matches_a_plain_list_model_under_appends_commits_and_compactions(ops) -> None:
+    """Whatever sequence of appends (with truncation above the commit index), commits and
+    compactions, the log agrees with a plain list of (index, term) and its unstable
+    suffix holds every entry changed since it was last handed out."""
+    log = RaftLog()
+    model: list[int] = []  # model[i] = term of index i + 1 (including compacted entries)
+    persisted: dict[int, int] = {}  # what a shell would have stored
+    for op, a, b in ops:
+        if op == 0:  # append b entries after index max(committed, last - a)
+            start = max(log.committed, log.snapshot_index, log.last_index() - a) + 1
+            term = max([model[start - 2]] if start > 1 else [1]) + (a % 2)
+            new = [Entry(term, start + k) for k in range(b)]
+            log.append(new)
+            del model[start - 1 :]
+            model.extend(term for _ in new)
+        elif op == 1:
+            log.commit_to(min(log.last_index(), log.committed + a))
+        elif op == 2:
+            target = min(log.committed, log.snapshot_index + a)
+            if target > log.snapshot_index:
+                log.compact(target)
+        else:  # hand out unstable entries, as ready() does
+            unstable = log.unstable_entries()
+            if unstable:  # the Ready rule: drop the stored suffix, then append
+                first = unstable[0].index
+                persisted = {i: t for i, t in persisted.items() if i < first}
+                persisted.update((e.index, e.term) for e in unstable)
+            log.stable_to(log.last_index())
+        assert log.last_index() == len(model)
+        assert log.snapshot_index <= log.committed <= log.last_index()
+        for index in range(log.snapshot_index + 1, log.last_index() + 1):
+            assert log.term(index) == model[index - 1]
+        for index, term in persisted.items():
+            if index > log.snapshot_index and index < log.unstable_from:
+                assert model[index - 1] == term, "a changed entry was not marked unstable"
+
+
+def test_read_index_queue_releases_a_round_and_every_earlier_one_in_order() -> None:
+    reads = ReadIndexQueue()
+    first = reads.start_round([b"r1", b"r2"], commit_index=5)
+    second = reads.start_round([b"r3"], commit_index=7)
+    assert decode_round(encode_round(second)) == second
+    assert reads.latest_round_context() == encode_round(second)
+    assert reads.acknowledge(second, "b") == {"b"}
+    assert reads.release_through(second) == [
+        ReadState(b"r1", 5),
+        ReadState(b"r2", 5),
+        ReadState(b"r3", 7),
+    ]
+    assert reads.acknowledge(first, "c") is None  # already released
+    assert not reads and reads.latest_round_context() == b""
+
+
+def test_read_index_queue_abandons_pending_and_queued_reads() -> None:
+    reads = ReadIndexQueue()
+    reads.wait_for_barrier(b"early")
+    reads.start_round([b"r1"], commit_index=3)
+    assert reads.abandon() == [b"r1", b"early"]
+    assert not reads and reads.acks == {}
+    assert reads.start_round([b"r2"], commit_index=4) == 2  # round ids never repeat

@@ -1,0 +1,454 @@
+"""The simulator's own machinery: determinism, fake disk and network, crash/restart,
+clients and their history, the safety monitor, the register and the linearizability
+check. The Raft scenarios themselves live in test_interleavings.py."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from system.raft.core import Role
+from system.raft.invariants import Rule, SafetyMonitor
+from system.raft.linearizability import (
+    EventType,
+    Function,
+    HistoryEvent,
+    _Operation,
+    check_history,
+    check_key,
+    check_key_by_versions,
+)
+from system.raft.messages import MessageType
+from system.raft.register import (
+    Command,
+    CorruptSnapshot,
+    Operation,
+    Register,
+    decode_command,
+    encode_command,
+)
+from system.raft.sim import FakeDisk, OpStatus, Simulation, main
+from system.raft.swarm import draw_swarm, run_seed
+from system.raft.types import Entry, EntryKind, HardState, SnapshotMeta
+
+ROOT = Path(__file__).resolve().parents[2]
+APPEND = MessageType.APPEND
+
+
+def scripted_run(seed: int) -> Simulation:
+    sim = Simulation(3, seed=seed, compact_every_entries=3)
+    sim.campaign("n1")
+    for i in range(4):
+        write = sim.put("n1", "x", f"v{i}")
+        sim.run_until(lambda write=write: write.done, 300)
+    sim.crash("n2")
+    sim.run(50)
+    sim.restart("n2")
+    sim.run(100)
+    return sim
+
+
+# -- determinism --------------------------------------------------------------------------
+
+
+def test_same_seed_same_trace_hash_and_different_seeds_differ() -> None:
+    """Everything comes from the seed: two runs of a seed do the same thing in the same
+    order (equal trace hashes); another seed makes different choices."""
+    assert scripted_run(3).trace_hash() == scripted_run(3).trace_hash()
+    assert scripted_run(3).trace_hash() != scripted_run(4).trace_hash()
+    first, again, other = run_seed(17), run_seed(17), run_seed(18)
+    assert first.trace_hash == again.trace_hash
+    assert first.trace_hash != other.trace_hash
+    assert first.steps == again.steps and first.faults == again.faults
+
+
+def test_trace_hash_does_not_depend_on_the_process_hash_seed() -> None:
+    """String hashing is randomized per process; the simulator must not iterate anything
+    whose order depends on it. Two fresh interpreters with different PYTHONHASHSEED
+    print the hash this process computes."""
+    code = "from system.raft.swarm import run_seed; print(run_seed(23).trace_hash)"
+    hashes = set()
+    for hash_seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+            text=True, timeout=120, check=True,
+        )
+        hashes.add(done.stdout.strip())
+    assert hashes == {run_seed(23).trace_hash}
+
+
+def test_each_seed_draws_its_own_fault_rates() -> None:
+    """Swarm testing: fault rates and settings vary from seed to seed."""
+    swarms = [draw_swarm(seed) for seed in range(40)]
+    assert len({s.drop_probability for s in swarms}) > 10
+    assert {s.node_count for s in swarms} == {3, 5}
+    assert any(s.crash_probability == 0 for s in swarms)
+    assert any(s.crash_probability > 0 for s in swarms)
+    assert draw_swarm(5) == draw_swarm(5)
+
+
+# -- fake disk -----------------------------------------------------------------------------
+
+
+def entries(*terms: int, start: int = 1) -> tuple[Entry, ...]:
+    return tuple(Entry(term, start + i) for i, term in enumerate(terms))
+
+
+def test_process_crash_keeps_written_data_but_power_loss_keeps_only_synced_data() -> None:
+    disk = FakeDisk()
+    disk.append(entries(1, 1))
+    disk.write_hard_state(HardState(1, "n1", 0))
+    disk.sync()
+    disk.append(entries(1, start=3))
+    disk.write_hard_state(HardState(1, "n1", 2))  # not synced
+    kept = FakeDisk()
+    kept.current, kept.durable = disk.current.copy(), disk.durable.copy()
+    kept.crash(lose_unsynced=False)
+    assert [e.index for e in kept.load().entries] == [1, 2, 3]
+    assert kept.load().hard_state.commit == 2
+    disk.crash(lose_unsynced=True)
+    assert [e.index for e in disk.load().entries] == [1, 2]
+    assert disk.load().hard_state == HardState(1, "n1", 0)
+
+
+def test_disk_append_drops_the_stored_suffix_it_overwrites() -> None:
+    disk = FakeDisk()
+    disk.append(entries(1, 1, 1))
+    disk.append(entries(2, start=2))
+    assert [(e.index, e.term) for e in disk.load().entries] == [(1, 1), (2, 2)]
+    with pytest.raises(ValueError, match="after last index"):
+        disk.append(entries(2, start=5))
+
+
+def test_disk_installed_snapshot_replaces_every_stored_entry() -> None:
+    disk = FakeDisk()
+    disk.append(entries(1, 1, 1))
+    disk.install_snapshot(SnapshotMeta(5, 2, ("n1",)), b"state")
+    state = disk.load()
+    assert state.entries == () and state.snapshot == SnapshotMeta(5, 2, ("n1",))
+    disk.append(entries(2, start=6))
+    assert [e.index for e in disk.load().entries] == [6]
+
+
+# -- network, nodes, clients ----------------------------------------------------------------
+
+
+def test_deliver_drop_duplicate_by_predicate_and_a_clear_error_when_none_matches() -> None:
+    sim = Simulation(3, seed=1)
+    sim.campaign("n1")
+    sim.settle()
+    write = sim.put("n1", "x", "a")
+    assert len(sim.pending(type=APPEND, src="n1")) == 2
+    assert sim.duplicate(type=APPEND, dst="n2") == 1
+    delivered = sim.deliver(type=APPEND, src="n1", dst="n2")
+    assert delivered.entries[0].data and delivered.dst == "n2"
+    sim.deliver(type=APPEND, dst="n2")  # the duplicate changes nothing
+    assert sim.drop(type=APPEND, dst="n3") == 1
+    with pytest.raises(LookupError, match="no message in flight matches"):
+        sim.deliver(type=APPEND, dst="n3")
+    sim.run_until(lambda: write.done, 100)
+    assert write.ok and write.result_version == 1
+
+
+def test_partition_loses_messages_in_flight_and_later_ones_until_healed() -> None:
+    sim = Simulation(3, seed=2)
+    sim.campaign("n1")
+    sim.settle()
+    sim.put("n1", "x", "a")
+    sim.partition(["n1"], ["n2", "n3"])
+    assert sim.pending(src="n1") == []
+    sim.tick("n1")  # heartbeats to the other side are lost at once
+    assert sim.pending(src="n1") == []
+    assert any("lost (link cut)" in line for line in sim.trace)
+    sim.heal()
+    sim.tick("n1")
+    assert len(sim.pending(type=MessageType.HEARTBEAT, src="n1")) == 2
+
+
+def test_one_way_cut_loses_only_one_direction() -> None:
+    sim = Simulation(3, seed=2)
+    sim.campaign("n1")
+    sim.settle()
+    sim.cut("n1", "n2", both_ways=False)
+    sim.tick("n1")
+    assert [f.message.dst for f in sim.pending(type=MessageType.HEARTBEAT)] == ["n3"]
+    sim.tick("n2")
+    sim.tick("n3")
+    sim.cut("n2", "n1", both_ways=False)
+    assert sim.network.is_cut("n2", "n1") and not sim.network.is_cut("n3", "n1")
+
+
+def test_held_messages_wait_until_released_or_delivered_by_name() -> None:
+    sim = Simulation(3, seed=3)
+    sim.campaign("n1")
+    sim.settle()
+    write = sim.put("n1", "x", "a")
+    held = sim.hold(type=APPEND)
+    assert len(held) == 2
+    assert sim.settle() == 0  # the default schedule skips them
+    assert not write.done and len(sim.pending(type=APPEND)) == 2
+    sim.release(type=APPEND)
+    sim.settle()
+    assert write.ok
+
+
+def test_crash_loses_volatile_state_and_restart_rebuilds_from_disk() -> None:
+    sim = Simulation(3, seed=4, compact_every_entries=2)
+    sim.campaign("n1")
+    for i in range(5):
+        write = sim.put("n1", "x", f"v{i}")
+        sim.run_until(lambda write=write: write.done, 200)
+    sim.settle()
+    sim.tick()
+    sim.settle()
+    before = sim.register("n2").digest()
+    sim.crash("n2")
+    with pytest.raises(LookupError, match="crashed"):
+        sim.core("n2")
+    sim.tick("n1")
+    sim.settle()  # heartbeats to n2 are lost while it is down
+    assert any("lost (destination down)" in line for line in sim.trace)
+    sim.restart("n2")
+    assert sim.register("n2").digest() == before
+    assert sim.core("n2").role is Role.FOLLOWER
+    with pytest.raises(ValueError, match="is running"):
+        sim.restart("n2")
+
+
+def test_client_outcomes_ok_fail_info_and_stale_reads_say_so() -> None:
+    sim = Simulation(3, seed=5)
+    sim.campaign("n1")
+    refused = sim.put("n2", "x", "a")  # a follower refuses before proposing: certain
+    assert refused.status is OpStatus.FAIL and "not leader (leader: n1)" in refused.error
+    lost = sim.put("n1", "x", "b")
+    sim.crash("n1")  # proposed, then the node died: the client cannot know
+    assert not lost.done
+    sim.give_up(lost)
+    assert lost.status is OpStatus.INFO
+    sim.restart("n1")
+    sim.campaign("n2")
+    stale = sim.get("n3", "x", stale=True)
+    assert stale.ok and sim.history[-1].stale and sim.history[-1].type is EventType.OK
+    down = sim.put("n1", "x", "c")
+    sim.crash("n3")
+    down_read = sim.get("n3", "x")
+    assert down_read.status is OpStatus.FAIL and "down" in down_read.error
+    assert down.status is OpStatus.FAIL  # n1 is not the leader any more
+    kinds = [e.type for e in sim.history]
+    assert kinds.count(EventType.INVOKE) == len(sim.ops)
+
+
+def test_a_process_has_one_operation_at_a_time() -> None:
+    sim = Simulation(3, seed=6)
+    sim.campaign("n1")
+    sim.put("n1", "x", "a", process=9)
+    with pytest.raises(ValueError, match="already has an open operation"):
+        sim.put("n1", "x", "b", process=9)
+
+
+# -- safety monitor ----------------------------------------------------------------------
+
+
+def test_monitor_reports_two_leaders_in_one_term() -> None:
+    monitor = SafetyMonitor(("a", "b", "c"), pre_vote=True)
+    monitor.observe("a", "leader", 3, 0, 0)
+    monitor.observe("b", "leader", 3, 0, 0)
+    assert [v.rule for v in monitor.violations] == [Rule.ELECTION_SAFETY]
+
+
+def test_monitor_reports_logs_that_share_an_entry_but_not_the_prefix() -> None:
+    monitor = SafetyMonitor(("a", "b"), pre_vote=False)
+    monitor.persisted_entries("a", (Entry(1, 1, b"x"), Entry(2, 2)))
+    monitor.persisted_entries("b", (Entry(1, 1, b"y"), Entry(2, 2)))
+    assert Rule.LOG_MATCHING in {v.rule for v in monitor.violations}
+
+
+def test_monitor_reports_a_committed_entry_replaced_and_a_commit_going_back() -> None:
+    monitor = SafetyMonitor(("a", "b", "c"), pre_vote=False)
+    monitor.persisted_entries("a", (Entry(1, 1, b"x"),))
+    monitor.observe("a", "follower", 1, 1, 1)
+    monitor.persisted_entries("b", (Entry(2, 1, b"y"),))
+    monitor.observe("b", "follower", 2, 1, 1)
+    monitor.observe("a", "follower", 1, 0, 1)
+    assert {v.rule for v in monitor.violations} == {
+        Rule.STATE_MACHINE_SAFETY, Rule.COMMIT_MONOTONIC
+    }
+
+
+def test_monitor_reports_an_acknowledged_write_overwritten() -> None:
+    monitor = SafetyMonitor(("a", "b", "c"), pre_vote=False)
+    monitor.acknowledged_write(4, 2, "req")
+    monitor.persisted_entries("a", entries(1, 1, 1, 3))
+    monitor.applied_entry("a", Entry(3, 4), None)
+    assert [v.rule for v in monitor.violations] == [Rule.ACKNOWLEDGED_WRITE_LOST]
+
+
+def test_monitor_reports_a_campaign_without_a_pre_vote_majority() -> None:
+    monitor = SafetyMonitor(("a", "b", "c"), pre_vote=True)
+    monitor.observe("a", "candidate", 1, 0, 0)
+    assert [v.rule for v in monitor.violations] == [Rule.PRE_VOTE]
+
+
+# -- register ------------------------------------------------------------------------------
+
+
+def entry_of(index: int, command: Command) -> Entry:
+    return Entry(1, index, encode_command(command))
+
+
+def test_register_put_cas_and_a_duplicate_request_returns_the_first_result() -> None:
+    register = Register()
+    first = register.apply(entry_of(1, Command("r1", Operation.PUT, "x", "a")))
+    assert (first.ok, first.version) == (True, 1)
+    mismatch = register.apply(entry_of(2, Command("r2", Operation.CAS, "x", "b", 0)))
+    assert not mismatch.ok and "expected 0, found 1" in mismatch.error
+    swapped = register.apply(entry_of(3, Command("r3", Operation.CAS, "x", "c", 1)))
+    assert (swapped.ok, swapped.version, swapped.value) == (True, 2, "c")
+    again = register.apply(entry_of(4, Command("r1", Operation.PUT, "x", "a")))
+    assert again == first and register.read("x").version == 2
+    assert register.apply(Entry(1, 5, b"", EntryKind.NOOP)) is None
+
+
+def test_register_refuses_bad_commands_without_changing_state() -> None:
+    register = Register()
+    before = register.digest()
+    for data in (b"\xff", b"[1]", b'{"op":"delete"}', b'{"op":"cas","request_id":"r",'
+                 b'"key":"x","value":"v"}'):
+        result = register.apply(Entry(1, 1, data))
+        assert not result.ok and result.error.startswith("rejected:")
+    assert register.digest() == before
+    with pytest.raises(ValueError, match="expected_version"):
+        decode_command(b'{"op":"cas","request_id":"r","key":"x","value":"v"}')
+
+
+def test_register_snapshot_round_trips_and_corruption_is_detected() -> None:
+    register = Register()
+    register.apply(entry_of(1, Command("r1", Operation.PUT, "x", "a")))
+    data = register.snapshot()
+    copy = Register.restore(data)
+    assert copy.digest() == register.digest() and copy.result_of("r1") is not None
+    for bad in (data[:-3], data[:20] + b"0" + data[21:], data + data, b""):
+        with pytest.raises(CorruptSnapshot):
+            Register.restore(bad)
+
+
+# -- linearizability -------------------------------------------------------------------
+
+
+def history(*rows: tuple) -> list[HistoryEvent]:
+    """rows: (type, process, f, value, version[, stale])"""
+    events = []
+    for index, row in enumerate(rows):
+        kind, process, f, value, version, *rest = row
+        events.append(HistoryEvent(
+            index, EventType(kind), process, Function(f), "x", value, version,
+            stale=bool(rest and rest[0]),
+        ))
+    return events
+
+
+def test_a_read_after_a_completed_write_must_see_it() -> None:
+    ok = history(("invoke", 1, "put", "a", None), ("ok", 1, "put", "a", 1),
+                 ("invoke", 2, "get", None, None), ("ok", 2, "get", "a", 1))
+    assert check_history(ok).valid is True
+    stale = history(("invoke", 1, "put", "a", None), ("ok", 1, "put", "a", 1),
+                    ("invoke", 2, "get", None, None), ("ok", 2, "get", None, 0))
+    verdict = check_history(stale)
+    assert verdict.valid is False and "get" in verdict.explanation
+    marked = history(("invoke", 1, "put", "a", None), ("ok", 1, "put", "a", 1),
+                     ("invoke", 2, "get", None, None), ("ok", 2, "get", None, 0, True))
+    assert check_history(marked).valid is True  # a stale read may be old
+
+
+def test_an_info_write_may_take_effect_later_or_never() -> None:
+    later = history(("invoke", 1, "put", "a", None), ("info", 1, "put", None, None),
+                    ("invoke", 2, "get", None, None), ("ok", 2, "get", None, 0),
+                    ("invoke", 3, "get", None, None), ("ok", 3, "get", "a", 1))
+    assert check_history(later).valid is True
+    before_invoke = history(("invoke", 2, "get", None, None), ("ok", 2, "get", "a", 1),
+                            ("invoke", 1, "put", "a", None), ("info", 1, "put", None, None))
+    assert check_history(before_invoke).valid is False
+
+
+def random_key_history(rng: random.Random) -> list[_Operation]:
+    """A real register's history (ops take effect at random instants within their
+    intervals, some only maybe), sometimes with one reported version or value altered."""
+    timed = sorted(
+        (rng.uniform(call, call + length), call, call + length, rng.choice(list(Function)), i)
+        for i in range(rng.randint(1, 9))
+        for call, length in [(rng.randint(0, 20), rng.randint(1, 10))]
+    )
+    value, version, ops = None, 0, []
+    for _, call, ret, f, i in timed:
+        known = rng.random() < 0.7
+        end = ret * 2 + 1 if known else float("inf")
+        if f is Function.GET:
+            if known:
+                ops.append(_Operation(call * 2, end, True, f, value, version, None, f"get{i}"))
+            continue
+        expected = None
+        if f is Function.CAS:
+            expected = version if rng.random() < 0.7 else rng.randint(0, 3)
+            if expected != version and known:
+                continue  # a failed CAS is left out of the history
+        happens = (known or rng.random() < 0.5) and (expected is None or expected == version)
+        if happens:
+            value, version = f"v{i}", version + 1
+        ops.append(_Operation(call * 2, end, known, f, f"v{i}", version if known else None,
+                              expected, f"{f.value}{i}"))
+    if ops and rng.random() < 0.5:
+        i = rng.randrange(len(ops))
+        op = ops[i]
+        if op.must_happen:
+            ops[i] = _Operation(op.call, op.ret, True, op.f, rng.choice([op.value, "zz"]),
+                                (op.version or 0) + rng.choice([-1, 1]), op.expected_version,
+                                op.text)
+    return ops
+
+
+def test_version_method_agrees_with_the_wgl_search_on_random_histories() -> None:
+    """The exact by-versions decision and the exhaustive search give the same verdict
+    (both valid and invalid histories are generated)."""
+    rng = random.Random(2024)
+    verdicts = set()
+    for _ in range(3_000):
+        ops = random_key_history(rng)
+        searched = check_key(ops, 10**6)[0]
+        assert searched == check_key_by_versions(ops)[0], ops
+        verdicts.add(searched)
+    assert verdicts == {True, False}
+
+
+# -- command line -----------------------------------------------------------------------
+
+
+def test_cli_runs_seeds_and_prints_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--seeds", "3", "--start-seed", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "[3/3] seeds run, 0 failed" in out
+    for row in ("seeds run", "client ops ok", "client ops info", "entries committed",
+                "faults: ", "violations"):
+        assert row in out
+
+
+def test_cli_failing_seed_prints_the_line_that_replays_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    variant = "tests.raft.broken:SKIPS_PRE_VOTE"
+    assert main(["--seed", "0", "--variant", variant]) == 1
+    out = capsys.readouterr().out
+    assert f"python -m system.raft.sim --seed 0 --variant {variant}" in out
+    assert "pre-vote before raising the term" in out
+
+
+def test_cli_rejects_a_variant_that_is_not_one(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--seed", "0", "--variant", "tests.raft.broken:ALL"])
+    assert stop.value.code == 2
+    assert "is not a SimVariant" in capsys.readouterr().err
