@@ -74,6 +74,10 @@ class EtcdTarget(Target):
             stub = etcd_rpc_pb2_grpc.MaintenanceStub(channel)
             return stub.Status(etcd_rpc_pb2.StatusRequest(), timeout=1.0)
 
+    def _view_of(self, index: int) -> tuple[str, int]:
+        status = self._status(index)
+        return (f"{status.leader:x}" if status.leader else ""), status.raftTerm
+
     def _leader_seen_by(self, index: int) -> int | None:
         status = self._status(index)
         self._member_ids[status.header.member_id] = index

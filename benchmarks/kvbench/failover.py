@@ -28,6 +28,7 @@ class FailoverResult:
 
 
 async def _probe(target: Target, timeout_s: float, interval_s: float, attempt_timeout_s: float) -> FailoverResult:
+    target.wait_settled(timeout_s)
     leader = target.find_leader()
     if leader is None:
         raise ClusterError(f"{target.name}: no leader before the kill")

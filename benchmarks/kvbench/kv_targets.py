@@ -35,6 +35,10 @@ class KVServiceTarget(Target):
         with grpc.insecure_channel(self.client_addresses()[index], options=CHANNEL_OPTIONS) as channel:
             return kv_pb2_grpc.KVStub(channel).Status(kv_pb2.StatusRequest(), timeout=1.0)
 
+    def _view_of(self, index: int) -> tuple[str, int]:
+        status = self.status(index)
+        return status.leader_id, status.term
+
     def _leader_seen_by(self, index: int) -> int | None:
         """The leader only when a majority agrees: it says it leads and enough live members
         name it. A deposed leader may still believe it leads for a while (PySyncObj's step
@@ -95,13 +99,16 @@ class OursTarget(KVServiceTarget):
     id_prefix = "n"
 
     def version(self) -> str:
-        out = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return f"checkout {out.stdout.strip()}" if out.returncode == 0 else "this checkout"
+        """The commit, marked dirty only when the store's own code (system/) has changes."""
+
+        def git(*args: str) -> str | None:
+            out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False)
+            return out.stdout.strip() if out.returncode == 0 else None
+
+        commit = git("rev-parse", "--short", "HEAD")
+        if commit is None:
+            return "this checkout"
+        return f"checkout {commit}" + ("-dirty" if git("status", "--porcelain", "--", "system") else "")
 
     def _start_member(self, index: int) -> ManagedProcess:
         peers = ",".join(

@@ -155,7 +155,8 @@ def goals_table(results: dict[str, SystemResult]) -> str:
             verdict = "reached" if measured >= goal.limit_ratio else "not reached"
         else:
             verdict = "reached" if measured <= goal.limit_ratio else "not reached"
-        lines.append([goal.label, f"{measured:.2f}x" if measured is not None else "-", verdict])
+        # Three decimals: 0.997x must not print as 1.00x beside "not reached".
+        lines.append([goal.label, f"{measured:.3f}x" if measured is not None else "-", verdict])
     return tabulate(lines, headers=["target", "measured", "verdict"], tablefmt="github", disable_numparse=True)
 
 
@@ -167,7 +168,9 @@ def error_notes(results: dict[str, SystemResult]) -> list[str]:
         for row_key, (count, first) in result.errors.items():
             if count:
                 notes.append(f"- {SYSTEM_TITLES[result.name]}, `{row_key}`: {count} failed operations, first: {first}")
-        notes += [f"- {SYSTEM_TITLES[result.name]}, {note}" for note in result.notes]
+        for note in dict.fromkeys(result.notes):  # one line per distinct note, rounds counted
+            times = result.notes.count(note)
+            notes.append(f"- {SYSTEM_TITLES[result.name]}, {note}" + (f" ({times} rounds)" if times > 1 else ""))
     return notes
 
 
@@ -185,7 +188,7 @@ def profile_section(profile: Profile) -> list[str]:
         )
 
     return [
-        "## Where our leader spends its time (py-spy, 64-client puts, run again after the table)",
+        "## Where our leader spends its time (py-spy, 64-client puts, run again after the 256-byte rows)",
         "",
         f"{profile.samples:,} samples of the leader while it was not idle (blocking system calls "
         "such as fdatasync count as busy: the event loop waits for them).",

@@ -44,6 +44,11 @@ class Target(ABC):
         """The member index that member `index` says leads and that says so itself, or
         None when it knows none. Raises if the member cannot be asked."""
 
+    @abstractmethod
+    def _view_of(self, index: int) -> tuple[str, int]:
+        """(leader as member `index` names it, term) as it reports them; raises if it
+        cannot be asked."""
+
     def version(self) -> str:
         return ""
 
@@ -72,6 +77,7 @@ class Target(ABC):
                 STARTUP_TIMEOUT_S,
                 what=f"{self.name} to accept a write",
             )
+            self.wait_settled(STARTUP_TIMEOUT_S)
         except TimeoutError as error:
             raise ClusterError(f"{self.name}: {error}\n{self.describe_logs()}") from error
 
@@ -85,6 +91,24 @@ class Target(ABC):
                 if leader is not None:
                     return leader
         return None
+
+    def settled(self) -> bool:
+        """Every live member names the same leader in the same term. Right after start a
+        member may still be connecting or electing; a leader kill measured then would time
+        an election already under way."""
+        views = set()
+        for index in self.live_member_indexes():
+            leader, term = self._view_of(index)
+            if not leader:
+                return False
+            views.add((leader, term))
+        return len(views) == 1
+
+    def wait_settled(self, timeout_s: float) -> None:
+        try:
+            wait_until(lambda: self.settled() or None, timeout_s, what=f"{self.name} members to agree on a leader")
+        except TimeoutError as error:
+            raise ClusterError(f"{self.name}: {error}\n{self.describe_logs()}") from error
 
     def kill_leader(self) -> int:
         """SIGKILL the current leader; return its index. The member stays dead."""
