@@ -521,7 +521,7 @@ def snapshot_under_reordering(order_seed: int) -> tuple[Simulation, int]:
 def test_snapshot_transfer_completes_on_a_network_that_reorders_but_never_loses() -> None:
     """InstallSnapshot makes progress when chunks arrive out of order: with every message
     eventually delivered, the lagging follower installs the snapshot (here within 5,000
-    steps; it needs about 32 chunk round trips). Regression test of CORE_BUGS.md #2."""
+    steps; it needs about 32 chunk round trips). Regression test of docs/raft-bugs-found.md #2."""
     sim, steps = snapshot_under_reordering(order_seed=0)
     chunks_in_flight = len(sim.pending(type=SNAPSHOT))
     assert steps >= 0, f"not caught up after 5000 steps; {chunks_in_flight} chunks in flight"
