@@ -12,6 +12,7 @@ from concurrent import futures
 import grpc
 import pytest
 
+from nemesis.platforms.local_cluster import free_ports
 from system.kv.client import (
     CasMismatch,
     Indeterminate,
@@ -20,7 +21,6 @@ from system.kv.client import (
     NotFound,
     Unavailable,
 )
-from system.kv.local_cluster import free_ports
 from system.kv.proto import kv_pb2
 
 Behaviour = Callable[[kv_pb2.PutRequest, grpc.ServicerContext], kv_pb2.PutResponse]

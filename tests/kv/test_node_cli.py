@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from system.kv.local_cluster import REPO_ROOT
+from nemesis.platforms.local_cluster import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from nemesis.platforms.local_cluster import LocalCluster
 from system.kv.client import CasMismatch, InvalidArgument, KVClient, NotFound
-from system.kv.local_cluster import LocalCluster
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from nemesis.platforms.local_cluster import LocalCluster
+from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
 from system.kv.client import Indeterminate, KVClient, KVError, NotFound
-from system.kv.local_cluster import LocalCluster
-from system.kv.tcp_proxy import ProxyMode, TcpProxy
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from nemesis.platforms.local_cluster import LocalCluster
 from system.kv.client import KVClient
-from system.kv.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

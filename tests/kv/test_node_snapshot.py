@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from nemesis.platforms.local_cluster import LocalCluster
 from system.kv.client import KVClient
-from system.kv.local_cluster import LocalCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

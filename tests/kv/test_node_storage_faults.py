@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from nemesis.platforms.local_cluster import LocalCluster
 from system.kv.client import NotFound
-from system.kv.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from nemesis.platforms.local_cluster import REPO_ROOT, LocalCluster, free_ports
 from system.kv.client import Indeterminate, KVClient, NotFound, Unavailable
-from system.kv.local_cluster import REPO_ROOT, LocalCluster, free_ports
 
 pytestmark = pytest.mark.integration
 

@@ -31,8 +31,8 @@ from typing import TypeVar
 
 import grpc
 
+from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
 from system.kv.proto import kv_pb2, kv_pb2_grpc
-from system.kv.tcp_proxy import ProxyMode, TcpProxy
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")

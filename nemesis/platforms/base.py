@@ -1,0 +1,181 @@
+"""The one interface every platform implements: where the store's nodes run and how to hurt them.
+
+A platform owns a cluster of KV nodes (`python -m system.kv serve`) for the length of a run.
+The harness asks it to start, stop, kill, pause, resume and restart nodes, to cut and heal
+directed links between nodes, to add and remove packet loss on links, and to hand over each
+node's log. Clients (the workload, the final read) reach the nodes only through
+`client_addresses`, which are always on 127.0.0.1 of the machine running the harness.
+
+Link vocabulary (Jepsen's "grudge"): `cut(src, dst)` makes the network drop what `src`
+sends to `dst`; the reverse direction is untouched unless cut too. Client traffic is never
+cut: a partition separates nodes from each other, not from the harness.
+
+What a platform must never do: leave a process, container, network, volume or rule behind
+after `close()` — which must be safe to call twice, from a signal handler's cleanup path, and
+after a failed `start()`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from system.kv.proto import kv_pb2
+
+
+class PlatformError(RuntimeError):
+    """A platform cannot do what was asked; the message says what and what to do about it."""
+
+
+class PlatformUnavailable(PlatformError):
+    """The platform cannot run on this machine at all (no Docker engine, no image...)."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """What the harness asks of a platform.
+
+    `run_id` names everything the platform creates (labels, names), so `python -m nemesis
+    clean` can find what a crashed run left. `work_dir` is the run's folder: node logs are
+    copied under `work_dir/nodes/` by `collect_logs`. `node_args` go to every `serve`
+    (e.g. `--unsafe no-dedup`); `env` is added to every node's environment (e.g.
+    MAO_ALLOW_UNSAFE=1).
+    """
+
+    nodes: int
+    run_id: str
+    work_dir: Path
+    node_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class Platform(abc.ABC):
+    """Base of `LocalPlatform` and `DockerPlatform`. Node ids are n1..nN."""
+
+    name: str = ""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.node_ids: list[str] = [f"n{i}" for i in range(1, config.nodes + 1)]
+
+    # ----- lifecycle -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Create whatever the cluster needs and start every node. Does not wait for a leader."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Tear everything down: nodes, proxies/rules, containers, networks, volumes. Idempotent."""
+
+    def __enter__(self) -> Platform:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- nodes -----------------------------------------------------------------------
+
+    @property
+    @abc.abstractmethod
+    def client_addresses(self) -> dict[str, str]:
+        """node id -> 127.0.0.1:PORT where clients reach it (stable across restarts)."""
+
+    @abc.abstractmethod
+    def start_node(self, node_id: str) -> None:
+        """Start a node that is not running, on its existing data (kept across restarts)."""
+
+    @abc.abstractmethod
+    def stop_node(self, node_id: str) -> None:
+        """Graceful stop (SIGTERM), waiting (bounded) for the process to exit."""
+
+    @abc.abstractmethod
+    def kill(self, node_id: str) -> None:
+        """SIGKILL the node; its data survives for a restart."""
+
+    @abc.abstractmethod
+    def pause(self, node_id: str) -> None:
+        """Freeze the node (SIGSTOP / cgroup freezer): it holds its sockets but does nothing."""
+
+    @abc.abstractmethod
+    def resume(self, node_id: str) -> None:
+        """Undo `pause`."""
+
+    def restart(self, node_id: str) -> None:
+        """Kill if running, then start again on the same data."""
+        if self.is_running(node_id):
+            self.kill(node_id)
+        self.start_node(node_id)
+
+    @abc.abstractmethod
+    def is_running(self, node_id: str) -> bool:
+        """The node's process/container exists and has not exited (paused counts as running)."""
+
+    @abc.abstractmethod
+    def exit_code(self, node_id: str) -> int | None:
+        """The exit code of a node that has exited, else None."""
+
+    # ----- network -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def cut(self, src: str, dst: str) -> None:
+        """Drop what `src` sends to `dst` (one direction)."""
+
+    @abc.abstractmethod
+    def heal_link(self, src: str, dst: str) -> None:
+        """Undo `cut(src, dst)` and any loss on that link."""
+
+    def heal_all(self) -> None:
+        """Every link forwards again, without loss."""
+        for src in self.node_ids:
+            for dst in self.node_ids:
+                if src != dst:
+                    self.heal_link(src, dst)
+
+    def cut_links(self, links: Iterable[tuple[str, str]]) -> None:
+        for src, dst in links:
+            self.cut(src, dst)
+
+    @abc.abstractmethod
+    def set_loss(self, src: str, dst: str, probability: float) -> None:
+        """Lose a share of what `src` sends to `dst` (0 < probability < 1)."""
+
+    def supports_delay(self) -> bool:
+        """Whether the platform can add latency to links (no: tc netem is absent here)."""
+        return False
+
+    # ----- observing -----------------------------------------------------------------
+
+    @abc.abstractmethod
+    def status(self, node_id: str, timeout_s: float = 0.5) -> kv_pb2.StatusResponse | None:
+        """The node's Status RPC through its client address, or None if it does not answer."""
+
+    @abc.abstractmethod
+    def collect_logs(self) -> dict[str, Path]:
+        """Copy every node's log (and what it printed) under `work_dir/nodes/`; return the
+        files written, by name. Safe to call after nodes died, and more than once."""
+
+    def describe(self) -> str:
+        """One line: each node's role, term, leader and applied index, or why it is silent."""
+        parts = []
+        for node_id in self.node_ids:
+            st = self.status(node_id, timeout_s=0.3)
+            if st is None:
+                code = self.exit_code(node_id)
+                parts.append(f"{node_id}=exited({code})" if code is not None else f"{node_id}=silent")
+            else:
+                parts.append(f"{node_id}={st.role}/t{st.term}/leader={st.leader_id or '-'}"
+                             f"/applied={st.applied_index}")
+        return ", ".join(parts)
+
+    def leader(self) -> str | None:
+        """A node that says it leads and that at least one other answering node names, or a
+        lone answering leader when nobody else answers. None when unclear."""
+        statuses = {n: self.status(n, timeout_s=0.3) for n in self.node_ids}
+        leaders = [n for n, st in statuses.items() if st is not None and st.role == "leader"]
+        if not leaders:
+            return None
+        # Several self-declared leaders (a deposed one in a minority): take the highest term.
+        return max(leaders, key=lambda n: statuses[n].term)  # type: ignore[union-attr]
