@@ -7,6 +7,13 @@ takes effect, the caller never hears: the "commit, then the reply is lost" case)
 CUT closes every connection and refuses new ones (a partition, seen by gRPC as
 UNAVAILABLE). Threads, blocking sockets, bounded buffers (one recv at a time).
 
+Packet loss (`set_loss(p)`): a byte stream cannot lose a packet without corrupting what
+follows, and TCP never shows loss to the application anyway: it retransmits, and the
+application sees the lost segment arrive one retransmission timeout late, with everything
+behind it held up. So with probability p each chunk is held for Linux's minimum
+retransmission timeout (200 ms) before it is forwarded — what loss looks like from above
+TCP. Real packet drops are the Docker platform's (iptables `statistic`).
+
 What it must never do: listen anywhere but loopback, or outlive `close()` (all sockets
 closed, threads joined with a deadline).
 """
@@ -14,9 +21,14 @@ closed, threads joined with a deadline).
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
+import time
 from enum import Enum
+
+# Linux's TCP_RTO_MIN: the least a lost segment delays the stream behind it.
+RETRANSMIT_DELAY_S = 0.2
 
 
 class ProxyMode(Enum):
@@ -28,7 +40,7 @@ class ProxyMode(Enum):
 class TcpProxy:
     """Listens on 127.0.0.1:<port> and forwards each connection to `target` (host:port)."""
 
-    def __init__(self, target: str, listen_port: int = 0) -> None:
+    def __init__(self, target: str, listen_port: int = 0, *, seed: int | None = None) -> None:
         host, _, port = target.rpartition(":")
         self.target = (host, int(port))
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -38,6 +50,8 @@ class TcpProxy:
         self._listener.settimeout(0.2)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._mode = ProxyMode.FORWARD
+        self._loss = 0.0
+        self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._connections: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -55,6 +69,16 @@ class TcpProxy:
             self._mode = mode
             if mode is ProxyMode.CUT:
                 self._close_connections()
+
+    @property
+    def loss(self) -> float:
+        return self._loss
+
+    def set_loss(self, probability: float) -> None:
+        """Hold each chunk, with this probability, for one retransmission timeout (0 = off)."""
+        if not 0.0 <= probability < 1.0:
+            raise ValueError(f"loss probability must be in [0, 1), got {probability}")
+        self._loss = probability
 
     def _close_connections(self) -> None:
         for conn in self._connections:
@@ -98,6 +122,8 @@ class TcpProxy:
                     break
                 if is_reply and self._mode is ProxyMode.DROP_REPLIES:
                     continue
+                if self._loss and self._random.random() < self._loss:
+                    time.sleep(RETRANSMIT_DELAY_S)
                 dst.sendall(data)
         except OSError:
             pass

@@ -28,7 +28,7 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -119,6 +119,7 @@ class _Attempt:
             for key, value in error.trailing_metadata() or ():
                 metadata[key] = value
         self.outcome = metadata.get("kv-outcome", "")
+        self.leader_id = metadata.get("leader-id", "")
         self.leader_address = metadata.get("leader-address", "")
 
     @property
@@ -135,18 +136,24 @@ class _Attempt:
 
 
 class KVClient:
-    """A client of one KV cluster. `addresses` are the nodes' host:port (any order).
+    """A client of one KV cluster. `addresses` are the nodes' host:port (any order), or a
+    mapping node id -> host:port. With the mapping, a follower's hint is followed by the
+    leader's id, not by the address the leader advertises to its peers — which a client
+    outside the nodes' network (a Docker bridge, a proxy per link) may not be able to reach.
 
     `timeout_s` bounds each call (all attempts together); `attempt_timeout_s` (default:
     whatever remains of the call's deadline) bounds one attempt, so a paused node costs
     at most that before the client tries another; `retries` bounds the attempts.
     """
 
-    def __init__(self, addresses: Sequence[str], *, timeout_s: float = 5.0, retries: int = 20,
+    def __init__(self, addresses: Sequence[str] | Mapping[str, str], *, timeout_s: float = 5.0, retries: int = 20,
                  attempt_timeout_s: float | None = None, client_id: str | None = None) -> None:
         if not addresses:
             raise ValueError("KVClient needs at least one node address")
-        self.addresses = list(dict.fromkeys(addresses))
+        self.node_addresses: dict[str, str] = (
+            dict(addresses) if isinstance(addresses, Mapping) else {})
+        self.addresses = list(dict.fromkeys(
+            addresses.values() if isinstance(addresses, Mapping) else addresses))
         self.timeout_s = timeout_s
         self.retries = retries
         self.attempt_timeout_s = attempt_timeout_s
@@ -204,17 +211,20 @@ class KVClient:
                             h.applied_index, rid)
 
     def get(self, key: str, *, consistency: str = "linearizable",
-            timeout_s: float | None = None) -> GetResult:
+            timeout_s: float | None = None, via: str | None = None) -> GetResult:
         """Read `key`. "linearizable" (default) goes through the leader's ReadIndex barrier;
         "stale" is served by whichever node answers and may lag (see applied_index).
-        Raises NotFound when the key does not exist."""
+        `via` (a node id of the address map, or an address) is asked first, as a client
+        bound to its nearest node would (a follower sends a linearizable read on to the
+        leader's hint). Raises NotFound when the key does not exist."""
         levels = {"linearizable": kv_pb2.LINEARIZABLE, "stale": kv_pb2.STALE}
         if consistency not in levels:
             raise InvalidArgument(f"consistency must be 'linearizable' or 'stale', got {consistency!r}")
         request = kv_pb2.GetRequest(key=key, consistency=levels[consistency])
         response = self._call(lambda s, t: s.Get(request, timeout=t), write=False,
                               request_id="", timeout_s=timeout_s,
-                              any_node=consistency == "stale")
+                              any_node=consistency == "stale",
+                              first=self.node_addresses.get(via, via) if via else None)
         if not response.found:
             raise NotFound(key)
         return GetResult(response.value, response.version, response.stale,
@@ -257,11 +267,12 @@ class KVClient:
             return address
 
     def _call(self, rpc: Callable[[kv_pb2_grpc.KVStub, float], R], *, write: bool,
-              request_id: str, timeout_s: float | None, any_node: bool = False) -> R:
+              request_id: str, timeout_s: float | None, any_node: bool = False,
+              first: str | None = None) -> R:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
         maybe_applied = False  # some attempt of this write may have taken effect
         last = "no attempt made"
-        hint: str | None = None
+        hint: str | None = first
         backoff_s = 0.01
         for attempt in range(self.retries + 1):
             remaining = deadline - time.monotonic()
@@ -285,8 +296,10 @@ class KVClient:
                 if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     pass  # the node's rate limit: certainly not applied; back off and retry
                 elif result.from_server and result.outcome == "not-applied":
-                    if result.leader_address and result.leader_address != address:
-                        hint = result.leader_address
+                    hinted = self.node_addresses.get(result.leader_id) or (
+                        "" if self.node_addresses else result.leader_address)
+                    if hinted and hinted != address:
+                        hint = hinted
                 elif result.never_sent:
                     pass
                 else:

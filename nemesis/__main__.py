@@ -1,0 +1,5 @@
+import sys
+
+from nemesis.cli import main
+
+sys.exit(main())

@@ -1,0 +1,128 @@
+"""Check a run folder's history: linearizability and lost writes, results.json, timeline.html.
+
+Used at the end of every run and by `python -m nemesis check RUN_DIR`, so a stored run is
+checked exactly as a live one. The verdict comes from the history alone.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from checker.linearizability import check_linearizable
+from checker.lost_writes import check_lost_writes
+from checker.models import by_name
+from checker.result import UNKNOWN, Result, Verdict, combine
+from checker.staleness import stale_reads
+from checker.timeline import render_html
+from histories.ops import Operation
+from histories.read import read_operations
+from nemesis.store import read_json, write_json
+
+EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_HARNESS = 0, 1, 2, 3
+WORDS = {True: "VALID", False: "INVALID", UNKNOWN: "UNKNOWN"}
+
+
+def exit_code(verdict: Verdict) -> int:
+    if verdict is True:
+        return EXIT_VALID
+    return EXIT_INVALID if verdict is False else EXIT_UNKNOWN
+
+
+def op_table(operations: list[Operation]) -> dict[str, dict[str, int]]:
+    """f -> {ok, fail, info} over client operations (cas = put with expected_version)."""
+    table: dict[str, dict[str, int]] = {}
+    for op in operations:
+        f = "cas" if op.f == "put" and op.expected_version is not None else op.f
+        row = table.setdefault(f, {"ok": 0, "fail": 0, "info": 0})
+        row[op.type.value] += 1
+    return table
+
+
+def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None = None
+              ) -> dict[str, Any]:
+    """Check `run_dir/history.jsonl`; write results.json (keeping the run's own fields) and,
+    when invalid, timeline.html. Returns the results."""
+    started = time.monotonic()
+    history_path = run_dir / "history.jsonl"
+    operations = read_operations(history_path, allow_truncated_tail=True)
+    test = read_json(run_dir / "test.json") if (run_dir / "test.json").exists() else {}
+    model_name = model_name or test.get("workload", {}).get("model") or "versioned-kv"
+    model = by_name(model_name, None)
+    lin: Result = check_linearizable(operations, model, budget_s=budget_s, all_keys=True)
+    lost: Result = check_lost_writes(operations)
+    verdict = combine([lin.valid, lost.valid])
+    if not operations:
+        # A run that recorded nothing proves nothing: never "valid".
+        verdict = UNKNOWN
+    results_path = run_dir / "results.json"
+    results: dict[str, Any] = read_json(results_path) if results_path.exists() else {}
+    results.update({
+        "valid": verdict,
+        "verdict": WORDS[verdict],
+        "operations": op_table(operations),
+        "linearizable": lin.to_json(),
+        "lost_writes": lost.to_json(),
+        "stale_reads": stale_reads(operations),
+        "check_seconds": round(time.monotonic() - started, 3),
+    })
+    if lin.valid is False:
+        (run_dir / "timeline.html").write_text(
+            render_html(lin, operations, model, title=str(run_dir)), encoding="utf-8")
+        results["timeline"] = "timeline.html"
+    write_json(results_path, results)
+    results["_lin"] = lin
+    results["_lost"] = lost
+    return results
+
+
+def summary_lines(results: dict[str, Any]) -> list[str]:
+    """The table and the evidence a person reads after a run."""
+    lines = []
+    rows = [[f, r["ok"], r["fail"], r["info"]] for f, r in sorted(results["operations"].items())]
+    if rows:
+        lines.append(tabulate(rows, headers=["op", "ok", "fail", "info"], tablefmt="simple"))
+    lin: Result = results["_lin"]
+    lost: Result = results["_lost"]
+    keys = lin.keys
+    bad = [k for k in keys if k.valid is False]
+    unknown = [k for k in keys if k.valid == UNKNOWN]
+    lines.append(f"linearizable: {WORDS[lin.valid].lower()} ({len(keys)} keys, {len(bad)} invalid, "
+                 f"{len(unknown)} unknown, {lin.seconds:.1f} s)")
+    lines.append(f"lost writes: {'none' if lost.valid is True else len(lost.anomalies)} "
+                 f"({lost.counts.get('reads_checked', 0)} reads checked)")
+    stale = results.get("stale_reads") or {}
+    if stale.get("stale_reads"):
+        lines.append(f"stale reads: {stale['lagging']} of {stale['stale_reads']} returned an "
+                     f"older version than one already acknowledged (up to "
+                     f"{stale['max_versions_behind']} versions behind)")
+    for anomaly in lost.anomalies[:5]:
+        lines.append(f"  {anomaly.kind}: {anomaly.text}")
+    for counterexample in lin.counterexamples[:1]:
+        lines.append("")
+        lines.append(counterexample.text())
+    return lines
+
+
+def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
+    """Seconds from the history's first record to the completion of the earliest operation
+    a checker names (the blocking operation, or a lost write's read); None if valid."""
+    from histories.read import read_history
+
+    records = read_history(run_dir / "history.jsonl", allow_truncated_tail=True)
+    if not records or records[0].time is None:
+        return None
+    times = {r.index: r.time for r in records}
+    positions = []
+    for counterexample in results["_lin"].counterexamples:
+        op = counterexample.blocking
+        positions.append(op.ret if op.ret is not None else op.call)
+    for anomaly in results["_lost"].anomalies:
+        positions.extend(op.ret if op.ret is not None else op.call for op in anomaly.operations)
+    stamps = [times[p] for p in positions if p in times and times[p] is not None]
+    if not stamps:
+        return None
+    return (min(stamps) - records[0].time) / 1e9

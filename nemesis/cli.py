@@ -1,0 +1,179 @@
+"""`python -m nemesis run|check|clean`: the harness's command line.
+
+    python -m nemesis run --faults partition,kill --duration 120 [--nodes 5] [--workload kv]
+        [--platform docker|local] [--seed N] [--store DIR] [--concurrency N] [--rate N]
+        [--interval S] [--read-consistency linearizable|stale] [--unsafe NAME]
+    python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
+    python -m nemesis clean [--run ID]    remove what a crashed run left behind
+
+Exit codes: 0 valid, 1 invalid, 2 unknown, 3 harness error (bad flags included: they are
+refused with one line before anything starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nemesis.check import EXIT_HARNESS
+
+WORKLOADS = ("kv",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a bad flag, which here means "unknown"; ours is 3, one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(EXIT_HARNESS)
+
+
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from system.kv.unsafe import CANARIES
+
+    parser = _Parser(prog="python -m nemesis", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="break a real cluster, record the history, check it")
+    run.add_argument("--faults", default="partition,kill",
+                     help="comma list of partition, kill, pause, packet, none (default %(default)s)")
+    run.add_argument("--duration", type=_positive(float), default=60.0, metavar="S",
+                     help="seconds of workload under faults (default %(default)s)")
+    run.add_argument("--interval", type=_positive(float), default=10.0, metavar="S",
+                     help="seconds between a fault's start and its heal, and between faults "
+                          "(default %(default)s)")
+    run.add_argument("--nodes", type=_positive(int), default=5, help="default %(default)s")
+    run.add_argument("--workload", choices=WORKLOADS, default="kv")
+    run.add_argument("--platform", choices=("docker", "local"), default=None,
+                     help="default: docker when a Docker engine answers, else local")
+    run.add_argument("--seed", type=int, default=None, help="repeat a run's fault schedule and op mix")
+    run.add_argument("--store", type=Path, default=Path("store"), help="default %(default)s/")
+    run.add_argument("--concurrency", type=_positive(int), default=None,
+                     help="client processes (default 2 per node)")
+    run.add_argument("--rate", type=float, default=100.0,
+                     help="operations per second over all clients; 0 = as fast as they go "
+                          "(default %(default)s)")
+    run.add_argument("--op-timeout", type=_positive(float), default=3.0, metavar="S",
+                     help="deadline of one operation (default %(default)s)")
+    run.add_argument("--read-consistency", choices=("linearizable", "stale"), default="linearizable")
+    run.add_argument("--unsafe", choices=CANARIES, default=None,
+                     help="TEST THE HARNESS: run every node as a deliberately broken canary")
+    run.add_argument("--check-budget-s", type=_positive(float), default=60.0, metavar="S",
+                     help="linearizability search budget per key (default %(default)s)")
+
+    chk = sub.add_parser("check", help="re-check a stored run from its history")
+    chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
+    chk.add_argument("--budget-s", type=_positive(float), default=60.0, metavar="S")
+
+    clean = sub.add_parser("clean", help="remove containers, networks, volumes and processes "
+                                         "a crashed run left")
+    clean.add_argument("--run", default=None, metavar="RUN_ID", help="only this run's")
+    clean.add_argument("--images", action="store_true", help="also remove the cached node images")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        return _run(args, argv)
+    if args.command == "check":
+        return _check(args)
+    return _clean(args)
+
+
+def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from nemesis.faults import MIN_NODES, parse_faults
+    from nemesis.platforms import choose
+    from nemesis.platforms.base import PlatformUnavailable
+    from nemesis.runner import RunConfig, run
+
+    try:
+        faults = parse_faults(args.faults)
+    except ValueError as exc:
+        return _refuse(str(exc))
+    for fault in faults:
+        if args.nodes < MIN_NODES[fault]:
+            return _refuse(f"--faults {fault} needs at least {MIN_NODES[fault]} nodes "
+                           f"(a majority must be able to survive it); --nodes is {args.nodes}")
+    if args.rate < 0:
+        return _refuse(f"--rate must be >= 0, got {args.rate:g}")
+    if args.interval * 2 > args.duration and faults != ["none"]:
+        print(f"note: --interval {args.interval:g} leaves no room for a fault in "
+              f"--duration {args.duration:g} (a fault starts after one quiet interval)",
+              file=sys.stderr)
+    try:
+        platform, reason = choose(args.platform)
+    except PlatformUnavailable as exc:
+        return _refuse(str(exc))
+    # The first line says where the nodes run and why.
+    print(f"platform: {platform} ({reason})", flush=True)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
+    config = RunConfig(
+        argv=["python", "-m", "nemesis", *argv], platform=platform, platform_reason=reason,
+        faults=faults, duration_s=args.duration, interval_s=args.interval, nodes=args.nodes,
+        workload=args.workload, seed=seed, store=args.store,
+        concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
+        op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
+        unsafe=args.unsafe, check_budget_s=args.check_budget_s)
+    return run(config)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from histories.ops import HistoryError
+    from nemesis import check
+
+    run_dir = args.run_dir.resolve()
+    if not (run_dir / "history.jsonl").exists():
+        return _refuse(f"{args.run_dir} has no history.jsonl; give a run folder such as "
+                       f"store/latest or store/kv/<timestamp>")
+    try:
+        results = check.check_run(run_dir, budget_s=args.budget_s)
+    except HistoryError as exc:
+        return _refuse(f"cannot read the history: {exc}")
+    for line in check.summary_lines(results):
+        print(line)
+    print(f"{results['verdict']}: {run_dir} (results.json rewritten)")
+    return check.exit_code(results["valid"])
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from nemesis.platforms import docker_status
+    from nemesis.platforms import local as local_platform
+
+    removed = local_platform.clean(args.run)
+    ok, reason = docker_status()
+    if ok:
+        from nemesis.platforms import docker as docker_platform
+
+        removed += docker_platform.clean(args.run)
+        if args.images:
+            from nemesis.platforms import image
+
+            removed += image.remove_images()
+    else:
+        print(f"docker: skipped ({reason})")
+    for item in removed:
+        print(f"removed {item}")
+    print(f"clean: removed {len(removed)} item{'s' if len(removed) != 1 else ''}")
+    return 0
+
+
+def _refuse(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_HARNESS

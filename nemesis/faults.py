@@ -1,0 +1,278 @@
+"""The nemesis: a seeded schedule of faults, applied to a platform and recorded in the history.
+
+Jepsen's rhythm: wait `interval` seconds, start a fault, hold it `interval` seconds, heal it,
+and again until the run's deadline. Which fault, which shape and which kind of target come
+from a seeded random source, so `--seed` repeats the schedule; the concrete node a target
+names ("the leader") is whatever the cluster says at that moment.
+
+Faults (`--faults`, a comma list):
+- partition: random-halves, isolate-leader, majorities-ring, bridge (see `partitions`);
+- kill: the leader, a random node or a minority, SIGKILL; healed by restarting them;
+- pause: the leader or a random node, SIGSTOP / cgroup freezer; healed by resuming;
+- packet: loss on a random set of directed links; healed by removing it;
+- none: no faults (a baseline run).
+
+Every start and every heal is an event in the history (process "nemesis", type info), with
+the fault's id, kind, the nodes it touched and, for partitions, the graph of who can reach
+whom. Must never leave a fault in place: `heal_everything()` undoes whatever is active and
+also resumes, restarts and reconnects what a failed heal may have missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nemesis import partitions
+from nemesis.platforms.base import Platform
+
+log = logging.getLogger("nemesis")
+
+FAULTS = ("partition", "kill", "pause", "packet", "none")
+KILL_TARGETS = ("leader", "random", "minority")
+PAUSE_TARGETS = ("leader", "random")
+LOSS_PROBABILITIES = (0.1, 0.2, 0.3, 0.5)
+# Least nodes each fault needs to leave a majority able to serve (checked before a run).
+MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "none": 1}
+
+
+def parse_faults(text: str) -> list[str]:
+    """`partition,kill` -> ["partition", "kill"]; raises ValueError naming the bad entry."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise ValueError("--faults is empty; give a comma list of: " + ", ".join(FAULTS))
+    for name in names:
+        if name not in FAULTS:
+            raise ValueError(f"unknown fault {name!r}; known faults: {', '.join(FAULTS)}")
+    if "none" in names and len(names) > 1:
+        raise ValueError("--faults none cannot be combined with other faults")
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class ActiveFault:
+    id: int
+    kind: str
+    nodes: list[str]
+    description: str
+    heal: Callable[[], dict[str, Any]]
+    started: float = field(default_factory=time.monotonic)
+
+
+EventSink = Callable[[str, dict[str, Any]], None]
+
+
+class Nemesis:
+    """Runs the schedule in its own thread (`start`/`stop`); `heal_everything` at the end."""
+
+    def __init__(self, platform: Platform, faults: list[str], *, seed: int, interval_s: float,
+                 record: EventSink, shapes: tuple[str, ...] = partitions.SHAPES) -> None:
+        self.platform = platform
+        self.faults = [f for f in faults if f != "none"]
+        self.rng = random.Random(f"nemesis:{seed}")
+        self.interval_s = interval_s
+        self.record = record
+        self.nodes = list(platform.node_ids)
+        self.shapes = tuple(s for s in shapes if len(self.nodes) >= partitions.MIN_NODES[s])
+        self.active: dict[int, ActiveFault] = {}
+        # Nodes the nemesis has killed and not yet restarted: any other node found down has
+        # crashed on its own, which the run reports.
+        self.expected_down: set[str] = set()
+        self.counts: dict[str, int] = {}
+        self.errors: list[str] = []
+        self._next_id = 1
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----- schedule --------------------------------------------------------------------
+
+    def start(self, deadline: float) -> None:
+        if not self.faults:
+            return
+        self._thread = threading.Thread(target=self._run, args=(deadline,), name="nemesis",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _run(self, deadline: float) -> None:
+        while not self._stop.is_set():
+            # Quiet, then a fault held for one interval, unless the run ends first.
+            if self._stop.wait(self.interval_s) or time.monotonic() + self.interval_s / 2 > deadline:
+                return
+            kind = self.rng.choice(self.faults)
+            fault = self._guarded(kind, lambda k=kind: self._begin(k))
+            if fault is None:
+                continue
+            self._stop.wait(max(0.0, min(self.interval_s, deadline - time.monotonic())))
+            self._end(fault)
+
+    def _guarded(self, what: str, action: Callable[[], ActiveFault | None]) -> ActiveFault | None:
+        try:
+            return action()
+        except Exception as exc:  # a platform failure must not kill the schedule silently
+            message = f"{what}: {type(exc).__name__}: {exc}"
+            log.warning("nemesis action failed: %s", message)
+            self.errors.append(message)
+            self.record("nemesis-error", {"what": what, "error": str(exc)})
+            return None
+
+    # ----- faults ----------------------------------------------------------------------
+
+    def _begin(self, kind: str) -> ActiveFault | None:
+        if kind == "partition":
+            return self._partition()
+        if kind == "kill":
+            return self._kill()
+        if kind == "pause":
+            return self._pause()
+        if kind == "packet":
+            return self._packet()
+        raise ValueError(f"unknown fault {kind!r}")
+
+    def _register(self, kind: str, nodes: list[str], description: str,
+                  heal: Callable[[], dict[str, Any]], value: dict[str, Any], f: str) -> ActiveFault:
+        with self._lock:
+            fault = ActiveFault(self._next_id, kind, nodes, description, heal)
+            self._next_id += 1
+            self.active[fault.id] = fault
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.record(f, {"fault": kind, "id": fault.id, "phase": "start", "nodes": nodes,
+                        "description": description, **value})
+        return fault
+
+    def _end(self, fault: ActiveFault) -> None:
+        with self._lock:
+            if self.active.pop(fault.id, None) is None:
+                return
+        try:
+            value = fault.heal()
+        except Exception as exc:
+            message = f"heal {fault.kind} {fault.description}: {type(exc).__name__}: {exc}"
+            log.warning("nemesis heal failed: %s", message)
+            self.errors.append(message)
+            value = {"error": str(exc)}
+        f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
+             "packet": "stop-packet"}[fault.kind]
+        self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end", "nodes": fault.nodes,
+                        "description": fault.description, **value})
+
+    def _leader(self) -> str | None:
+        return self.platform.leader()
+
+    def _partition(self) -> ActiveFault:
+        shape_name = self.rng.choice(self.shapes)
+        leader = self._leader() if shape_name == "isolate-leader" else None
+        graph = partitions.shape(shape_name, self.nodes, self.rng, leader)
+        links = partitions.cuts(graph)
+        self.platform.cut_links(links)
+
+        def heal() -> dict[str, Any]:
+            for src, dst in links:
+                self.platform.heal_link(src, dst)
+            return {}
+
+        text = partitions.describe(graph)
+        touched = sorted({a for a, _ in links} | {b for _, b in links})
+        return self._register("partition", touched, f"{shape_name}: {text}", heal,
+                              {"shape": shape_name, "graph": partitions.to_json(graph),
+                               "leader": leader, "cut": [list(link) for link in links]},
+                              "start-partition")
+
+    def _targets(self, choices: tuple[str, ...]) -> tuple[str, list[str]]:
+        target = self.rng.choice(choices)
+        if target == "leader":
+            leader = self._leader()
+            if leader is not None:
+                return target, [leader]
+            target = "random (no leader known)"
+        if target == "minority":
+            size = max(1, (len(self.nodes) - 1) // 2)
+            return target, sorted(self.rng.sample(self.nodes, size))
+        return target, [self.rng.choice(self.nodes)]
+
+    def _kill(self) -> ActiveFault:
+        target, nodes = self._targets(KILL_TARGETS)
+        self.expected_down.update(nodes)
+        for node in nodes:
+            self.platform.kill(node)
+
+        def heal() -> dict[str, Any]:
+            for node in nodes:
+                if not self.platform.is_running(node):
+                    self.platform.start_node(node)
+                self.expected_down.discard(node)
+            return {}
+
+        return self._register("kill", nodes, f"{target}: {' '.join(nodes)}", heal,
+                              {"target": target}, "kill")
+
+    def _pause(self) -> ActiveFault:
+        target, nodes = self._targets(PAUSE_TARGETS)
+        for node in nodes:
+            self.platform.pause(node)
+
+        def heal() -> dict[str, Any]:
+            for node in nodes:
+                self.platform.resume(node)
+            return {}
+
+        return self._register("pause", nodes, f"{target}: {' '.join(nodes)}", heal,
+                              {"target": target}, "pause")
+
+    def _packet(self) -> ActiveFault:
+        probability = self.rng.choice(LOSS_PROBABILITIES)
+        all_links = [(a, b) for a in self.nodes for b in self.nodes if a != b]
+        links = [link for link in all_links if self.rng.random() < 0.5] or [self.rng.choice(all_links)]
+        for src, dst in links:
+            self.platform.set_loss(src, dst, probability)
+
+        def heal() -> dict[str, Any]:
+            for src, dst in links:
+                self.platform.heal_link(src, dst)
+            return {}
+
+        touched = sorted({a for a, _ in links} | {b for _, b in links})
+        return self._register("packet", touched, f"{probability:.0%} loss on {len(links)} links",
+                              heal, {"probability": probability,
+                                     "links": [list(link) for link in links]}, "start-packet")
+
+    # ----- end of run ------------------------------------------------------------------
+
+    def describe_active(self) -> list[str]:
+        with self._lock:
+            return [f"{f.kind}({f.description})" for f in self.active.values()]
+
+    def heal_everything(self) -> None:
+        """Undo every active fault, then make sure: all links healed, every node resumed
+        and running. Records what it did."""
+        with self._lock:
+            active = list(self.active.values())
+        for fault in active:
+            self._end(fault)
+        actions = []
+        try:
+            self.platform.heal_all()
+        except Exception as exc:
+            self.errors.append(f"heal all links: {exc}")
+        for node in self.nodes:
+            try:
+                if self.platform.is_running(node):
+                    self.platform.resume(node)
+                else:
+                    self.platform.start_node(node)
+                    actions.append(f"started {node}")
+                self.expected_down.discard(node)
+            except Exception as exc:
+                self.errors.append(f"bring back {node}: {exc}")
+        self.record("heal-all", {"fault": "all", "phase": "end", "nodes": self.nodes,
+                                 "description": "; ".join(actions) or "all links healed, all nodes running"})

@@ -1,0 +1,154 @@
+"""The local platform: nodes as processes on loopback, links through fault-injecting proxies.
+
+Each node is a `python -m system.kv serve` process (`LocalCluster`); node i reaches node j
+through its own TCP proxy (i, j), so cutting that proxy drops what i sends to j and nothing
+else — a directed partition on one machine, no root needed. Kill is SIGKILL, pause is
+SIGSTOP/SIGCONT of the node's process group. Loss holds chunks for a retransmission timeout
+(see `tcp_proxy`), because a byte stream cannot drop a packet.
+
+Data directories live in a temporary directory removed at `close()`; logs are copied into
+the run folder by `collect_logs()`. Every node's environment carries MAO_RUN_ID, so
+`clean()` can find and kill the processes of a harness that was itself SIGKILLed (the nodes
+also die with their parent through PR_SET_PDEATHSIG, so that is a second line of defence).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
+from nemesis.platforms.local_cluster import LocalCluster
+from nemesis.platforms.tcp_proxy import ProxyMode
+from system.kv.proto import kv_pb2
+
+RUN_ENV_VAR = "MAO_RUN_ID"
+TEMP_PREFIX = "mao-local-"
+
+
+class LocalPlatform(Platform):
+    name = "local"
+
+    def __init__(self, config: ClusterConfig) -> None:
+        super().__init__(config)
+        self._data_root = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{config.run_id}-"))
+        env = dict(config.env)
+        env[RUN_ENV_VAR] = config.run_id
+        self.cluster = LocalCluster(config.nodes, self._data_root, node_args=config.node_args,
+                                    env=env, proxy_peer_links=True)
+        self._closed = False
+
+    def start(self) -> None:
+        self.cluster.start()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self.collect_logs()
+        self.cluster.close()
+        shutil.rmtree(self._data_root, ignore_errors=True)
+
+    @property
+    def client_addresses(self) -> dict[str, str]:
+        return {node_id: spec.address for node_id, spec in self.cluster.specs.items()}
+
+    def start_node(self, node_id: str) -> None:
+        self.cluster.start_node(node_id)
+
+    def stop_node(self, node_id: str) -> None:
+        self.cluster.stop(node_id)
+
+    def kill(self, node_id: str) -> None:
+        self.cluster.kill(node_id)
+
+    def pause(self, node_id: str) -> None:
+        self.cluster.pause(node_id)
+
+    def resume(self, node_id: str) -> None:
+        self.cluster.resume(node_id)
+
+    def is_running(self, node_id: str) -> bool:
+        return self.cluster.is_running(node_id)
+
+    def exit_code(self, node_id: str) -> int | None:
+        return self.cluster.exit_code(node_id)
+
+    def _proxy(self, src: str, dst: str):  # noqa: ANN202 - a TcpProxy
+        proxy = self.cluster.link_proxies.get((src, dst))
+        if proxy is None:
+            raise PlatformError(f"no link {src}->{dst}: nodes are {', '.join(self.node_ids)}")
+        return proxy
+
+    def cut(self, src: str, dst: str) -> None:
+        self._proxy(src, dst).set_mode(ProxyMode.CUT)
+
+    def heal_link(self, src: str, dst: str) -> None:
+        proxy = self._proxy(src, dst)
+        proxy.set_loss(0.0)
+        proxy.set_mode(ProxyMode.FORWARD)
+
+    def set_loss(self, src: str, dst: str, probability: float) -> None:
+        self._proxy(src, dst).set_loss(probability)
+
+    def status(self, node_id: str, timeout_s: float = 0.5) -> kv_pb2.StatusResponse | None:
+        return self.cluster.status(node_id, timeout_s)
+
+    def collect_logs(self) -> dict[str, Path]:
+        out_dir = self.config.work_dir / "nodes"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        written: dict[str, Path] = {}
+        for spec in self.cluster.specs.values():
+            for source in (spec.log_file, spec.stderr_file):
+                if source.exists():
+                    target = out_dir / source.name
+                    shutil.copyfile(source, target)
+                    written[source.name] = target
+        return written
+
+
+def _env_of(pid_dir: Path) -> dict[str, str]:
+    try:
+        raw = (pid_dir / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _alive(pid: str) -> bool:
+    return pid.isdigit() and Path(f"/proc/{pid}").exists()
+
+
+def clean(run_id: str | None = None) -> list[str]:
+    """Kill node processes left by a harness that died (found by MAO_RUN_ID in their
+    environment) and remove their temporary data directories. Returns what it removed.
+
+    Without `run_id`, runs whose harness is still alive are left alone (a second terminal's
+    run is not a leftover); with it, that run is removed whatever its state."""
+    removed: list[str] = []
+    live_runs: set[str] = set()
+    own = str(os.getpid())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or entry.name == own:
+            continue
+        env = _env_of(entry)
+        found = env.get(RUN_ENV_VAR)
+        if found is None or (run_id is not None and found != run_id):
+            continue
+        if run_id is None and _alive(env.get("KV_PARENT_PID", "")):
+            live_runs.add(found)
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(int(entry.name), signal.SIGKILL)
+            removed.append(f"process {entry.name} (run {found})")
+    for path in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}{run_id or ''}*"):
+        if path.is_dir() and not any(path.name.startswith(f"{TEMP_PREFIX}{r}-") for r in live_runs):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(f"directory {path}")
+    return removed

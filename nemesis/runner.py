@@ -1,0 +1,277 @@
+"""One run of the main job: start a cluster, drive it under faults, heal, read back, check.
+
+    platform.start -> wait for a leader -> workload + nemesis until the deadline
+    -> stop clients -> heal everything -> wait for a leader -> final reads
+    -> collect logs -> check the history -> results.json, summary, exit code
+
+Whatever happens — a check failure, a harness bug, Ctrl-C, SIGTERM — the platform is torn
+down in `finally` and open operations are recorded as `info`, so the history stays a valid
+record of what was seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from histories.write import HistoryWriter
+from nemesis import check
+from nemesis.faults import Nemesis
+from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
+from nemesis.progress import Progress
+from nemesis.store import new_run_dir, source_version, write_json
+from system.kv.unsafe import ALLOW_ENV_VAR
+from workloads.base import RunContext, Workload
+from workloads.kv import KVWorkload
+
+log = logging.getLogger("nemesis")
+
+LEADER_TIMEOUT_S = 60.0  # first start on a loaded machine: processes import gRPC, elect
+RECOVERY_TIMEOUT_S = 30.0  # after the heal: a leader must serve again within this
+FINAL_READ_TIMEOUT_S = 30.0
+
+
+class HarnessError(Exception):
+    """The harness could not do its job; the message is the one line a person reads."""
+
+
+@dataclass
+class RunConfig:
+    argv: list[str]
+    platform: str
+    platform_reason: str
+    faults: list[str]
+    duration_s: float
+    interval_s: float
+    nodes: int
+    workload: str
+    seed: int
+    store: Path
+    concurrency: int
+    rate: float
+    op_timeout_s: float
+    read_consistency: str
+    unsafe: str | None
+    check_budget_s: float
+    node_args: list[str] = field(default_factory=list)
+
+    def reproduce(self) -> str:
+        parts = ["python -m nemesis run", f"--faults {','.join(self.faults)}",
+                 f"--duration {self.duration_s:g}", f"--interval {self.interval_s:g}",
+                 f"--nodes {self.nodes}", f"--workload {self.workload}",
+                 f"--platform {self.platform}", f"--seed {self.seed}",
+                 f"--concurrency {self.concurrency}", f"--rate {self.rate:g}"]
+        if self.read_consistency != "linearizable":
+            parts.append(f"--read-consistency {self.read_consistency}")
+        if self.unsafe:
+            parts.append(f"--unsafe {self.unsafe}")
+        return " ".join(parts)
+
+
+def make_platform(config: RunConfig, run_id: str, run_dir: Path) -> Platform:
+    env: dict[str, str] = {}
+    node_args = list(config.node_args)
+    if config.unsafe:
+        node_args += ["--unsafe", config.unsafe]
+        env[ALLOW_ENV_VAR] = "1"
+    cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
+                            node_args=tuple(node_args), env=env)
+    if config.platform == "docker":
+        from nemesis.platforms.docker import DockerPlatform
+
+        return DockerPlatform(cluster)
+    from nemesis.platforms.local import LocalPlatform
+
+    return LocalPlatform(cluster)
+
+
+def make_workload(config: RunConfig) -> Workload:
+    if config.workload == "kv":
+        return KVWorkload(concurrency=config.concurrency, rate=config.rate,
+                          op_timeout_s=config.op_timeout_s,
+                          read_consistency=config.read_consistency)
+    raise HarnessError(f"unknown workload {config.workload!r}")
+
+
+def wait_for_leader(platform: Platform, timeout_s: float, stop: threading.Event | None = None
+                    ) -> str | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        leader = platform.leader()
+        if leader is not None:
+            return leader
+        if stop is not None and stop.is_set():
+            return None
+        time.sleep(0.1)
+    return None
+
+
+class _Terminate(BaseException):
+    """SIGTERM, turned into an exception so `finally` blocks tear the cluster down."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminate()
+
+
+def run(config: RunConfig, out=sys.stdout) -> int:  # noqa: ANN001 - a text stream
+    """The whole run; returns the exit code (0 valid, 1 invalid, 2 unknown, 3 harness error)."""
+    run_dir = new_run_dir(config.store, config.workload)
+    run_id = f"{config.workload}-{run_dir.name}-{config.seed}"
+    handler = logging.FileHandler(run_dir / "harness.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if (
+        threading.current_thread() is threading.main_thread()) else None
+    try:
+        return _run(config, run_dir, run_id, out)
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+        root.removeHandler(handler)
+        handler.close()
+
+
+def _print(out, text: str) -> None:  # noqa: ANN001
+    print(text, file=out, flush=True)
+
+
+def _run(config: RunConfig, run_dir: Path, run_id: str, out) -> int:  # noqa: ANN001, C901
+    workload = make_workload(config)
+    test = {"argv": config.argv, "reproduce": config.reproduce(), "run_id": run_id,
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+            "workload": workload.describe(), "source_version": source_version(),
+            "python": sys.version.split()[0], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    write_json(run_dir / "test.json", test)
+    _print(out, f"run folder: {run_dir}")
+    if config.unsafe:
+        _print(out, f"canary: every node runs deliberately broken (--unsafe {config.unsafe})")
+    run_info: dict[str, Any] = {"run_id": run_id, "platform": config.platform,
+                                "crashed_nodes": [], "nemesis_errors": [], "harness_error": None}
+    nemesis_events = (run_dir / "nemesis.jsonl").open("a", encoding="utf-8")
+    history = HistoryWriter(run_dir / "history.jsonl")
+
+    def record(f: str, value: dict[str, Any]) -> None:
+        index = history.event("nemesis", f, value)
+        import json
+
+        nemesis_events.write(json.dumps({"index": index, "wall_time": time.time(), "f": f,
+                                         **value}, default=str) + "\n")
+        nemesis_events.flush()
+        log.info("nemesis %s %s", f, value.get("description", ""))
+
+    platform: Platform | None = None
+    nemesis: Nemesis | None = None
+    ctx: RunContext | None = None
+    code = check.EXIT_HARNESS
+    try:
+        platform = make_platform(config, run_id, run_dir)
+        _print(out, f"starting {config.nodes} nodes on {config.platform} ...")
+        platform.start()
+        leader = wait_for_leader(platform, LEADER_TIMEOUT_S)
+        if leader is None:
+            raise HarnessError(f"no leader within {LEADER_TIMEOUT_S:g} s of starting the cluster; "
+                               f"nodes: {platform.describe()}; logs in {run_dir / 'nodes'}")
+        _print(out, f"leader {leader}; running the {config.workload} workload for "
+                    f"{config.duration_s:g} s with faults {','.join(config.faults)} "
+                    f"(seed {config.seed})")
+        started = time.monotonic()
+        deadline = started + config.duration_s
+        ctx = RunContext(addresses=platform.client_addresses, history=history, seed=config.seed,
+                         deadline=deadline)
+        nemesis = Nemesis(platform, config.faults, seed=config.seed,
+                          interval_s=config.interval_s, record=record)
+        workload.start(ctx)
+        nemesis.start(deadline)
+        progress = Progress(out, config.duration_s)
+        seen_crashed: set[str] = set()
+        while time.monotonic() < deadline:
+            ctx.stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
+            for node in platform.node_ids:
+                if (node not in nemesis.expected_down and node not in seen_crashed
+                        and platform.exit_code(node) is not None):
+                    seen_crashed.add(node)
+                    code_ = platform.exit_code(node)
+                    run_info["crashed_nodes"].append({"node": node, "exit_code": code_})
+                    record("node-crashed", {"fault": "crash", "phase": "start", "nodes": [node],
+                                            "description": f"{node} exited with code {code_} "
+                                                           f"on its own"})
+                    _print(out, f"\nwarning: {node} exited with code {code_} on its own; "
+                                f"see {run_dir / 'nodes'}")
+            seen_crashed = {n for n in seen_crashed if platform.exit_code(n) is not None}
+            progress.update(time.monotonic() - started, workload.counts.totals(),
+                            nemesis.describe_active())
+        progress.done(time.monotonic() - started, workload.counts.totals())
+        ctx.stop.set()
+        nemesis.stop()
+        if not workload.join(timeout_s=config.op_timeout_s * 3 + 10):
+            log.warning("some client threads did not finish their last operation in time")
+        _print(out, "healing every fault ...")
+        nemesis.heal_everything()
+        leader = wait_for_leader(platform, RECOVERY_TIMEOUT_S)
+        run_info["recovered_leader"] = leader
+        if leader is None:
+            _print(out, f"warning: no leader {RECOVERY_TIMEOUT_S:g} s after the heal "
+                        f"({platform.describe()}); final reads may fail")
+        _print(out, "final reads ...")
+        run_info["final_reads"] = workload.final_reads(ctx, FINAL_READ_TIMEOUT_S)
+        code = check.EXIT_VALID
+    except HarnessError as exc:
+        run_info["harness_error"] = str(exc)
+        _print(out, f"harness error: {exc}")
+    except PlatformError as exc:
+        run_info["harness_error"] = f"{config.platform} platform: {exc}"
+        _print(out, f"harness error: {config.platform} platform: {exc}")
+    except (KeyboardInterrupt, _Terminate):
+        run_info["harness_error"] = "interrupted"
+        _print(out, "\ninterrupted: tearing the cluster down ...")
+    finally:
+        if ctx is not None:
+            ctx.stop.set()
+        if nemesis is not None:
+            nemesis.stop(timeout_s=5)
+            run_info["nemesis_errors"] = list(nemesis.errors)
+            run_info["faults"] = dict(nemesis.counts)
+        if ctx is not None:
+            workload.join(timeout_s=config.op_timeout_s + 5)
+        for index in history.in_flight():
+            history.complete(index, "info", None, error="run ended with the operation in flight")
+        history.close()
+        nemesis_events.close()
+        if platform is not None:
+            try:
+                platform.collect_logs()
+            except Exception as exc:
+                log.warning("could not collect node logs: %s", exc)
+            platform.close()
+        run_info["client_errors"] = list(getattr(workload, "harness_errors", []))[:20]
+        write_json(run_dir / "results.json", run_info)
+    if code == check.EXIT_HARNESS:
+        _print(out, f"run folder (partial): {run_dir}")
+        return code
+    _print(out, "checking the history ...")
+    results = check.check_run(run_dir, budget_s=config.check_budget_s)
+    for line in check.summary_lines(results):
+        _print(out, line)
+    if run_info["crashed_nodes"]:
+        _print(out, "nodes that crashed on their own: " + ", ".join(
+            f"{c['node']} (exit {c['exit_code']})" for c in run_info["crashed_nodes"]))
+    if run_info["nemesis_errors"]:
+        _print(out, f"nemesis errors ({len(run_info['nemesis_errors'])}): "
+                    f"{run_info['nemesis_errors'][0]}")
+    verdict = results["valid"]
+    word = check.WORDS[verdict]
+    reason = {True: "the history is linearizable and no acknowledged write was lost",
+              False: "the history shows a violation (see above and timeline.html)",
+              "unknown": "the check could not decide (a budget ran out, or nothing was recorded)"}
+    _print(out, f"{word}: {reason[verdict]}. Run folder: {run_dir}")
+    _print(out, f"reproduce: {config.reproduce()}")
+    return check.exit_code(verdict)

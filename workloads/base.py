@@ -1,0 +1,79 @@
+"""What a workload is to the harness: client processes that drive the system and record ops.
+
+The harness builds a `RunContext` (the nodes' loopback addresses, the history writer, the
+seed, the deadline, a stop event) and calls, in order: `start(ctx)` — start the client
+processes; `stop()`/`join()` at the deadline; after the nemesis has healed everything,
+`final_reads(ctx)` — read back what the run touched, recorded in the same history; then the
+harness checks the history with the checkers the workload names (`model`).
+
+Jepsen's process rule holds for every workload: one operation in flight per process; an
+operation whose outcome is unknown is recorded `info` and its process retires — a new
+process id takes over (the old id plus the concurrency).
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from histories.write import HistoryWriter
+
+
+@dataclass
+class RunContext:
+    addresses: dict[str, str]  # node id -> 127.0.0.1:PORT
+    history: HistoryWriter
+    seed: int
+    deadline: float  # time.monotonic() at which clients stop invoking
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class Counts:
+    """Live counters for the progress line and the summary (thread-safe through `add`)."""
+
+    by_f: dict[str, dict[str, int]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, f: str, outcome: str) -> None:
+        with self.lock:
+            row = self.by_f.setdefault(f, {"ok": 0, "fail": 0, "info": 0})
+            row[outcome] += 1
+
+    def totals(self) -> dict[str, int]:
+        with self.lock:
+            out = {"ok": 0, "fail": 0, "info": 0}
+            for row in self.by_f.values():
+                for k, v in row.items():
+                    out[k] += v
+            return out
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        with self.lock:
+            return {f: dict(row) for f, row in self.by_f.items()}
+
+
+class Workload(abc.ABC):
+    name = ""
+    model = ""  # the checker model its history is checked against
+
+    def __init__(self) -> None:
+        self.counts = Counts()
+
+    @abc.abstractmethod
+    def start(self, ctx: RunContext) -> None:
+        """Start the client processes; they stop invoking at ctx.deadline or ctx.stop."""
+
+    @abc.abstractmethod
+    def join(self, timeout_s: float) -> bool:
+        """Wait for every client process to finish its last operation; False on timeout."""
+
+    @abc.abstractmethod
+    def final_reads(self, ctx: RunContext, timeout_s: float) -> dict[str, Any]:
+        """After the heal: read back everything the run touched; returns a summary."""
+
+    def describe(self) -> dict[str, Any]:
+        """The workload's configuration, for test.json."""
+        return {"name": self.name, "model": self.model}
