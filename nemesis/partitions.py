@@ -7,8 +7,7 @@ fault event (`to_json`) so a report can draw it.
 - random-halves: the nodes shuffled and split into a majority and a minority;
 - isolate-leader: the leader alone, the rest together (Jepsen's "primaries" for one leader);
 - majorities-ring: every node sees a majority, but no two nodes see the same majority
-  (each node reaches its neighbours on a ring); needs 5 or more nodes to differ from a
-  full graph;
+  (each node reaches its neighbours on a ring); needs 4 or more nodes to cut anything;
 - bridge: two halves that cannot talk, and one node that talks to both.
 
 Pure: the random source is passed in, so a seed repeats the shapes.
@@ -55,23 +54,20 @@ def isolate(nodes: Sequence[str], node: str) -> nx.Graph:
 
 
 def majorities_ring(nodes: Sequence[str], rng: random.Random) -> nx.Graph:
-    """Each node talks to the nodes within distance k on a shuffled ring, k chosen so that
-    each sees exactly a majority (itself included)."""
+    """Each node talks to the k nearest nodes on each side of a shuffled ring, k the least
+    that makes its view (itself included) a majority. With an even number of nodes the view
+    is one node larger than a bare majority: reachability is symmetric here, so a view is
+    always odd-sized. Every node misses someone, and no two nodes share a view."""
     ring = list(nodes)
     rng.shuffle(ring)
     n = len(ring)
     majority = n // 2 + 1
+    k = majority // 2  # 2k + 1 >= majority
     g = nx.Graph()
     g.add_nodes_from(ring)
-    # Neighbours on each side: together with itself each node sees `majority` nodes (for
-    # even majorities one side gets one more, alternately, as Jepsen's ring does).
-    left = (majority - 1) // 2
-    right = majority - 1 - left
     for i, node in enumerate(ring):
-        for d in range(1, right + 1):
+        for d in range(1, k + 1):
             g.add_edge(node, ring[(i + d) % n])
-        for d in range(1, left + 1):
-            g.add_edge(node, ring[(i - d) % n])
     return g
 
 

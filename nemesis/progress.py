@@ -39,7 +39,7 @@ class Progress:
         line = self._line(elapsed, totals, [])
         if self.tty:
             self.out.write("\r" + line + " " * max(0, self._width - len(line)) + "\n")
-        else:
+        elif elapsed - self._last_plain > 0.5:
             print(line, file=self.out)
         self.out.flush()
 

@@ -113,11 +113,33 @@ def wait_for_leader(platform: Platform, timeout_s: float, stop: threading.Event 
 
 
 class _Terminate(BaseException):
-    """SIGTERM, turned into an exception so `finally` blocks tear the cluster down."""
+    """SIGTERM or Ctrl-C, turned into an exception so `finally` blocks tear the cluster down."""
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
-    raise _Terminate()
+class _Signals:
+    """The first SIGINT/SIGTERM interrupts the run; later ones are ignored (with a note)
+    so that they cannot break off the teardown half-way and leave nodes behind."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.interrupted:
+            print("\nstill tearing the cluster down; please wait", file=sys.stderr, flush=True)
+            return
+        self.interrupted = True
+        raise _Terminate()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
 def run(config: RunConfig, out=sys.stdout) -> int:  # noqa: ANN001 - a text stream
@@ -129,15 +151,45 @@ def run(config: RunConfig, out=sys.stdout) -> int:  # noqa: ANN001 - a text stre
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
-    previous_term = signal.signal(signal.SIGTERM, _on_sigterm) if (
-        threading.current_thread() is threading.main_thread()) else None
     try:
-        return _run(config, run_dir, run_id, out)
+        with _Signals():
+            return _run(config, run_dir, run_id, out)
     finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
         root.removeHandler(handler)
         handler.close()
+
+
+def _teardown(ctx: RunContext | None, nemesis: Nemesis | None, workload: Workload,
+              history: HistoryWriter, nemesis_events, platform: Platform | None,  # noqa: ANN001
+              config: RunConfig, run_info: dict[str, Any]) -> None:
+    """Stop clients and the nemesis, close the history, collect logs, tear the platform
+    down. Each step runs even if an earlier one failed: the platform's close() above all."""
+    steps = []
+    if ctx is not None:
+        steps.append(("stop clients", ctx.stop.set))
+    if nemesis is not None:
+        steps.append(("stop the nemesis", lambda: nemesis.stop(timeout_s=5)))
+    if ctx is not None:
+        steps.append(("join clients", lambda: workload.join(timeout_s=config.op_timeout_s + 5)))
+
+    def close_history() -> None:
+        for index in history.in_flight():
+            history.complete(index, "info", None, error="run ended with the operation in flight")
+        history.close()
+
+    steps += [("close the history", close_history), ("close nemesis.jsonl", nemesis_events.close)]
+    if platform is not None:
+        steps += [("collect node logs", platform.collect_logs), ("tear down", platform.close)]
+    for what, step in steps:
+        try:
+            step()
+        except Exception as exc:
+            log.warning("teardown: %s failed: %s", what, exc)
+            run_info.setdefault("teardown_errors", []).append(f"{what}: {exc}")
+    if nemesis is not None:
+        run_info["nemesis_errors"] = list(nemesis.errors)
+        run_info["faults"] = dict(nemesis.counts)
+    run_info["client_errors"] = list(getattr(workload, "harness_errors", []))[:20]
 
 
 def _print(out, text: str) -> None:  # noqa: ANN001
@@ -233,26 +285,13 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out) -> int:  # noqa: AN
     except (KeyboardInterrupt, _Terminate):
         run_info["harness_error"] = "interrupted"
         _print(out, "\ninterrupted: tearing the cluster down ...")
+    except Exception as exc:  # a harness bug must never read as "invalid" (exit 1)
+        log.exception("harness failure")
+        run_info["harness_error"] = f"{type(exc).__name__}: {exc}"
+        _print(out, f"harness error: {type(exc).__name__}: {exc} (traceback in "
+                    f"{run_dir / 'harness.log'})")
     finally:
-        if ctx is not None:
-            ctx.stop.set()
-        if nemesis is not None:
-            nemesis.stop(timeout_s=5)
-            run_info["nemesis_errors"] = list(nemesis.errors)
-            run_info["faults"] = dict(nemesis.counts)
-        if ctx is not None:
-            workload.join(timeout_s=config.op_timeout_s + 5)
-        for index in history.in_flight():
-            history.complete(index, "info", None, error="run ended with the operation in flight")
-        history.close()
-        nemesis_events.close()
-        if platform is not None:
-            try:
-                platform.collect_logs()
-            except Exception as exc:
-                log.warning("could not collect node logs: %s", exc)
-            platform.close()
-        run_info["client_errors"] = list(getattr(workload, "harness_errors", []))[:20]
+        _teardown(ctx, nemesis, workload, history, nemesis_events, platform, config, run_info)
         write_json(run_dir / "results.json", run_info)
     if code == check.EXIT_HARNESS:
         _print(out, f"run folder (partial): {run_dir}")

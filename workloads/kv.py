@@ -108,8 +108,8 @@ class KVWorkload(Workload):
         for thread_no in range(self.concurrency):
             t = threading.Thread(target=self._loop, args=(ctx, thread_no), daemon=True,
                                  name=f"client-{thread_no}")
-            self._threads.append(t)
             t.start()
+            self._threads.append(t)
 
     def join(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -101,7 +101,7 @@ class Platform(abc.ABC):
 
     @abc.abstractmethod
     def resume(self, node_id: str) -> None:
-        """Undo `pause`."""
+        """Undo `pause`; does nothing to a node that is not paused."""
 
     def restart(self, node_id: str) -> None:
         """Kill if running, then start again on the same data."""

@@ -1,0 +1,472 @@
+"""The node image of the Docker platform, built offline in three cached layers.
+
+No registry can be reached from the machines this runs on, so nothing is pulled:
+
+1. `mao-base:<hash>`: a Debian root filesystem made by `debootstrap --variant=minbase
+   --include=python3,iptables,iproute2,procps bookworm`, from the machine's own apt mirror,
+   imported as an image. The tarball is also kept in the cache directory
+   (`~/.cache/many-as-one/`, or `$MAO_CACHE_DIR`) so a deleted image is re-imported in
+   seconds without debootstrap. The hash covers the suite, variant and package list (not the
+   mirror: any mirror of the suite gives the same system).
+2. `mao-deps:<hash>`: the project's runtime dependencies (`[project] dependencies` of
+   pyproject.toml and what they require, at the versions installed on this host) from
+   cp311 manylinux wheels downloaded on the host (`pip download`; a package published only
+   as an sdist is built into a pure-Python wheel with `pip wheel`). The image has no pip:
+   pip runs from its own wheel file and installs into /opt/mao/deps. The hash covers the
+   pinned versions.
+3. `mao-node:<hash>`: the sources the node runs (`system/`, `histories/`) in /opt/mao/src,
+   checked at build time by importing the node's modules. The hash covers those files and
+   the deps tag.
+
+Each level is rebuilt only when its own inputs changed. Images carry the labels
+`mao.project=many-as-one` and `mao.kind=base|deps|node`; they are the cache and are not
+removed after a run (`remove_images()`, i.e. `python -m nemesis clean --images`, removes
+them). `python -m nemesis.platforms.image` builds the image and prints its tag (CI step).
+
+What it must never do: pull from a registry, or leave a half-made tarball or a temporary
+build directory behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from nemesis.platforms.base import PlatformError, PlatformUnavailable
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+LABEL_PROJECT = "mao.project"
+PROJECT = "many-as-one"
+LABEL_KIND = "mao.kind"
+
+SUITE = "bookworm"
+VARIANT = "minbase"
+PACKAGES = ("python3", "iptables", "iproute2", "procps")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+IMAGE_PYTHON = ("3.11", "cp311")  # bookworm's python3 is 3.11.2
+# bookworm has glibc 2.36: any manylinux wheel up to 2_36 runs there.
+WHEEL_PLATFORMS = ("manylinux_2_36_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
+                   "manylinux2014_x86_64")
+SOURCE_DIRS = ("system", "histories")  # what the node imports (checked at build time)
+NODE_IMPORT_CHECK = "import system.kv.__main__, system.kv.node, system.kv.server, system.kv.client"
+LAYOUT_VERSION = "1"  # bump when the Dockerfiles below change
+
+Log = Callable[[str], None]
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    """Where the rootfs tarball and the wheels are kept between runs."""
+    if os.environ.get("MAO_CACHE_DIR"):
+        return Path(os.environ["MAO_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "many-as-one"
+
+
+def _hash(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:12]
+
+
+# ----- level 1: the Debian base ----------------------------------------------------------
+
+def apt_mirror() -> str:
+    """The Debian mirror this machine's apt uses (deb822 `URIs:` or sources.list), else
+    deb.debian.org. Security and other archives are skipped."""
+    candidates: list[str] = []
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                if line.strip().lower().startswith("uris:"):
+                    candidates.extend(line.split(":", 1)[1].split())
+    with contextlib.suppress(OSError):
+        for line in Path("/etc/apt/sources.list").read_text().splitlines():
+            parts = line.split()
+            if parts and parts[0] == "deb":
+                urls = [p for p in parts[1:] if "://" in p]
+                candidates.extend(urls[:1])
+    for url in candidates:
+        if "security" not in url and "://" in url:
+            return url.rstrip("/")
+    return DEFAULT_MIRROR
+
+
+def base_tag() -> str:
+    return "mao-base:" + _hash({"suite": SUITE, "variant": VARIANT, "packages": sorted(PACKAGES),
+                                "layout": LAYOUT_VERSION})
+
+
+def _run(cmd: list[str], what: str, **kwargs: object) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise PlatformUnavailable(f"{what} failed (exit {proc.returncode}): `{' '.join(cmd)}`; "
+                                  f"its last output:\n{tail}")
+    return proc
+
+
+def _ensure_debootstrap(log: Log) -> str:
+    found = shutil.which("debootstrap") or (
+        "/usr/sbin/debootstrap" if Path("/usr/sbin/debootstrap").exists() else None)
+    if found:
+        return found
+    if os.geteuid() != 0:
+        raise PlatformUnavailable("debootstrap is missing and installing it needs root: run "
+                                  "`sudo apt-get install -y debootstrap`, then build again.")
+    log("  debootstrap is not installed: installing it with `apt-get install -y debootstrap`")
+    t0 = time.monotonic()
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    proc = subprocess.run(["apt-get", "install", "-y", "debootstrap"], capture_output=True,
+                          text=True, env=env)
+    if proc.returncode != 0:
+        _run(["apt-get", "update"], "apt-get update", env=env)
+        _run(["apt-get", "install", "-y", "debootstrap"], "installing debootstrap", env=env)
+    log(f"  installed debootstrap ({time.monotonic() - t0:.1f} s)")
+    return shutil.which("debootstrap") or "/usr/sbin/debootstrap"
+
+
+def rootfs_tarball(log: Log = _stderr) -> Path:
+    """The cached rootfs tarball of the base image, made with debootstrap if absent."""
+    tag = base_tag()
+    tarball = cache_dir() / f"rootfs-{tag.split(':')[1]}.tar"
+    if tarball.exists():
+        return tarball
+    if os.geteuid() != 0:
+        raise PlatformUnavailable("building the base image runs debootstrap, which needs root; "
+                                  "run `python -m nemesis.platforms.image` once as root.")
+    debootstrap = _ensure_debootstrap(log)
+    mirror = apt_mirror()
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    log(f"  debootstrap {SUITE} ({VARIANT}, +{','.join(PACKAGES)}) from {mirror} ...")
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rootfs-", dir=tarball.parent) as tmp:
+        root = Path(tmp) / "root"
+        _run([debootstrap, f"--variant={VARIANT}", f"--include={','.join(PACKAGES)}", SUITE,
+              str(root), mirror], "debootstrap")
+        # Downloaded .debs and apt lists are not needed in the image.
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for entry in (root / junk).glob("*"):
+                if entry.is_file():
+                    entry.unlink()
+        log(f"  debootstrap done ({time.monotonic() - t0:.1f} s); packing {tarball.name}")
+        partial = Path(tmp) / "rootfs.tar"
+        _run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(partial),
+              "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "."], "tar")
+        partial.replace(tarball)
+    return tarball
+
+
+def _image_exists(client, tag: str) -> bool:  # noqa: ANN001 - docker.DockerClient
+    import docker.errors
+
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def ensure_base(client, log: Log = _stderr) -> str:  # noqa: ANN001
+    tag = base_tag()
+    if _image_exists(client, tag):
+        return tag
+    tarball = rootfs_tarball(log)
+    t0 = time.monotonic()
+    log(f"  importing {tarball} as {tag} ...")
+    repo, version = tag.split(":")
+    client.api.import_image(
+        src=str(tarball), repository=repo, tag=version,
+        changes=[f"LABEL {LABEL_PROJECT}={PROJECT}", f"LABEL {LABEL_KIND}=base",
+                 "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                 "ENV LANG=C.UTF-8"])
+    if not _image_exists(client, tag):
+        raise PlatformUnavailable(f"importing {tarball} as {tag} did not create the image; "
+                                  f"delete {tarball} and build again.")
+    size = tarball.stat().st_size / 1e6
+    log(f"  imported {tarball.name} ({size:.0f} MB) as {tag} ({time.monotonic() - t0:.1f} s)")
+    return tag
+
+
+# ----- level 2: the Python dependencies --------------------------------------------------
+
+def _requirement_api():  # noqa: ANN202
+    try:
+        from packaging.requirements import Requirement
+        from packaging.utils import canonicalize_name
+    except ImportError:  # pip always carries it
+        from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+        from pip._vendor.packaging.utils import canonicalize_name  # type: ignore[no-redef]
+    return Requirement, canonicalize_name
+
+
+def runtime_requirements() -> list[str]:
+    with open(REPO_ROOT / "pyproject.toml", "rb") as f:
+        return list(tomllib.load(f)["project"]["dependencies"])
+
+
+def dependency_pins() -> list[str]:
+    """`name==version` for the runtime dependencies and everything they need, as installed
+    on this host (the image gets exactly what the host runs the harness with)."""
+    Requirement, canonicalize_name = _requirement_api()
+    pins: dict[str, str] = {}
+    todo = list(runtime_requirements())
+    while todo:
+        req = Requirement(todo.pop())
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in pins:
+            continue
+        try:
+            dist = importlib.metadata.distribution(req.name)
+        except importlib.metadata.PackageNotFoundError:
+            raise PlatformUnavailable(
+                f"the dependency {req.name} is not installed on this host, so its version for "
+                f"the image is unknown; run `python3 -m pip install -e .` first.") from None
+        pins[name] = dist.version
+        for sub in dist.requires or []:
+            sub_req = Requirement(sub)
+            if sub_req.marker is None or sub_req.marker.evaluate({"extra": ""}):
+                todo.append(sub)
+    return sorted(f"{n}=={v}" for n, v in pins.items())
+
+
+def _pip_pin() -> str:
+    return f"pip=={importlib.metadata.version('pip')}"
+
+
+def deps_tag(pins: list[str] | None = None) -> str:
+    pins = dependency_pins() if pins is None else pins
+    return "mao-deps:" + _hash({"pins": pins, "pip": _pip_pin(), "python": IMAGE_PYTHON,
+                                "base": base_tag(), "layout": LAYOUT_VERSION})
+
+
+def _pip(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+                          capture_output=True, text=True)
+
+
+def _wheel_names(directory: Path) -> set[str]:
+    _, canonicalize_name = _requirement_api()
+    return {canonicalize_name(p.name.split("-")[0]) for p in directory.glob("*.whl")}
+
+
+def download_wheels(pins: list[str], directory: Path, log: Log = _stderr) -> None:
+    """cp311 manylinux (or pure) wheels of `pins` and of pip itself into `directory`."""
+    _, canonicalize_name = _requirement_api()
+    directory.mkdir(parents=True, exist_ok=True)
+    wanted = [*pins, _pip_pin()]
+    missing = [p for p in wanted if canonicalize_name(p.split("==")[0]) not in _wheel_names(directory)]
+    if not missing:
+        return
+    platform_args = [a for plat in WHEEL_PLATFORMS for a in ("--platform", plat)]
+    binary = ["download", "--no-deps", "--only-binary=:all:", *platform_args,
+              "--python-version", IMAGE_PYTHON[0], "--implementation", "cp",
+              "--abi", IMAGE_PYTHON[1], "--abi", "abi3", "--abi", "none", "-d", str(directory)]
+    proc = _pip([*binary, *missing])
+    if proc.returncode != 0:  # one of them has no such wheel: go one by one
+        for pin in missing:
+            if canonicalize_name(pin.split("==")[0]) in _wheel_names(directory):
+                continue
+            if _pip([*binary, pin]).returncode == 0:
+                continue
+            # Published as an sdist only: build a wheel here; it must be pure Python.
+            built = _pip(["wheel", "--no-deps", "-w", str(directory), pin])
+            if built.returncode != 0:
+                raise PlatformUnavailable(
+                    f"no cp311 manylinux wheel of {pin} could be downloaded or built "
+                    f"(is PyPI reachable?): {built.stderr.strip().splitlines()[-1:]}")
+            name = canonicalize_name(pin.split("==")[0])
+            for whl in directory.glob("*.whl"):
+                if canonicalize_name(whl.name.split("-")[0]) == name and not whl.name.endswith(
+                        "-none-any.whl"):
+                    raise PlatformUnavailable(f"{pin} has no manylinux wheel and building it "
+                                              f"here gave a platform wheel {whl.name}.")
+            log(f"  {pin}: no wheel published, built a pure-Python wheel from its sdist")
+    still = [p for p in wanted if canonicalize_name(p.split("==")[0]) not in _wheel_names(directory)]
+    if still:
+        raise PlatformUnavailable(f"could not get wheels for {', '.join(still)}")
+
+
+def _build(client, context: Path, tag: str, kind: str, inputs: str) -> None:  # noqa: ANN001
+    """`docker build` of `context` (never pulls: FROM names a local image)."""
+    repo, version = tag.split(":")
+    lines: list[str] = []
+    error = None
+    for chunk in client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False,
+                                  decode=True, labels={LABEL_PROJECT: PROJECT, LABEL_KIND: kind,
+                                                       "mao.inputs": inputs}):
+        if "stream" in chunk:
+            lines.extend(chunk["stream"].rstrip().splitlines())
+        if "error" in chunk:
+            error = chunk["error"]
+    if error is not None or not _image_exists(client, tag):
+        tail = "\n".join(lines[-20:])
+        raise PlatformUnavailable(f"docker build of {tag} failed: {error}\n{tail}")
+
+
+def ensure_deps(client, log: Log = _stderr) -> str:  # noqa: ANN001
+    pins = dependency_pins()
+    tag = deps_tag(pins)
+    if _image_exists(client, tag):
+        return tag
+    base = ensure_base(client, log)
+    wheels = cache_dir() / f"wheels-{tag.split(':')[1]}"
+    t0 = time.monotonic()
+    log(f"  wheels of {len(pins)} runtime dependencies ({', '.join(pins)}) into {wheels} ...")
+    download_wheels(pins, wheels, log)
+    log(f"  wheels ready ({time.monotonic() - t0:.1f} s)")
+    t0 = time.monotonic()
+    log(f"  building {tag}: pip install of the wheels into /opt/mao/deps ...")
+    pip_whl = next(p.name for p in wheels.glob("pip-*.whl"))
+    with tempfile.TemporaryDirectory(prefix="mao-deps-ctx-") as tmp:
+        ctx = Path(tmp)
+        shutil.copytree(wheels, ctx / "wheels")
+        (ctx / "requirements.txt").write_text("\n".join(pins) + "\n")
+        (ctx / "Dockerfile").write_text(
+            f"FROM {base}\n"
+            "COPY wheels /tmp/wheels\n"
+            "COPY requirements.txt /tmp/requirements.txt\n"
+            # pip runs from its own wheel (the image has none); --target keeps the system
+            # Python untouched (bookworm marks it externally managed).
+            f"RUN python3 /tmp/wheels/{pip_whl}/pip install --disable-pip-version-check "
+            "--no-index --find-links /tmp/wheels --target /opt/mao/deps "
+            "-r /tmp/requirements.txt && rm -rf /tmp/wheels /tmp/requirements.txt\n"
+            "ENV PYTHONPATH=/opt/mao/deps\n")
+        _build(client, ctx, tag, "deps", ",".join(pins))
+    log(f"  built {tag} ({time.monotonic() - t0:.1f} s)")
+    return tag
+
+
+# ----- level 3: the project's sources ----------------------------------------------------
+
+def _source_files() -> Iterator[Path]:
+    for top in SOURCE_DIRS:
+        for path in sorted((REPO_ROOT / top).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                yield path
+
+
+def node_tag(deps: str | None = None) -> str:
+    deps = deps_tag() if deps is None else deps
+    digest = hashlib.sha256()
+    for path in _source_files():
+        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return "mao-node:" + _hash({"sources": digest.hexdigest(), "deps": deps,
+                                "layout": LAYOUT_VERSION})
+
+
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """One build at a time on this machine (tests in parallel, CI and a person)."""
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def ensure_image(client=None, log: Log = _stderr) -> str:  # noqa: ANN001
+    """The tag of the node image for the current sources, building what is missing."""
+    client = client if client is not None else _client()
+    deps = deps_tag()
+    tag = node_tag(deps)
+    if _image_exists(client, tag):
+        return tag
+    with _build_lock():
+        if _image_exists(client, tag):
+            return tag
+        t_all = time.monotonic()
+        first = not _image_exists(client, base_tag()) and not (
+            cache_dir() / f"rootfs-{base_tag().split(':')[1]}.tar").exists()
+        if first:
+            log(f"building the node image (first time only, ~2 min): debootstrap {SUITE} from "
+                f"{apt_mirror()}, project dependencies, sources")
+        else:
+            log(f"building the node image {tag} (none yet for these sources and dependencies; "
+                f"cached levels are reused)")
+        deps = ensure_deps(client, log)
+        t0 = time.monotonic()
+        log(f"  building {tag}: the sources of {', '.join(SOURCE_DIRS)} on top of {deps} ...")
+        with tempfile.TemporaryDirectory(prefix="mao-node-ctx-") as tmp:
+            ctx = Path(tmp)
+            for path in _source_files():
+                dest = ctx / "src" / path.relative_to(REPO_ROOT)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dest)
+            (ctx / "Dockerfile").write_text(
+                f"FROM {deps}\n"
+                "COPY src /opt/mao/src\n"
+                "ENV PYTHONPATH=/opt/mao/src:/opt/mao/deps\n"
+                "WORKDIR /opt/mao/src\n"
+                f"RUN python3 -m compileall -q /opt/mao/src && python3 -c '{NODE_IMPORT_CHECK}'\n")
+            _build(client, ctx, tag, "node", tag)
+        log(f"  built {tag} ({time.monotonic() - t0:.1f} s); the whole build took "
+            f"{time.monotonic() - t_all:.1f} s")
+        return tag
+
+
+def _client():  # noqa: ANN202
+    from nemesis.platforms.docker import engine
+
+    return engine()
+
+
+def remove_images(client=None) -> list[str]:  # noqa: ANN001
+    """Remove every image labelled by the project (node first, base last); return the tags
+    removed. The rootfs tarball and wheels in the cache directory are kept."""
+    import docker.errors
+
+    client = client if client is not None else _client()
+    order = {"node": 0, "deps": 1, "base": 2}
+    images = client.images.list(filters={"label": f"{LABEL_PROJECT}={PROJECT}"})
+    images.sort(key=lambda im: order.get(im.labels.get(LABEL_KIND, ""), 0))
+    removed = []
+    for image in images:
+        names = image.tags or [image.short_id]
+        with contextlib.suppress(docker.errors.NotFound):
+            client.images.remove(image.id, force=True)
+            removed.extend(f"image {name}" for name in names)
+    return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m nemesis.platforms.image",
+        description="Build (if needed) the Docker image the nodes run in and print its tag.")
+    parser.add_argument("--remove", action="store_true",
+                        help="remove every image of the project instead (the cache stays)")
+    args = parser.parse_args(argv)
+    try:
+        if args.remove:
+            for line in remove_images():
+                print(f"removed {line}")
+            return 0
+        print(ensure_image())
+        return 0
+    except PlatformError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

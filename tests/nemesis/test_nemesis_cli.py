@@ -1,0 +1,97 @@
+"""Bad flags get one line and exit 3 before anything starts; stored runs are re-checked
+from their history alone (valid, invalid, unknown, unreadable)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from histories.write import HistoryWriter
+from nemesis import cli
+from nemesis.store import write_json
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nemesis", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--faults", "partition,explode"], "unknown fault 'explode'"),
+    (["--faults", ""], "--faults is empty"),
+    (["--faults", "none,kill"], "cannot be combined"),
+    (["--duration", "-5"], "must be positive"),
+    (["--duration", "abc"], "is not a number"),
+    (["--nodes", "2", "--faults", "partition"], "needs at least 3 nodes"),
+    (["--nodes", "0"], "must be positive"),
+    (["--platform", "vmware"], "invalid choice"),
+    (["--unsafe", "no-such-canary"], "invalid choice"),
+    (["--rate", "-1"], "--rate must be >= 0"),
+    (["--workload", "bank"], "invalid choice"),
+])
+def test_bad_flags_exit_3_with_one_line_and_start_nothing(tmp_path: Path, args: list[str],
+                                                          says: str) -> None:
+    result = _run_cli(["run", "--platform", "local", "--store", str(tmp_path / "store"), *args]
+                      if "--platform" not in args else ["run", "--store", str(tmp_path / "store"), *args],
+                      tmp_path)
+    assert result.returncode == 3, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "store").exists()  # nothing was started or written
+
+
+def _stored_run(tmp_path: Path, records: list[tuple]) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_json(run_dir / "test.json", {"workload": {"name": "kv", "model": "versioned-kv"}})
+    with HistoryWriter(run_dir / "history.jsonl") as h:
+        for process, f, key, value, outcome, fields in records:
+            i = h.invoke(process, f, key, value if f == "put" else None)
+            h.complete(i, outcome, value, **fields)
+    return run_dir
+
+
+def test_check_valid_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _stored_run(tmp_path, [
+        (0, "put", "k", "a", "ok", {"version": 1, "applied": True}),
+        (1, "get", "k", "a", "ok", {"version": 1}),
+    ])
+    assert cli.main(["check", str(run_dir)]) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["valid"] is True and results["operations"]["put"]["ok"] == 1
+
+
+def test_check_lost_write_is_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _stored_run(tmp_path, [
+        (0, "put", "k", "a", "ok", {"version": 1, "applied": True}),
+        (1, "get", "k", None, "ok", {"version": 0}),  # acknowledged write gone
+    ])
+    assert cli.main(["check", str(run_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "INVALID" in out and "lost-write" in out
+    assert (run_dir / "timeline.html").exists()
+
+
+def test_check_empty_history_is_never_valid(tmp_path: Path) -> None:
+    run_dir = _stored_run(tmp_path, [])
+    assert cli.main(["check", str(run_dir)]) == 2
+
+
+def test_check_refuses_a_folder_without_history(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["check", str(tmp_path)]) == 3
+    assert "has no history.jsonl" in capsys.readouterr().err
+
+
+def test_check_garbage_history_is_a_harness_error(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "history.jsonl").write_text('{"index": 0, "process": 1, "type": "ok"}\n[1,2\n')
+    assert cli.main(["check", str(tmp_path)]) == 3
+    assert "cannot read the history" in capsys.readouterr().err

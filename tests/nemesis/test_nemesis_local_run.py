@@ -1,0 +1,126 @@
+"""The main job on the local platform, end to end: a faulted run is valid, a canary is caught,
+and nothing is left behind — on success, on Ctrl-C, and when the harness itself is SIGKILLed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from nemesis.platforms.local import RUN_ENV_VAR, TEMP_PREFIX
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _leftovers() -> tuple[set[int], set[str]]:
+    """Processes carrying a run id in their environment, and local platform temp dirs."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if f"{RUN_ENV_VAR}=".encode() in (entry / "environ").read_bytes():
+                    pids.add(int(entry.name))
+            except OSError:
+                continue
+    dirs = {p.name for p in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*")}
+    return pids, dirs
+
+
+def _wait(condition, timeout_s: float, what: str):  # noqa: ANN001, ANN202
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def _nemesis(tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "nemesis", "run", "--platform", "local",
+                             "--store", str(tmp_path / "store"), *args],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_faulted_run_is_valid_and_leaves_a_complete_run_folder(tmp_path: Path) -> None:
+    before = _leftovers()
+    proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "16", "--interval", "3",
+                    "--faults", "partition,kill,pause", "--seed", "11")
+    out, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out
+    assert out.splitlines()[0].startswith("platform: local (asked for with --platform local)")
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    assert run_dir.parent.name == "kv"
+    for name in ("test.json", "history.jsonl", "nemesis.jsonl", "results.json", "harness.log",
+                 "nodes/n1.log", "nodes/n3.stderr"):
+        assert (run_dir / name).exists(), name
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["valid"] is True and sum(results["faults"].values()) >= 2
+    assert results["final_reads"]["unread"] == []
+    events = [json.loads(line) for line in (run_dir / "nemesis.jsonl").read_text().splitlines()]
+    assert {"start-partition", "kill", "pause"} & {e["f"] for e in events}
+    test = json.loads((run_dir / "test.json").read_text())
+    assert "--seed 11" in test["reproduce"]
+    # Re-checking the stored run needs no cluster and agrees.
+    again = subprocess.run([sys.executable, "-m", "nemesis", "check", str(run_dir)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert _leftovers() == before
+
+
+def test_ack_before_commit_canary_is_caught(tmp_path: Path) -> None:
+    before = _leftovers()
+    proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "25", "--interval", "3",
+                    "--faults", "partition", "--seed", "3", "--unsafe", "ack-before-commit")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    assert "INVALID" in out
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["valid"] is False
+    assert _leftovers() == before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_tears_everything_down(tmp_path: Path, sig: int) -> None:
+    before = _leftovers()
+    proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "120", "--faults", "kill",
+                    "--interval", "2")
+    assert proc.stdout is not None
+    _wait(lambda: "running the kv workload" in proc.stdout.readline(), 120, "the workload to start")
+    assert _leftovers()[0] - before[0], "the run's nodes should be running"
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out
+    assert "interrupted" in out
+    assert _leftovers() == before
+    results = json.loads(((tmp_path / "store" / "latest").resolve() / "results.json").read_text())
+    assert results["harness_error"] == "interrupted"
+
+
+def test_sigkilled_harness_leaves_no_node_running_and_clean_removes_the_rest(tmp_path: Path) -> None:
+    before = _leftovers()
+    proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "120", "--faults", "none")
+    assert proc.stdout is not None
+    _wait(lambda: "running the kv workload" in proc.stdout.readline(), 120, "the workload to start")
+    proc.kill()
+    proc.wait(timeout=30)
+    # The nodes die with their parent (PR_SET_PDEATHSIG); the data directory is what remains.
+    _wait(lambda: not (_leftovers()[0] - before[0]), 30, "the nodes to die with the harness")
+    assert _leftovers()[1] - before[1], "the killed run's temporary data should still be there"
+    clean = subprocess.run([sys.executable, "-m", "nemesis", "clean"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert "removed directory" in clean.stdout
+    assert _leftovers() == before
