@@ -11,6 +11,7 @@ record of what was seen.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -132,18 +133,53 @@ class _Signals:
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.interrupted:
-            print("\nstill tearing the cluster down; please wait", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):
+                print("\nstill tearing the cluster down; please wait", file=sys.stderr,
+                      flush=True)
             return
         self.interrupted = True
         raise _Terminate()
 
-    def __exit__(self, *exc: object) -> None:
+    def restore(self) -> None:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
+        self.previous.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+
+class _Output:
+    """The run's console: if it goes away (a closed pipe, a terminal that hung up) the run
+    must still finish and tear its cluster down, so writes after that are dropped."""
+
+    def __init__(self, stream) -> None:  # noqa: ANN001 - a text stream
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return self.stream.write(text)
+            except (BrokenPipeError, OSError) as exc:
+                self.broken = True
+                log.warning("console output lost (%s); the run goes on", exc)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self.stream.flush()
+            except (BrokenPipeError, OSError):
+                self.broken = True
+
+    def isatty(self) -> bool:
+        return not self.broken and hasattr(self.stream, "isatty") and self.stream.isatty()
 
 
 def run(config: RunConfig, out=sys.stdout) -> int:  # noqa: ANN001 - a text stream
     """The whole run; returns the exit code (0 valid, 1 invalid, 2 unknown, 3 harness error)."""
+    out = _Output(out)
     run_dir = new_run_dir(config.store, config.workload)
     run_id = f"{config.workload}-{run_dir.name}-{config.seed}"
     handler = logging.FileHandler(run_dir / "harness.log")
@@ -152,8 +188,8 @@ def run(config: RunConfig, out=sys.stdout) -> int:  # noqa: ANN001 - a text stre
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     try:
-        with _Signals():
-            return _run(config, run_dir, run_id, out)
+        with _Signals() as signals:
+            return _run(config, run_dir, run_id, out, signals)
     finally:
         root.removeHandler(handler)
         handler.close()
@@ -196,7 +232,8 @@ def _print(out, text: str) -> None:  # noqa: ANN001
     print(text, file=out, flush=True)
 
 
-def _run(config: RunConfig, run_dir: Path, run_id: str, out) -> int:  # noqa: ANN001, C901
+def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C901
+         signals: _Signals) -> int:
     workload = make_workload(config)
     test = {"argv": config.argv, "reproduce": config.reproduce(), "run_id": run_id,
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
@@ -291,13 +328,21 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out) -> int:  # noqa: AN
         _print(out, f"harness error: {type(exc).__name__}: {exc} (traceback in "
                     f"{run_dir / 'harness.log'})")
     finally:
+        signals.interrupted = True  # from here on a signal cannot break the teardown off
         _teardown(ctx, nemesis, workload, history, nemesis_events, platform, config, run_info)
         write_json(run_dir / "results.json", run_info)
     if code == check.EXIT_HARNESS:
         _print(out, f"run folder (partial): {run_dir}")
         return code
+    # The cluster is gone: Ctrl-C may now stop the check itself.
+    signals.restore()
     _print(out, "checking the history ...")
-    results = check.check_run(run_dir, budget_s=config.check_budget_s)
+    try:
+        results = check.check_run(run_dir, budget_s=config.check_budget_s)
+    except KeyboardInterrupt:
+        _print(out, f"interrupted during the check; the run is stored, re-check it with: "
+                    f"python -m nemesis check {run_dir}")
+        return check.EXIT_HARNESS
     for line in check.summary_lines(results):
         _print(out, line)
     if run_info["crashed_nodes"]:

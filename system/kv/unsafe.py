@@ -52,26 +52,49 @@ class UnsafeMode:
 
 
 class AckBeforeCommit(UnsafeMode):
-    """WRONG: acknowledges a write once the leader's own log has it (not a majority)."""
+    """WRONG: acknowledges a write once the leader's own log has it (not a majority).
+
+    The answer is what the write WILL return if the leader's log commits as it stands: the
+    leader replays its unapplied entries, in log order, on the versions of the keys they
+    touch. So without faults every answer is right and the history is linearizable; the
+    bug shows only when a leader loses entries it acknowledged (deposed, partitioned,
+    killed) — the bug this canary exists to let the harness find. (Request-id dedup of a
+    retry that is still unapplied is not replayed: retries are rare without faults.)"""
 
     name = "ack-before-commit"
 
     def after_persist(self, node: Node, entries: Sequence[Entry]) -> None:
-        for entry in entries:
-            waiter = node._write_waiters.get(entry.index)  # noqa: SLF001 - canary pokes inside
-            if waiter is None or waiter.future.done() or entry.kind != EntryKind.NORMAL:
+        waiting = [e for e in entries if e.kind == EntryKind.NORMAL
+                   and (w := node._write_waiters.get(e.index)) is not None  # noqa: SLF001
+                   and not w.future.done() and w.term == e.term]
+        if not waiting:
+            return
+        sm = node.state_machine
+        versions: dict[str, int] = {}
+        results: dict[int, PutResult | DeleteResult] = {}
+        last = max(e.index for e in waiting)
+        for entry in node.core.log.slice(sm.applied_index + 1, last + 1):
+            if entry.kind != EntryKind.NORMAL:
                 continue
-            if waiter.term != entry.term:
-                continue
-            # Guess the result from the current (unapplied) state: wrong by design.
             command = decode_command(entry.data)
-            current = node.state_machine.get(command.key)
-            version = current[1] if current is not None else 0
+            if command.key not in versions:
+                current = sm.get(command.key)
+                versions[command.key] = current[1] if current is not None else 0
+            version = versions[command.key]
+            matches = command.expected_version is None or command.expected_version == version
             if isinstance(command, DeleteCommand):
-                waiter.future.set_result(
-                    DeleteResult(applied=True, existed=current is not None, version=version))
+                results[entry.index] = DeleteResult(applied=matches, existed=version > 0,
+                                                    version=version)
+                if matches:
+                    versions[command.key] = 0
             else:
-                waiter.future.set_result(PutResult(applied=True, version=version + 1))
+                results[entry.index] = PutResult(applied=matches,
+                                                 version=version + 1 if matches else version)
+                if matches:
+                    versions[command.key] = version + 1
+        for entry in waiting:
+            if entry.index in results:
+                node._write_waiters[entry.index].future.set_result(results[entry.index])  # noqa: SLF001
 
 
 class StaleRead(UnsafeMode):
