@@ -21,7 +21,8 @@ from collections.abc import Sequence
 
 import networkx as nx
 
-SHAPES = ("random-halves", "isolate-leader", "majorities-ring", "bridge")
+# The first is the one aimed at the leader: the nemesis leads each round of shapes with it.
+SHAPES = ("isolate-leader", "random-halves", "majorities-ring", "bridge")
 # The least number of nodes for which each shape cuts something while a majority survives
 # somewhere (a 3-node ring is a full graph; a bridge needs two sides and the bridge).
 MIN_NODES = {"random-halves": 2, "isolate-leader": 2, "majorities-ring": 4, "bridge": 3}
