@@ -354,7 +354,8 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     verdict = results["valid"]
     word = check.WORDS[verdict]
     reason = {True: "the history is linearizable and no acknowledged write was lost",
-              False: "the history shows a violation (see above and timeline.html)",
+              False: "the history shows a violation (see above" + (
+                  ", and timeline.html)" if (run_dir / "timeline.html").exists() else ")"),
               "unknown": "the check could not decide (a budget ran out, or nothing was recorded)"}
     _print(out, f"{word}: {reason[verdict]}. Run folder: {run_dir}")
     _print(out, f"reproduce: {config.reproduce()}")
