@@ -28,6 +28,7 @@ from system.kv.proto import kv_pb2
 
 RUN_ENV_VAR = "MAO_RUN_ID"
 TEMP_PREFIX = "mao-local-"
+OWNER_FILE = "harness.pid"
 
 
 class LocalPlatform(Platform):
@@ -36,6 +37,8 @@ class LocalPlatform(Platform):
     def __init__(self, config: ClusterConfig) -> None:
         super().__init__(config)
         self._data_root = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{config.run_id}-"))
+        # Who owns this directory: `clean` leaves it alone while that process lives.
+        (self._data_root / OWNER_FILE).write_text(str(os.getpid()))
         env = dict(config.env)
         env[RUN_ENV_VAR] = config.run_id
         self.cluster = LocalCluster(config.nodes, self._data_root, node_args=config.node_args,
@@ -148,7 +151,15 @@ def clean(run_id: str | None = None) -> list[str]:
             os.kill(int(entry.name), signal.SIGKILL)
             removed.append(f"process {entry.name} (run {found})")
     for path in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}{run_id or ''}*"):
-        if path.is_dir() and not any(path.name.startswith(f"{TEMP_PREFIX}{r}-") for r in live_runs):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(f"directory {path}")
+        if not path.is_dir():
+            continue
+        if run_id is None:
+            try:
+                owner = (path / OWNER_FILE).read_text().strip()
+            except OSError:
+                owner = ""
+            if _alive(owner) or any(path.name.startswith(f"{TEMP_PREFIX}{r}-") for r in live_runs):
+                continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(f"directory {path}")
     return removed

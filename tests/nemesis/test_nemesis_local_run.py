@@ -20,18 +20,24 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _leftovers() -> tuple[set[int], set[str]]:
-    """Processes carrying a run id in their environment, and local platform temp dirs."""
+def _leftovers(run_id: str) -> tuple[set[int], set[str]]:
+    """The run's processes (its id in their environment) and its temporary directories.
+    (Other runs may go on beside the test: only this run's count.)"""
     pids = set()
+    marker = f"{RUN_ENV_VAR}={run_id}\0".encode()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if f"{RUN_ENV_VAR}=".encode() in (entry / "environ").read_bytes():
+                if marker in (entry / "environ").read_bytes() + b"\0":
                     pids.add(int(entry.name))
             except OSError:
                 continue
-    dirs = {p.name for p in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}*")}
+    dirs = {p.name for p in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}{run_id}-*")}
     return pids, dirs
+
+
+def _run_id(tmp_path: Path) -> str:
+    return json.loads(((tmp_path / "store" / "latest").resolve() / "test.json").read_text())["run_id"]
 
 
 def _wait(condition, timeout_s: float, what: str):  # noqa: ANN001, ANN202
@@ -52,7 +58,6 @@ def _nemesis(tmp_path: Path, *args: str) -> subprocess.Popen:
 
 
 def test_faulted_run_is_valid_and_leaves_a_complete_run_folder(tmp_path: Path) -> None:
-    before = _leftovers()
     proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "16", "--interval", "3",
                     "--faults", "partition,kill,pause", "--seed", "11")
     out, _ = proc.communicate(timeout=240)
@@ -75,11 +80,10 @@ def test_faulted_run_is_valid_and_leaves_a_complete_run_folder(tmp_path: Path) -
                            capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONPATH": str(REPO)})
     assert again.returncode == 0, again.stdout + again.stderr
-    assert _leftovers() == before
+    assert _leftovers(_run_id(tmp_path)) == (set(), set())
 
 
 def test_ack_before_commit_canary_is_caught(tmp_path: Path) -> None:
-    before = _leftovers()
     proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "25", "--interval", "3",
                     "--faults", "partition", "--seed", "3", "--unsafe", "ack-before-commit")
     out, _ = proc.communicate(timeout=300)
@@ -88,39 +92,41 @@ def test_ack_before_commit_canary_is_caught(tmp_path: Path) -> None:
     run_dir = (tmp_path / "store" / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
     assert results["valid"] is False
-    assert _leftovers() == before
+    assert _leftovers(_run_id(tmp_path)) == (set(), set())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_tears_everything_down(tmp_path: Path, sig: int) -> None:
-    before = _leftovers()
     proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "120", "--faults", "kill",
                     "--interval", "2")
     assert proc.stdout is not None
     _wait(lambda: "running the kv workload" in proc.stdout.readline(), 120, "the workload to start")
-    assert _leftovers()[0] - before[0], "the run's nodes should be running"
+    run_id = _run_id(tmp_path)
+    pids, dirs = _leftovers(run_id)
+    assert len(pids) == 3 and len(dirs) == 1, "the run's nodes and data should be there"
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 3, out
     assert "interrupted" in out
-    assert _leftovers() == before
+    assert _leftovers(run_id) == (set(), set())
     results = json.loads(((tmp_path / "store" / "latest").resolve() / "results.json").read_text())
     assert results["harness_error"] == "interrupted"
 
 
 def test_sigkilled_harness_leaves_no_node_running_and_clean_removes_the_rest(tmp_path: Path) -> None:
-    before = _leftovers()
     proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "120", "--faults", "none")
     assert proc.stdout is not None
     _wait(lambda: "running the kv workload" in proc.stdout.readline(), 120, "the workload to start")
+    run_id = _run_id(tmp_path)
+    assert len(_leftovers(run_id)[0]) == 3
     proc.kill()
     proc.wait(timeout=30)
     # The nodes die with their parent (PR_SET_PDEATHSIG); the data directory is what remains.
-    _wait(lambda: not (_leftovers()[0] - before[0]), 30, "the nodes to die with the harness")
-    assert _leftovers()[1] - before[1], "the killed run's temporary data should still be there"
+    _wait(lambda: not _leftovers(run_id)[0], 30, "the nodes to die with the harness")
+    assert _leftovers(run_id)[1], "the killed run's temporary data should still be there"
     clean = subprocess.run([sys.executable, "-m", "nemesis", "clean"], cwd=tmp_path,
                            capture_output=True, text=True, timeout=120,
                            env={**os.environ, "PYTHONPATH": str(REPO)})
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "removed directory" in clean.stdout
-    assert _leftovers() == before
+    assert _leftovers(run_id) == (set(), set())
