@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--valid-duration", type=float, default=120.0)
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--only", choices=("canaries", "valid"), default=None)
+    parser.add_argument("--variants", default=",".join(CANARY_FAULTS),
+                        help="canaries to run (comma list; default all)")
     parser.add_argument("--store", type=Path, default=Path("/tmp/mao-canaries/store"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/canaries.md")
     args = parser.parse_args(argv)
@@ -74,7 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     plan = []
     if args.only != "valid":
-        plan += [(name, faults, args.duration) for name, faults in CANARY_FAULTS.items()]
+        wanted = [v for v in args.variants.split(",") if v]
+        unknown = set(wanted) - set(CANARY_FAULTS)
+        if unknown:
+            parser.error(f"unknown canary {', '.join(sorted(unknown))}; known: {', '.join(CANARY_FAULTS)}")
+        plan += [(name, CANARY_FAULTS[name], args.duration) for name in wanted]
     if args.only != "canaries":
         plan += [(None, SAFE_FAULTS, args.valid_duration)]
     started = time.monotonic()

@@ -61,6 +61,8 @@ from system.kv.proto import kv_pb2, kv_pb2_grpc
 
 LABEL_RUN = "mao.run"
 LABEL_NODE = "mao.node"
+# Which harness made a resource: `clean` without --run leaves a live harness's run alone.
+LABEL_OWNER = "mao.owner"  # "<hostname>:<pid>:<process start time in clock ticks>"
 NODE_PORT = 7000
 VOLUME_MOUNT = "/var/lib/mao"
 DATA_DIR = f"{VOLUME_MOUNT}/data"
@@ -144,11 +146,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _process_start(pid: int) -> str:
+    """The process's start time (field 22 of /proc/PID/stat), which tells a live process
+    from a later one that reused its pid; '' when there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def owner_label() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid())}"
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, rest = owner.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname():
+        return True  # another machine's harness: we cannot tell, so never touch it
+    return pid.isdigit() and bool(started) and _process_start(int(pid)) == started
+
+
 def _labels(run_id: str | None = None) -> list[str]:
     labels = [f"{LABEL_PROJECT}={PROJECT}"]
     if run_id is not None:
         labels.append(f"{LABEL_RUN}={run_id}")
     return labels
+
+
+def _labels_of(item) -> dict[str, str]:  # noqa: ANN001 - a container, network or volume
+    attrs = getattr(item, "attrs", {}) or {}
+    labels = attrs.get("Labels") or (attrs.get("Config") or {}).get("Labels") or {}
+    return dict(labels)
 
 
 def _remove_labelled(client, run_id: str | None) -> list[str]:  # noqa: ANN001
@@ -170,7 +200,26 @@ def _remove_labelled_once(client, run_id: str | None) -> list[str]:  # noqa: ANN
     removed: list[str] = []
     problems: list[str] = []
     filters = {"label": _labels(run_id)}
-    for container in client.containers.list(all=True, filters=filters):
+    containers = client.containers.list(all=True, filters=filters)
+    networks = client.networks.list(filters=filters)
+    volumes = client.volumes.list(filters=filters)
+    if run_id is None:
+        # Leave alone every run whose harness is still running (a run in another terminal
+        # is not a leftover); `--run ID` removes one run whatever its state.
+        live = {}
+        for item in (*containers, *networks, *volumes):
+            labels = _labels_of(item)
+            owner = labels.get(LABEL_OWNER, "")
+            if owner and _owner_alive(owner):
+                live[labels.get(LABEL_RUN, "?")] = owner
+        for run, owner in sorted(live.items()):
+            print(f"left run {run} alone: its harness ({owner.split(':')[0]} pid "
+                  f"{owner.split(':')[1]}) is still running; `python -m nemesis clean --run "
+                  f"{run}` removes it anyway", file=sys.stderr)
+        containers = [c for c in containers if _labels_of(c).get(LABEL_RUN) not in live]
+        networks = [n for n in networks if _labels_of(n).get(LABEL_RUN) not in live]
+        volumes = [v for v in volumes if _labels_of(v).get(LABEL_RUN) not in live]
+    for container in containers:
         try:
             container.remove(force=True)
             removed.append(f"container {container.name}")
@@ -178,7 +227,7 @@ def _remove_labelled_once(client, run_id: str | None) -> list[str]:  # noqa: ANN
             pass
         except docker.errors.APIError as exc:
             problems.append(f"container {container.name}: {_one_line(exc)}")
-    for network in client.networks.list(filters=filters):
+    for network in networks:
         try:
             network.remove()
             removed.append(f"network {network.name}")
@@ -186,7 +235,7 @@ def _remove_labelled_once(client, run_id: str | None) -> list[str]:  # noqa: ANN
             pass
         except docker.errors.APIError as exc:
             problems.append(f"network {network.name}: {_one_line(exc)}")
-    for volume in client.volumes.list(filters=filters):
+    for volume in volumes:
         try:
             volume.remove(force=True)
             removed.append(f"volume {volume.name}")
@@ -240,6 +289,7 @@ class DockerPlatform(Platform):
         self._channels: dict[str, grpc.Channel] = {}
         self._started = False
         self._closed = False
+        self._owner = owner_label()
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -250,7 +300,8 @@ class DockerPlatform(Platform):
         return self._image
 
     def _label_dict(self, kind: str, node_id: str | None = None) -> dict[str, str]:
-        labels = {LABEL_PROJECT: PROJECT, LABEL_RUN: self.config.run_id, LABEL_KIND: kind}
+        labels = {LABEL_PROJECT: PROJECT, LABEL_RUN: self.config.run_id, LABEL_KIND: kind,
+                  LABEL_OWNER: self._owner}
         if node_id is not None:
             labels[LABEL_NODE] = node_id
         return labels

@@ -83,3 +83,25 @@ def test_docker_platform_without_an_engine_is_refused_in_one_line(tmp_path: Path
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: --platform docker cannot start: "), out
     assert not (tmp_path / "store").exists()
+
+
+@needs_docker
+def test_clean_leaves_a_live_run_alone_and_removes_it_when_named(tmp_path: Path) -> None:
+    from nemesis.platforms import docker as docker_platform
+    from nemesis.platforms.base import ClusterConfig
+
+    run_id = f"cleantest-{os.getpid()}"
+    platform = docker_platform.DockerPlatform(
+        ClusterConfig(nodes=1, run_id=run_id, work_dir=tmp_path))
+    try:
+        platform.start()
+        assert len(_labelled(run_id)) == 3  # container, network, volume
+        # This process owns the run and is alive: a blanket clean must not touch it.
+        removed = docker_platform.clean()
+        assert not [r for r in removed if run_id in r]
+        assert len(_labelled(run_id)) == 3
+        removed = docker_platform.clean(run_id)
+        assert len([r for r in removed if run_id in r]) == 3
+        assert _labelled(run_id) == set()
+    finally:
+        platform.close()
