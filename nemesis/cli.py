@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TEST THE HARNESS: run every node as a deliberately broken canary")
     run.add_argument("--check-budget-s", type=_positive(float), default=60.0, metavar="S",
                      help="linearizability search budget per key (default %(default)s)")
+    run.add_argument("--junit", type=Path, default=None, metavar="FILE",
+                     help="also write JUnit XML (one test case per checker) for CI")
 
     chk = sub.add_parser("check", help="re-check a stored run from its history")
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")

@@ -347,7 +347,8 @@ def verdict_sentence(data: RunData) -> str:
     fault_text = (f"{total} fault{'s' if total != 1 else ''} ("
                   + ", ".join(f"{f} ×{n}" for f, n in sorted(faults.items())) + ")"
                   if total else "no faults")
-    where = f"{ops:,} operations over {data.duration_s:.0f} s with {fault_text}"
+    span = f"{data.duration_s:.0f}" if data.duration_s >= 10 else f"{data.duration_s:.1f}"
+    where = f"{ops:,} operations over {span} s with {fault_text}"
     if data.verdict == VALID:
         return (f"VALID: {where}; the history is linearizable and no acknowledged write "
                 f"was lost.")
