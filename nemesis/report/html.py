@@ -56,6 +56,9 @@ img.plot { width: 100%; max-width: 1100px; border: 1px solid #eee; display: bloc
 .why { background: #fff4f4; border-left: 4px solid #b00020; padding: 6px 10px; }
 svg.cx text { font: 11px ui-monospace, Menlo, Consolas, monospace; }
 svg.cx a:hover rect { stroke-width: 2.5; }
+div.tl { display: flex; align-items: flex-start; }
+div.scroll { overflow-x: auto; min-width: 0; flex: 1; display: flex; flex-direction: row-reverse; }
+div.scroll svg { flex: none; }  /* row-reverse: starts scrolled to the failure, at the right */
 details { margin: 8px 0; } summary { cursor: pointer; font-weight: 600; }
 """
 
@@ -67,10 +70,11 @@ def render(data: RunData, plots: dict[str, bytes]) -> str:
         f"<h1 class='{data.verdict}' id='verdict'>{html.escape(verdict_sentence(data))}</h1>",
         "<main>",
         _nav(data),
-        _overview(data),
+        _reproduce(data),
     ]
-    if data.verdict == INVALID:
+    if data.verdict == INVALID:  # the violation is what a reader of a failed run came for
         body.append(_violations(data, cited))
+    body.append(_overview(data))
     body.append(_plots(data, plots))
     body.append(_faults(data, cited))
     body.append(_operations(data))
@@ -80,6 +84,7 @@ def render(data: RunData, plots: dict[str, bytes]) -> str:
     body.append("</main>")
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            "<link rel='icon' href='data:,'>"
             f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>"
             + "\n".join(body) + "</body></html>\n")
 
@@ -96,13 +101,21 @@ def _line_link(line: int | None, cited: set[int], text: str | None = None) -> st
 
 
 def _nav(data: RunData) -> str:
-    links = [("#overview", "overview")]
-    if data.verdict == INVALID:
-        links.append(("#violation", "violation"))
+    links = [("#violation", "violation")] if data.verdict == INVALID else []
+    links.append(("#overview", "the run"))
     links += [("#plots", "latency & throughput"), ("#faults", "faults"),
               ("#operations", "operations"), ("#configuration", "configuration"),
               ("#files", "files & node logs")]
     return "<nav>" + "".join(f"<a href='{href}'>{text}</a>" for href, text in links) + "</nav>"
+
+
+def _reproduce(data: RunData) -> str:
+    reproduce = data.test.get("reproduce")
+    if not reproduce:
+        return ""
+    return (f"<p class='meta'>Reproduce (same fault schedule and operation mix; which node "
+            f"leads depends on the cluster):</p><pre class='cmd' id='reproduce'>{_e(reproduce)}"
+            f"</pre>")
 
 
 def _overview(data: RunData) -> str:
@@ -122,10 +135,7 @@ def _overview(data: RunData) -> str:
     if config.get("unsafe"):
         rows.insert(3, ("canary", f"every node ran the deliberately broken --unsafe "
                                   f"{config['unsafe']}: this run is meant to be caught"))
-    out = ["<section id='overview'>"]
-    reproduce = test.get("reproduce")
-    if reproduce:
-        out.append(f"<h3>Reproduce</h3><pre class='cmd'>{_e(reproduce)}</pre>")
+    out = ["<section id='overview'><h2>The run</h2>"]
     out.append("<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
                + "</table>")
     problems = []
@@ -236,7 +246,8 @@ def _counterexample(data: RunData, violation: Violation, cited: set[int]) -> str
            + f".<br>After the longest linearizable prefix ({len(prefix)} of "
            f"{len(violation.operations)} operations of this key) the state is "
            f"<b>{_e(cx['state'])}</b>, and no operation that could go next leads to an order "
-           f"in which this one's result is possible.</p>",
+           f"in which this one's result is possible. Click a bar for its completion (or, if "
+           f"it has none, its invoke) in history.jsonl.</p>",
            _timeline_svg(shown, model, order, candidates, blocking["op"]["invoke_index"], data),
            f"<p class='meta'>Drawn: {len(shown)} operations of this key around the failure "
            f"(history lines {lo + 1} to {hi + 1}).</p>"]
@@ -279,20 +290,28 @@ def _timeline_svg(operations, model, order: dict[int, int], candidates: dict[int
                                                       if op.ret is not None})
     rank = {p: n for n, p in enumerate(points)}
     lanes = sorted({op.process for op in operations})
-    label_px, lane_px, width = 50, 30, 1100
-    step = (width - label_px - 20) / (len(points) + 1)
+    # At least ~4 characters of label per record step; wider timelines scroll sideways
+    # (starting at the right, where the failure is); the lane names stay put on the left.
+    label_px, lane_px, min_step, tail_px = 6, 30, 30.0, 260
+    step = max(min_step, (1120 - tail_px) / (len(points) + 1))
+    width = int(label_px + step * (len(points) + 1) + tail_px)
     height = lane_px * len(lanes) + 24
-    out = [f"<svg class='cx' xmlns='http://www.w3.org/2000/svg' width='{width}' "
+    hatch = f"hatch{blocking_call}"
+    names = [f"<svg class='cx' xmlns='http://www.w3.org/2000/svg' width='44' height='{height}'>"]
+    for n, process in enumerate(lanes):
+        names.append(f"<text x='4' y='{n * lane_px + 19}' fill='#666'>p{_e(process)}</text>")
+    names.append("</svg>")
+    out = ["<div class='tl'>", *names, "<div class='scroll'>",
+           f"<svg class='cx' xmlns='http://www.w3.org/2000/svg' width='{width}' "
            f"height='{height}' viewBox='0 0 {width} {height}' role='img' "
            f"aria-label='counterexample timeline'>",
-           "<defs><pattern id='hatch' width='6' height='6' patternUnits='userSpaceOnUse' "
+           f"<defs><pattern id='{hatch}' width='6' height='6' patternUnits='userSpaceOnUse' "
            "patternTransform='rotate(45)'><rect width='6' height='6' fill='#f1f1f1'/>"
            "<line x1='0' y1='0' x2='0' y2='6' stroke='#cfcfcf' stroke-width='3'/></pattern>"
            "</defs>"]
-    for n, process in enumerate(lanes):
+    for n in range(len(lanes)):
         y = n * lane_px
-        out.append(f"<text x='4' y='{y + 19}' fill='#666'>p{_e(process)}</text>"
-                   f"<line x1='{label_px}' y1='{y + lane_px}' x2='{width}' y2='{y + lane_px}' "
+        out.append(f"<line x1='0' y1='{y + lane_px}' x2='{width}' y2='{y + lane_px}' "
                    f"stroke='#eee'/>")
     for op in operations:
         y = lanes.index(op.process) * lane_px + 4
@@ -310,7 +329,7 @@ def _timeline_svg(operations, model, order: dict[int, int], candidates: dict[int
         else:
             fill, stroke, stroke_width = "#eeeeee", "#999999", 1
         if op.ret is None:
-            fill = "url(#hatch)"
+            fill = f"url(#{hatch})"
         node = op.completion.node if op.completion is not None else None
         tip = (f"{label} | process {op.process}" + (f" | node {node}" if node else "")
                + f" | lines {op.call + 1}.." + ("?" if op.ret is None else str(op.ret + 1))
@@ -319,16 +338,21 @@ def _timeline_svg(operations, model, order: dict[int, int], candidates: dict[int
         bar_width = max(4.0, x1 - x0)
         clip = f"c{op.call}"
         out.append(
-            f"<a href='#L{op.call + 1}'><title>{_e(tip)}</title>"
             f"<clipPath id='{clip}'><rect x='{x0:.1f}' y='{y}' width='{bar_width:.1f}' "
             f"height='22'/></clipPath>"
+            f"<a href='#L{(op.ret if op.ret is not None else op.call) + 1}'>"
+            f"<title>{_e(tip)}</title>"
             f"<rect x='{x0:.1f}' y='{y}' width='{bar_width:.1f}' height='22' rx='3' "
             f"fill='{fill}' stroke='{stroke}' stroke-width='{stroke_width}'"
             + (" stroke-dasharray='4 2'" if op.ret is None else "")
             + (" opacity='0.5'" if op.type.value == "fail" else "") + "/>"
-            f"<text x='{x0 + 3:.1f}' y='{y + 15}' clip-path='url(#{clip})'>{_e(label)}</text></a>")
+            f"<text x='{x0 + 3:.1f}' y='{y + 15}' clip-path='url(#{clip})'>{_e(label)}</text>"
+            + (f"<text class='blocking' x='{x0 + bar_width + 6:.1f}' y='{y + 15}' "
+               f"fill='#b00020' font-weight='bold'>{_e(label)}</text>"
+               if op.call == blocking_call else "")  # its whole label: the reader came for it
+            + "</a>")
     out.append(f"<text x='{label_px}' y='{height - 6}' fill='#888'>record order → "
-               f"(lines {points[0] + 1} .. {points[-1] + 1})</text></svg>")
+               f"(lines {points[0] + 1} .. {points[-1] + 1})</text></svg></div></div>")
     return "\n".join(out)
 
 
@@ -390,8 +414,9 @@ def _count_table(title: str, table: dict[str, dict[str, int]]) -> str:
 def _operations(data: RunData) -> str:
     out = ["<section id='operations'><h2>Operations</h2>",
            "<p class='meta'>ok = happened; fail = certainly did not happen; info = outcome "
-           "unknown (a timeout). cas = a write with an expected version. A node of (none) "
-           "means no node answered.</p>",
+           "unknown (a timeout). cas = a write with an expected version. Node (none): the "
+           "completion names no node (no node answered, or the workload did not record "
+           "which one did).</p>",
            "<div style='display:flex;gap:28px;flex-wrap:wrap'>",
            _count_table("function", data.counts_by("f")),
            _count_table("node that answered", data.counts_by("node"))]

@@ -136,7 +136,7 @@ def index_page(store: Path) -> str:
 
 def _page(title: str, body: str) -> str:
     return (
-        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'><link rel='icon' href='data:,'>"
         f"<title>{html.escape(title)}</title><style>"
         "body{font:14px/1.45 system-ui,sans-serif;margin:20px;color:#1d1d1d}"
         "h1{font-size:18px}table{border-collapse:collapse;font-size:13px}"
@@ -166,6 +166,8 @@ class StoreHandler(BaseHTTPRequestHandler):
         try:
             if path in ("/", "/index.html"):
                 return self._send(HTTPStatus.OK, index_page(self.store).encode(), "text/html")
+            if path == "/favicon.ico":  # browsers ask for it on text files; no icon, no error
+                return self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
             if path.startswith("/runs/"):
                 return self._run_file(path[len("/runs/"):], path.endswith("/"))
             if path.startswith("/archive/") and path.endswith(".tar.gz"):
