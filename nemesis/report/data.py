@@ -69,7 +69,8 @@ class FaultWindow:
     def label(self) -> str:
         """Short text for a plot: which fault, which nodes."""
         shown = self.description.split(": ", 1)[-1] if self.description else " ".join(self.nodes)
-        return f"{self.fault} {shown}"
+        number = f"#{self.id} " if self.id is not None else ""
+        return f"{number}{self.fault} {shown}"
 
 
 @dataclass(frozen=True)
