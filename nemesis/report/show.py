@@ -68,7 +68,9 @@ def render(data: RunData, key: str | None = None) -> str:
         if anomalies:
             lines.append(f"\nlost writes ({len(anomalies)}):")
             lines.extend(f"  {a.get('text')}" for a in anomalies[:5])
-    lines.append(f"\nreport: {data.run_dir / 'report.html'}")
+    page = data.run_dir / "report.html"
+    lines.append(f"\nreport: {page}" if page.exists() else
+                 f"\nno report.html yet: python -m nemesis report {data.run_dir}")
     return "\n".join(lines)
 
 
