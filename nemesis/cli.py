@@ -1,10 +1,13 @@
-"""`python -m nemesis run|check|clean`: the harness's command line.
+"""`python -m nemesis run|check|clean|report|serve|show`: the harness's command line.
 
     python -m nemesis run --faults partition,kill --duration 120 [--nodes 5] [--workload kv]
         [--platform docker|local] [--seed N] [--store DIR] [--concurrency N] [--rate N]
         [--interval S] [--read-consistency linearizable|stale] [--unsafe NAME]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
     python -m nemesis clean [--run ID]    remove what a crashed run left behind
+    python -m nemesis report RUN_DIR [--junit FILE]   regenerate report.html (and JUnit XML)
+    python -m nemesis serve [--store DIR] [--port 8080] [--host 127.0.0.1]   browse the store
+    python -m nemesis show RUN_DIR [--key K]          the report as text for a terminal
 
 Exit codes: 0 valid, 1 invalid, 2 unknown, 3 harness error (bad flags included: they are
 refused with one line before anything starts).
@@ -75,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="TEST THE HARNESS: run every node as a deliberately broken canary")
     run.add_argument("--check-budget-s", type=_positive(float), default=60.0, metavar="S",
                      help="linearizability search budget per key (default %(default)s)")
+    run.add_argument("--junit", type=Path, default=None, metavar="FILE",
+                     help="also write JUnit XML (one test case per checker) for CI")
 
     chk = sub.add_parser("check", help="re-check a stored run from its history")
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
@@ -84,7 +89,65 @@ def build_parser() -> argparse.ArgumentParser:
                                          "a crashed run left")
     clean.add_argument("--run", default=None, metavar="RUN_ID", help="only this run's")
     clean.add_argument("--images", action="store_true", help="also remove the cached node images")
+    _add_report_commands(sub)
     return parser
+
+
+# --- report, serve, show (nemesis/report) ---------------------------------------------------
+
+def _add_report_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers action
+    report = sub.add_parser("report", help="regenerate report.html and its plots from a stored run")
+    report.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
+    report.add_argument("--junit", type=Path, default=None, metavar="FILE",
+                        help="also write JUnit XML (one test case per checker)")
+    serve = sub.add_parser("serve", help="browse every stored run and its report over HTTP")
+    serve.add_argument("--store", type=Path, default=Path("store"), help="default %(default)s/")
+    serve.add_argument("--port", type=int, default=8080, help="default %(default)s; 0 = any free")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to bind (default %(default)s: this machine only)")
+    show = sub.add_parser("show", help="print a stored run's verdict, tables and counterexample")
+    show.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
+    show.add_argument("--key", default=None, help="the invalid key whose counterexample to draw")
+
+
+def _report_commands(args: argparse.Namespace) -> int:
+    if args.command == "serve":
+        from nemesis.report.serve import make_server
+
+        if not args.store.is_dir():
+            return _refuse(f"{args.store} is not a folder; give the store with --store DIR "
+                           f"(python -m nemesis run writes to ./store)")
+        try:
+            server = make_server(args.store, args.host, args.port)
+        except OSError as exc:
+            return _refuse(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+        host, port = server.server_address[:2]
+        print(f"serving {args.store.resolve()} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.server_close()
+        return 0
+    run_dir = args.run_dir.resolve()
+    if not (run_dir / "history.jsonl").exists() and not (run_dir / "test.json").exists():
+        return _refuse(f"{args.run_dir} is not a run folder (no history.jsonl); give one such "
+                       f"as store/latest or store/kv/<timestamp>")
+    if args.command == "show":
+        from nemesis.report.data import load_run
+        from nemesis.report.show import render
+
+        print(render(load_run(run_dir), key=args.key))
+        return 0
+    from nemesis.report import write_junit, write_report
+
+    print(f"report: {write_report(run_dir)}")
+    if args.junit is not None:
+        print(f"junit: {write_junit(run_dir, args.junit)}")
+    return 0
+
+# --- end of report, serve, show -------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args, argv)
     if args.command == "check":
         return _check(args)
+    if args.command in ("report", "serve", "show"):
+        return _report_commands(args)
     return _clean(args)
 
 
@@ -130,7 +195,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         workload=args.workload, seed=seed, store=args.store,
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
-        unsafe=args.unsafe, check_budget_s=args.check_budget_s)
+        unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit)
     return run(config)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from histories.write import HistoryWriter
-from nemesis import check
+from nemesis import check, report
 from nemesis.faults import Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
@@ -61,6 +61,7 @@ class RunConfig:
     unsafe: str | None
     check_budget_s: float
     node_args: list[str] = field(default_factory=list)
+    junit: Path | None = None  # --junit FILE: JUnit XML for CI (nemesis/report)
 
     def reproduce(self) -> str:
         parts = ["python -m nemesis run", f"--faults {','.join(self.faults)}",
@@ -333,6 +334,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         write_json(run_dir / "results.json", run_info)
     if code == check.EXIT_HARNESS:
         _print(out, f"run folder (partial): {run_dir}")
+        _print(out, report.after_run(run_dir, config.junit))  # nemesis/report; never raises
         return code
     # The cluster is gone: Ctrl-C may now stop the check itself.
     signals.restore()
@@ -343,6 +345,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         _print(out, f"interrupted during the check; the run is stored, re-check it with: "
                     f"python -m nemesis check {run_dir}")
         return check.EXIT_HARNESS
+    report_line = report.after_run(run_dir, config.junit)  # nemesis/report; never raises
     for line in check.summary_lines(results):
         _print(out, line)
     if run_info["crashed_nodes"]:
@@ -354,9 +357,9 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     verdict = results["valid"]
     word = check.WORDS[verdict]
     reason = {True: "the history is linearizable and no acknowledged write was lost",
-              False: "the history shows a violation (see above" + (
-                  ", and timeline.html)" if (run_dir / "timeline.html").exists() else ")"),
+              False: "the history shows a violation (see above and report.html)",
               "unknown": "the check could not decide (a budget ran out, or nothing was recorded)"}
     _print(out, f"{word}: {reason[verdict]}. Run folder: {run_dir}")
     _print(out, f"reproduce: {config.reproduce()}")
+    _print(out, report_line)
     return check.exit_code(verdict)
