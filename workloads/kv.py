@@ -157,9 +157,9 @@ class KVWorkload(Workload):
             i = history.invoke(process, "get", key, None, consistency=self.read_consistency)
             try:
                 r = client.get(key, consistency=self.read_consistency, via=home)
-            except NotFound:
+            except NotFound as exc:
                 seen[key] = 0
-                history.complete(i, "ok", None, version=0)
+                history.complete(i, "ok", None, version=0, node=exc.node_id or None)
                 self.counts.add("get", "ok")
                 return False
             except (Unavailable, Indeterminate, InvalidArgument) as exc:
@@ -187,7 +187,8 @@ class KVWorkload(Workload):
                                         request_id=rid)
         except CasMismatch as exc:
             seen[key] = exc.current_version
-            history.complete(i, "ok", value, version=exc.current_version, applied=False)
+            history.complete(i, "ok", value, version=exc.current_version, applied=False,
+                             node=exc.node_id or None)
             self.counts.add(op, "ok")
             return False
         except (Unavailable, InvalidArgument) as exc:
@@ -229,8 +230,8 @@ class KVWorkload(Workload):
                                              applied_index=r.applied_index)
                         read += 1
                         break
-                    except NotFound:
-                        ctx.history.complete(i, "ok", None, version=0)
+                    except NotFound as exc:
+                        ctx.history.complete(i, "ok", None, version=0, node=exc.node_id or None)
                         read += 1
                         break
                     except Exception as exc:

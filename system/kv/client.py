@@ -48,20 +48,23 @@ class CasMismatch(KVError):
     """The compare-and-swap did not match: nothing changed. `current_version` is the key's
     version when the write was applied in log order (0 = absent)."""
 
-    def __init__(self, key: str, expected_version: int, current_version: int) -> None:
+    def __init__(self, key: str, expected_version: int, current_version: int,
+                 node_id: str = "") -> None:
         super().__init__(f"compare-and-swap on {key!r} expected version {expected_version}, "
                          f"found {current_version}")
         self.key = key
         self.expected_version = expected_version
         self.current_version = current_version
+        self.node_id = node_id  # the node that answered
 
 
 class NotFound(KVError):
     """The key does not exist."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, node_id: str = "") -> None:
         super().__init__(f"key {key!r} not found")
         self.key = key
+        self.node_id = node_id  # the node that answered
 
 
 class InvalidArgument(KVError):
@@ -183,7 +186,7 @@ class KVClient:
                               request_id=rid, timeout_s=timeout_s)
         if not response.applied:
             raise CasMismatch(key, expected_version if expected_version is not None else -1,
-                              response.version)
+                              response.version, response.header.node_id)
         h = response.header
         return WriteResult(response.version, h.node_id, h.term, h.applied_index, rid)
 
@@ -205,7 +208,7 @@ class KVClient:
                               request_id=rid, timeout_s=timeout_s)
         if not response.applied:
             raise CasMismatch(key, expected_version if expected_version is not None else -1,
-                              response.version)
+                              response.version, response.header.node_id)
         h = response.header
         return DeleteResult(response.existed, response.version, h.node_id, h.term,
                             h.applied_index, rid)
@@ -226,7 +229,7 @@ class KVClient:
                               any_node=consistency == "stale",
                               first=self.node_addresses.get(via, via) if via else None)
         if not response.found:
-            raise NotFound(key)
+            raise NotFound(key, response.header.node_id)
         return GetResult(response.value, response.version, response.stale,
                          response.header.node_id, response.header.applied_index)
 
