@@ -19,6 +19,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +69,7 @@ class TrainerRun:
         self.cluster = None
         self.kv_addresses = kv
         self._coordinator_count = 0
+        self.run_token = uuid.uuid4().hex[:6]
         self.started_at = 0.0
 
     # ----- starting --------------------------------------------------------------------
@@ -94,7 +96,9 @@ class TrainerRun:
 
     def start_coordinator(self) -> str:
         self._coordinator_count += 1
-        cid = f"c{self._coordinator_count}"
+        # Request ids are unique across the whole store, and a coordinator's ids start with
+        # its id: a per-run token keeps two runs (or jobs) in one store from colliding.
+        cid = f"c{self._coordinator_count}-{self.run_token}"
         self.procs[cid] = spawn(
             ["coordinator", "--id", cid, "--config", self.config.to_json(),
              "--kv", ",".join(self.kv_addresses or []), "--checkpoint-store", self.checkpoint_store,

@@ -106,3 +106,18 @@ def test_synthetic_model_approaches_the_known_best_accuracy() -> None:
     assert params.dtype == np.float32
     assert ds.best_accuracy == pytest.approx(0.90)
     assert model.accuracy(params, ds.x_test, ds.y_test) > ds.best_accuracy - 0.02
+
+
+def test_bundled_files_read_directly_equal_the_packages_loaders() -> None:
+    from river.datasets import Shuttle
+    from sklearn.datasets import load_breast_cancer, load_digits
+
+    x, y = data._raw("breast_cancer")
+    ref = load_breast_cancer()
+    assert np.array_equal(x, ref.data) and np.array_equal(y, ref.target)
+    x, y = data._raw("digits")
+    ref = load_digits()
+    assert np.array_equal(x, ref.data) and np.array_equal(y, ref.target)
+    x, y = data._raw("shuttle")
+    first_x, first_y = next(iter(Shuttle()))
+    assert list(x[0]) == [float(v) for v in first_x.values()] and y[0] == int(first_y)
