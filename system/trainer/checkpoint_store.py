@@ -90,6 +90,10 @@ class CheckpointStore:
             if head is None:
                 return None
             meta, inline, version = head
+            if config_hash is not None and meta.config_hash != config_hash:
+                raise codec.CheckpointError(
+                    f"the checkpoint was written by configuration {meta.config_hash}, this run is "
+                    f"{config_hash}; run with the same settings or another --job")
             try:
                 blob = self.load_blob(meta, inline)
             except (NotFound, ObjectStoreError):

@@ -27,6 +27,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--checkpoint-store", default="inline", help="inline | object | s3://bucket/prefix")
+    p.add_argument("--object-dir", default="trainer-objects",
+                   help="directory of the local object store (--checkpoint-store object)")
     p.add_argument("--kv", default=None, help="store addresses host:port,...; default: start a local 3-node store")
     p.add_argument("--batch-size", type=int, default=None, help="rows per worker per step")
     p.add_argument("--learning-rate", type=float, default=None)
@@ -72,7 +74,8 @@ def run_command(args: argparse.Namespace) -> int:
                          kv=args.kv.split(",") if args.kv else None,
                          checkpoint_store=args.checkpoint_store,
                          run_dir=Path(args.run_dir) if args.run_dir else None,
-                         lease_s=args.lease_s, gradient_deadline_s=args.gradient_deadline_s)
+                         lease_s=args.lease_s, gradient_deadline_s=args.gradient_deadline_s,
+                         object_dir=Path(args.object_dir).resolve())
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -67,9 +67,10 @@ class LeaseRecord:
     done: bool = False
 
 
-def read_lease(kv: KVClient, job: str, consistency: str = "linearizable") -> tuple[LeaseRecord | None, int]:
+def read_lease(kv: KVClient, job: str, consistency: str = "linearizable",
+               timeout_s: float | None = None) -> tuple[LeaseRecord | None, int]:
     try:
-        got = kv.get(lease_key(job), consistency=consistency)
+        got = kv.get(lease_key(job), consistency=consistency, timeout_s=timeout_s)
     except NotFound:
         return None, 0
     return LeaseRecord(**json.loads(got.value)), got.version

@@ -53,7 +53,8 @@ class TrainerRun:
     def __init__(self, config: TrainConfig, *, standbys: int = 1, kv: list[str] | None = None,
                  checkpoint_store: str = "inline", run_dir: Path | None = None,
                  lease_s: float = 2.0, gradient_deadline_s: float = 5.0,
-                 chunk_bytes: int = 4 * 1024 * 1024, restart: bool = True) -> None:
+                 chunk_bytes: int = 4 * 1024 * 1024, restart: bool = True,
+                 object_dir: Path | None = None) -> None:
         config.validate()
         n_rows = data.n_train_rows(config)
         data.shard_bounds(n_rows, config.workers, 0)  # ConfigError if too many workers
@@ -63,6 +64,8 @@ class TrainerRun:
         self._own_dir = run_dir is None
         self.run_dir = Path(tempfile.mkdtemp(prefix="trainer-run-")) if run_dir is None else run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # Object-mode blobs must outlive the run directory (a later run resumes from them).
+        self.object_dir = object_dir if object_dir is not None else self.run_dir / "objects"
         self.procs: dict[str, subprocess.Popen] = {}
         self._finalizer = weakref.finalize(self, _kill_all, self.procs)
         self.expected_exit: set[str] = set()
@@ -84,7 +87,7 @@ class TrainerRun:
             self.kv_addresses = self.cluster.addresses
         self.kv = KVClient(self.kv_addresses, timeout_s=5.0, client_id="trainer-run")
         try:
-            read_lease(self.kv, self.config.job)
+            read_lease(self.kv, self.config.job, consistency="stale", timeout_s=2.0)
         except KVError as exc:
             raise ConfigError(f"cannot reach the store at {','.join(self.kv_addresses)}: "
                               f"{str(exc).splitlines()[0][:160]}") from None
@@ -102,7 +105,7 @@ class TrainerRun:
         self.procs[cid] = spawn(
             ["coordinator", "--id", cid, "--config", self.config.to_json(),
              "--kv", ",".join(self.kv_addresses or []), "--checkpoint-store", self.checkpoint_store,
-             "--object-dir", str(self.run_dir / "objects"), "--lease-s", str(self.lease_s),
+             "--object-dir", str(self.object_dir), "--lease-s", str(self.lease_s),
              "--gradient-deadline-s", str(self.gradient_deadline_s),
              "--chunk-bytes", str(self.chunk_bytes),
              "--event-log", str(self.run_dir / f"events-{cid}.jsonl")],
@@ -203,7 +206,7 @@ class TrainerRun:
         mode = "inline"
         if self.checkpoint_store != "inline":
             mode = "object"
-            objects = open_object_store(self.checkpoint_store, self.run_dir / "objects")
+            objects = open_object_store(self.checkpoint_store, self.object_dir)
         return CheckpointStore(self.kv, self.config.job, mode, objects=objects)
 
     def latest_checkpoint(self) -> Latest | None:

@@ -1,0 +1,114 @@
+"""Real processes: workers, an active coordinator and standbys over a real 3-node store.
+
+The scenarios of the spec: a run whose coordinator is SIGKILLed (twice, at seeded random
+steps) ends bit-for-bit equal to the fault-free run; a coordinator paused with SIGSTOP
+past its lease and then resumed cannot write a checkpoint; killed workers change the
+result only within one point of accuracy. Every process is killed at the end (TrainerRun
+closes its process groups; the store is the session fixture's).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+
+import pytest
+
+import system.trainer  # noqa: F401
+from system.trainer import data, model
+from system.trainer.config import TrainConfig
+from system.trainer.coordinator import EXIT_DEPOSED
+from system.trainer.local import train_local
+from system.trainer.run import TrainerRun
+
+pytestmark = pytest.mark.integration
+
+LEASE_S = 1.5
+
+
+def config_for(job: str, **kw: object) -> TrainConfig:
+    base = dict(dataset="digits", workers=3, steps=300, batch_size=32, learning_rate=0.05,
+                checkpoint_every=25, job=job)
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def wait_step(run: TrainerRun, at_least: int, not_coordinator: str | None = None):  # noqa: ANN201
+    def active_past():  # noqa: ANN202
+        st = run.status()
+        ok = (st is not None and st.active and st.step >= at_least
+              and st.coordinator_id != not_coordinator)
+        return st if ok else None
+    return run.wait_until(active_past, 60, f"an active coordinator past step {at_least}")
+
+
+def test_coordinator_killed_twice_ends_bit_for_bit_equal_to_the_fault_free_run(kv_cluster, job) -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    kill_steps = sorted(rng.sample(range(30, 280), 2))
+    expected = train_local(config_for(job))
+
+    with TrainerRun(config_for(job + "-clean"), standbys=1, kv=kv_cluster.addresses, lease_s=LEASE_S) as run:
+        run.start()
+        clean = run.wait_finished(90).checkpoint
+
+    with TrainerRun(config_for(job), standbys=1, kv=kv_cluster.addresses, lease_s=LEASE_S) as run:
+        run.start()
+        victim = None
+        for step in kill_steps:
+            victim = wait_step(run, step, not_coordinator=victim).coordinator_id
+            run.kill(victim, signal.SIGKILL)
+        faulted = run.wait_finished(90)
+        resumes = [e for e in run.events() if e["kind"] == "resume" and e["step"] > 0]
+
+    assert len(resumes) >= 2, f"seed {seed}: expected two takeovers, events {resumes}"
+    assert faulted.checkpoint.step == clean.step == 300
+    assert faulted.checkpoint.params.tobytes() == clean.params.tobytes(), f"seed {seed}, kills at {kill_steps}"
+    assert faulted.checkpoint.velocity.tobytes() == clean.velocity.tobytes()
+    assert clean.params.tobytes() == expected.params.tobytes()  # and both equal the one-process loop
+
+
+def test_coordinator_paused_past_its_lease_can_never_write_again(kv_cluster, job) -> None:
+    config = config_for(job, steps=400)
+    with TrainerRun(config, standbys=1, kv=kv_cluster.addresses, lease_s=LEASE_S) as run:
+        run.start()
+        old = wait_step(run, 60).coordinator_id
+        run.pause(old)
+        new = wait_step(run, 1, not_coordinator=old)
+        # Let the new coordinator commit a checkpoint of its own, then wake the old one.
+        run.wait_until(lambda: any(e["kind"] == "checkpoint-ok" for e in run.events(new.coordinator_id)),
+                       60, "a checkpoint by the new coordinator")
+        run.resume(old)
+        run.wait_until(lambda: run.procs[old].poll() is not None, 30, "the old coordinator to step down")
+        assert run.procs[old].returncode == EXIT_DEPOSED
+        latest = run.wait_finished(90)
+        old_events = run.events(old)
+
+    takeover = next(e for e in latest.meta.history if e["kind"] == "resume" and e["coordinator_id"] != old
+                    and e["step"] > 0)
+    after = latest.meta.history[latest.meta.history.index(takeover):] + [latest.meta.summary()]
+    assert all(e["coordinator_id"] != old for e in after), "a deposed coordinator wrote a checkpoint"
+    assert all(e["lease_version"] > takeover["lease_version"] - 1 for e in after)
+    deposed = [e for e in old_events if e["kind"] == "deposed"]
+    assert deposed, old_events[-5:]
+    ok_after_pause = [e for e in old_events if e["kind"] == "checkpoint-ok" and e["step"] > takeover["step"]]
+    assert ok_after_pause == []
+    assert latest.checkpoint.params.tobytes() == train_local(config).params.tobytes()
+
+
+def test_killed_workers_cost_skipped_gradients_not_accuracy(kv_cluster, job) -> None:
+    config = config_for(job, steps=300)
+    ds = data.load(config)
+    reference = model.accuracy(train_local(config, dataset=ds).params, ds.x_test, ds.y_test)
+    with TrainerRun(config, standbys=0, kv=kv_cluster.addresses, lease_s=LEASE_S,
+                    gradient_deadline_s=0.3) as run:
+        run.start()
+        wait_step(run, 50)
+        run.kill("w1")
+        wait_step(run, 150)
+        run.kill("w2")
+        latest = run.wait_finished(90)
+        skips = [e for e in run.events() if e["kind"] == "skip"]
+    accuracy = model.accuracy(latest.checkpoint.params, ds.x_test, ds.y_test)
+    assert latest.checkpoint.step == 300
+    assert abs(accuracy - reference) <= 0.01, (accuracy, reference, len(skips))
