@@ -53,7 +53,7 @@ class CoordinatorOptions:
     chunk_bytes: int = 4 * 1024 * 1024
     lease_s: float = 2.0
     gradient_deadline_s: float = 5.0
-    eval_every: int = 20
+    eval_every_s: float = 1.0
     event_log: str = ""  # JSON-lines file of the core's events ("" = none)
     done_grace_s: float = 3.0  # keep answering "done" this long so workers see it
 
@@ -245,6 +245,7 @@ class Coordinator:
         assert core is not None
         renewer = threading.Thread(target=self._renew_loop, daemon=True)
         renewer.start()
+        last_eval_at = 0.0
         while True:
             with self.cond:
                 while not (core.deposed or core.ready_to_close(time.monotonic())
@@ -261,7 +262,11 @@ class Coordinator:
                 if not core.done:
                     core.close_step()
                     self.cond.notify_all()
-                evaluate = core.step % self.options.eval_every == 0 or core.done
+                # Evaluate by time, not steps: the held-out set may be large (synthetic:
+                # 250,000 rows) and the progress line needs it at most once a second.
+                evaluate = time.monotonic() - last_eval_at >= self.options.eval_every_s or core.done
+                if evaluate:
+                    last_eval_at = time.monotonic()
                 params = core.state.params.copy() if evaluate else None
                 self._drain()
             if params is not None:

@@ -72,7 +72,11 @@ class CoordinatorCore:
     in_flight: CheckpointPlan | None = None
     deposed: bool = False
     skipped_total: int = 0
+    first_step: int = -1  # the step this coordinator started from (set by __post_init__)
     events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.first_step = self.step
 
     # ----- queries ---------------------------------------------------------------------
 
@@ -151,7 +155,8 @@ class CoordinatorCore:
         self.step += 1
         self.pending = {}
         self.first_gradient_at = None
-        if self.step % 100 == 0 or self.done or missing:
+        if self.step % 100 == 0 or self.done or missing or self.step == self.first_step + 1:
+            # The first step after a (re)start marks the end of a failover.
             self._event("step", outcome="applied", detail=f"workers {self.config.workers - len(missing)}")
 
     # ----- checkpoints -----------------------------------------------------------------

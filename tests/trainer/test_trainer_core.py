@@ -125,3 +125,14 @@ def test_lease_timer_holder_gives_up_before_a_standby_may_take_over() -> None:
     standby.observe(version=6, now=102.05)  # a renewal resets the standby's clock
     assert not standby.lapsed(103.0)
     assert LeaseTimer(1.0, seen_version=0).lapsed(0.0)  # no lease key yet: take it at once
+
+
+def test_decision_and_math_modules_are_pure() -> None:
+    """No sockets, clocks, threads or global randomness where the decisions are made."""
+    from pathlib import Path
+
+    from tests.test_purity import forbidden_uses
+
+    root = Path(system.trainer.__file__).parent
+    for name in ("config", "data", "model", "local", "coordinator_core", "checkpoint"):
+        assert forbidden_uses((root / f"{name}.py").read_text()) == [], name
