@@ -63,33 +63,37 @@ class Servicer(trainer_pb2_grpc.ParameterServerServicer):
         self.c = coord
 
     def GetParameters(self, request, context):  # noqa: N802, ANN001, ANN201
-        c = self.c
-        deadline = time.monotonic() + min(max(request.wait_s, 0.0), 5.0)
-        with c.cond:
-            core = c.core
-            if core is not None and c.active:
+        with self.c.cond:
+            core = self.c.core
+            if core is not None and self.c.active:
                 core.on_worker_seen(request.worker)
-                c.cond.notify_all()
-            while True:
-                core = c.core
-                if (core is None or not c.active or core.finished or request.term != core.term
-                        or core.deposed):
-                    break
-                if core.open_step > request.after_step and not core.done:
-                    break  # a new step to work on (while done, wait for "finished")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                c.cond.wait(remaining)
-            serving = core is not None and c.active and not core.deposed and c.lease.valid()
-            reply = trainer_pb2.ParametersReply(job=c.config.job, coordinator_id=c.options.coordinator_id,
-                                                serving=serving)
-            if serving:
-                assert core is not None
-                reply.step, reply.term, reply.done = core.open_step, core.term, core.finished
-                if not core.done:
-                    reply.params.CopyFrom(to_tensor(core.state.params))
-            return reply
+                self.c.cond.notify_all()
+            return self._parameters(request.after_step, request.term, request.wait_s)
+
+    def _parameters(self, after_step: int, term: int, wait_s: float) -> trainer_pb2.ParametersReply:
+        """Long-poll (caller holds the lock): answer once the open step is past
+        `after_step`, the caller's term is not ours, the run finished, or `wait_s` passed."""
+        c = self.c
+        deadline = time.monotonic() + min(max(wait_s, 0.0), 5.0)
+        while True:
+            core = c.core
+            if core is None or not c.active or core.finished or term != core.term or core.deposed:
+                break
+            if core.open_step > after_step and not core.done:
+                break  # a new step to work on (while done, wait for "finished")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            c.cond.wait(remaining)
+        serving = core is not None and c.active and not core.deposed and c.lease.valid()
+        reply = trainer_pb2.ParametersReply(job=c.config.job, coordinator_id=c.options.coordinator_id,
+                                            serving=serving)
+        if serving:
+            assert core is not None
+            reply.step, reply.term, reply.done = core.open_step, core.term, core.finished
+            if not core.done:
+                reply.params.CopyFrom(to_tensor(core.state.params))
+        return reply
 
     def PushGradient(self, request, context):  # noqa: N802, ANN001, ANN201
         c = self.c
@@ -101,8 +105,12 @@ class Servicer(trainer_pb2_grpc.ParameterServerServicer):
             reason = core.on_gradient(request.worker, request.step, request.term, grad,
                                       request.rows, time.monotonic())
             c.cond.notify_all()
-            return trainer_pb2.GradientReply(accepted=not reason, reason=reason,
-                                             step=core.open_step, term=core.term)
+            reply = trainer_pb2.GradientReply(accepted=not reason, reason=reason,
+                                              step=core.open_step, term=core.term)
+            if not reason and request.wait_s > 0:
+                # One round trip per step instead of two: wait for the step to close here.
+                reply.next.CopyFrom(self._parameters(request.step, request.term, request.wait_s))
+            return reply
 
     def Status(self, request, context):  # noqa: N802, ANN001, ANN201
         return self.c.status()

@@ -71,6 +71,7 @@ class Worker:
 
     def run(self) -> int:
         after_step = 0
+        reply: trainer_pb2.ParametersReply | None = None  # next parameters, if a push brought them
         while True:
             if self._stub is None:
                 found = self._lookup()
@@ -80,37 +81,41 @@ class Worker:
                     self._sleep_backoff()
                     continue
             assert self._stub is not None
-            try:
-                reply = self._stub.GetParameters(trainer_pb2.ParametersRequest(
-                    job=self.config.job, worker=self.worker, after_step=after_step,
-                    term=self.max_term, wait_s=1.0), timeout=5.0)
-            except grpc.RpcError:
-                self._stub = None
-                self._sleep_backoff()
-                continue
-            if not reply.serving or reply.term < self.max_term:
+            if reply is None:
+                try:
+                    reply = self._stub.GetParameters(trainer_pb2.ParametersRequest(
+                        job=self.config.job, worker=self.worker, after_step=after_step,
+                        term=self.max_term, wait_s=1.0), timeout=5.0)
+                except grpc.RpcError:
+                    self._stub = None
+                    self._sleep_backoff()
+                    continue
+            current, reply = reply, None
+            if not current.serving or current.term < self.max_term:
                 self._stub = None  # not (or no longer) the coordinator: look it up again
                 self._sleep_backoff()
                 continue
-            if reply.term > self.max_term:
-                self.max_term, after_step = reply.term, 0
-            if reply.done:
+            if current.term > self.max_term:
+                self.max_term, after_step = current.term, 0
+            if current.done:
                 return 0
-            if reply.step <= after_step or not reply.params.data:
+            if current.step <= after_step or not current.params.data:
                 continue  # long-poll ended with nothing new
-            params = from_tensor(reply.params)
-            grad, rows = self.shard.gradient(params, reply.step)
+            params = from_tensor(current.params)
+            grad, rows = self.shard.gradient(params, current.step)
             try:
                 pushed = self._stub.PushGradient(trainer_pb2.GradientPush(
-                    job=self.config.job, worker=self.worker, step=reply.step, term=reply.term,
-                    gradient=to_tensor(grad), rows=rows), timeout=5.0)
+                    job=self.config.job, worker=self.worker, step=current.step, term=current.term,
+                    gradient=to_tensor(grad), rows=rows, wait_s=1.0), timeout=5.0)
             except grpc.RpcError:
                 self._stub = None
                 self._sleep_backoff()
                 continue
             self._backoff_s = BACKOFF_MIN_S
-            after_step = reply.step
+            after_step = current.step
             if pushed.accepted:
                 self.stats.pushed += 1
+                if pushed.HasField("next"):
+                    reply = pushed.next
             else:
                 self.stats.rejected += 1

@@ -49,32 +49,36 @@ class ParametersReply(_message.Message):
     def __init__(self, job: _Optional[str] = ..., step: _Optional[int] = ..., term: _Optional[int] = ..., coordinator_id: _Optional[str] = ..., params: _Optional[_Union[Tensor, _Mapping]] = ..., done: _Optional[bool] = ..., serving: _Optional[bool] = ...) -> None: ...
 
 class GradientPush(_message.Message):
-    __slots__ = ("job", "worker", "step", "term", "gradient", "rows")
+    __slots__ = ("job", "worker", "step", "term", "gradient", "rows", "wait_s")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
     job: str
     worker: int
     step: int
     term: int
     gradient: Tensor
     rows: int
-    def __init__(self, job: _Optional[str] = ..., worker: _Optional[int] = ..., step: _Optional[int] = ..., term: _Optional[int] = ..., gradient: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[int] = ...) -> None: ...
+    wait_s: float
+    def __init__(self, job: _Optional[str] = ..., worker: _Optional[int] = ..., step: _Optional[int] = ..., term: _Optional[int] = ..., gradient: _Optional[_Union[Tensor, _Mapping]] = ..., rows: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
 
 class GradientReply(_message.Message):
-    __slots__ = ("accepted", "reason", "step", "term")
+    __slots__ = ("accepted", "reason", "step", "term", "next")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     reason: str
     step: int
     term: int
-    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., step: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+    next: ParametersReply
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., step: _Optional[int] = ..., term: _Optional[int] = ..., next: _Optional[_Union[ParametersReply, _Mapping]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
