@@ -170,7 +170,7 @@ class TrainerRun:
             time.sleep(poll_s)
 
     def supervise(self) -> None:
-        """Restart a worker or coordinator that died without being asked to."""
+        """Replace a worker or coordinator that exited without being asked to."""
         if not self.restart:
             return
         for name, proc in list(self.procs.items()):
@@ -180,7 +180,9 @@ class TrainerRun:
             self.expected_exit.add(name)
             if name.startswith("w") and code != 0:
                 self.start_worker(int(name[1:]))
-            elif name.startswith("c") and code not in (0, 2, 3):
+            elif name.startswith("c") and code not in (0, 2):
+                # A deposed coordinator (3) is retired for good, but the job still wants a
+                # standby: start a fresh one under a new id (and so new request ids).
                 self.start_coordinator()
 
     # ----- faults ----------------------------------------------------------------------

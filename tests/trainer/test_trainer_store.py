@@ -136,3 +136,43 @@ def test_local_object_store_refuses_a_blob_that_does_not_match_its_name(tmp_path
     assert store.get(name) == blob
     with pytest.raises(ObjectStoreError):
         store.put(name, b"abd")
+
+
+class FlakyKV:
+    """A store double whose first `failures` CAS calls end Indeterminate (as when the
+    leader dies after committing but before answering) and which records request ids."""
+
+    def __init__(self, failures: int) -> None:
+        from system.kv.client import WriteResult
+
+        self.failures, self.calls, self.result = failures, [], WriteResult
+        self.applied: dict[str, int] = {}
+
+    def cas(self, key: str, value: bytes, expected_version: int, *, request_id: str, **kw: object):
+        from system.kv.client import Indeterminate
+
+        self.calls.append(request_id)
+        version = self.applied.setdefault(request_id, expected_version + 1)  # applies once
+        if len(self.calls) <= self.failures:
+            raise Indeterminate("connection broken", request_id)
+        return self.result(version, "n1", 1, 1, request_id)
+
+
+def test_indeterminate_is_retried_with_the_same_request_id() -> None:
+    kv = FlakyKV(failures=2)
+    outcomes: list[str] = []
+    store = CheckpointStore(kv, "flaky", on_attempt=lambda rid, outcome: outcomes.append(outcome))  # type: ignore[arg-type]
+    meta = codec.Metadata(step=5, mode="", size=0, checksum="", config_hash="cfg",
+                          coordinator_id="c1", lease_version=1, request_id="c1:step-5")
+    assert store.write(codec.encode(make_checkpoint(5)), meta, 4, None, None) == 5
+    assert kv.calls == ["c1:step-5"] * 3 and outcomes == ["indeterminate"] * 2
+
+
+def test_indeterminate_after_the_lease_lapsed_stops_writing() -> None:
+    from system.trainer.checkpoint_store import StopWriting
+
+    store = CheckpointStore(FlakyKV(failures=5), "flaky", keep_trying=lambda: False)  # type: ignore[arg-type]
+    meta = codec.Metadata(step=5, mode="", size=0, checksum="", config_hash="cfg",
+                          coordinator_id="c1", lease_version=1, request_id="c1:step-5")
+    with pytest.raises(StopWriting):
+        store.write(codec.encode(make_checkpoint(5)), meta, 4, None, None)
