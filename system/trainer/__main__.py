@@ -12,9 +12,11 @@ import system.trainer  # noqa: F401, I001  (pins BLAS to one thread before numpy
 def _coordinator(args: argparse.Namespace) -> int:
     from system.trainer.config import ConfigError, TrainConfig
     from system.trainer.coordinator import EXIT_CONFIG, Coordinator, CoordinatorOptions
+    from system.trainer.pause_points import install
     from system.trainer.procs import die_with_parent
 
     die_with_parent()
+    install()
     config = TrainConfig.from_json(args.config)
     options = CoordinatorOptions(
         coordinator_id=args.id, kv_addresses=args.kv.split(","), listen=args.listen,

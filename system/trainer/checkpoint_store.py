@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from system.kv.client import CasMismatch, Indeterminate, KVClient, NotFound, Unavailable
 from system.trainer import checkpoint as codec
+from system.trainer import pause_points
 from system.trainer.object_store import ObjectStore, ObjectStoreError
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024  # well under the store's 64 MiB value limit
@@ -146,6 +147,7 @@ class CheckpointStore:
         else:
             inline = blob
         value = codec.encode_head(meta, inline)
+        pause_points.reach("before-head-cas", meta.step)
         version = self._settle(rid, lambda: self.kv.cas(self.key, value, expected_version,
                                                         request_id=rid).version)
         self._collect(meta)

@@ -256,27 +256,37 @@ class Coordinator:
         last_eval_at = 0.0
         while True:
             with self.cond:
-                while not (core.deposed or core.ready_to_close(time.monotonic())
-                           or (core.done and core.in_flight is None)):
-                    if not self.lease.valid():
+                while True:
+                    # The lease first: a coordinator that wakes from a pause must not even
+                    # close a step (let alone checkpoint it) on a lease that has lapsed.
+                    if not core.deposed and not core.finished and not self.lease.valid():
                         core.step_down("lease lapsed")
+                    if (core.deposed or core.ready_to_close(time.monotonic())
+                            or (core.done and core.in_flight is None)):
                         break
                     self.cond.wait(0.05)
                 if core.deposed:
-                    self._drain()
                     self.active = False
                     self.cond.notify_all()
-                    return EXIT_DEPOSED
-                if not core.done:
-                    core.close_step()
-                    self.cond.notify_all()
-                # Evaluate by time, not steps: the held-out set may be large (synthetic:
-                # 250,000 rows) and the progress line needs it at most once a second.
-                evaluate = time.monotonic() - last_eval_at >= self.options.eval_every_s or core.done
-                if evaluate:
-                    last_eval_at = time.monotonic()
-                params = core.state.params.copy() if evaluate else None
-                self._drain()
+                else:
+                    if not core.done:
+                        core.close_step()
+                        self.cond.notify_all()
+                    # Evaluate by time, not steps: the held-out set may be large (synthetic:
+                    # 250,000 rows) and the progress line needs it at most once a second.
+                    evaluate = time.monotonic() - last_eval_at >= self.options.eval_every_s or core.done
+                    if evaluate:
+                        last_eval_at = time.monotonic()
+                    params = core.state.params.copy() if evaluate else None
+                    self._drain()
+            if core.deposed:
+                # A write still in flight gets its outcome recorded (ok / fail / info)
+                # before the process exits: the history must not end on a bare invoke.
+                if self._writer is not None:
+                    self._writer.join(timeout=max(5.0, 2 * self.options.lease_s))
+                with self.cond:
+                    self._drain()
+                return EXIT_DEPOSED
             if params is not None:
                 self.loss = model.loss(params, dataset.x_test, dataset.y_test, self.config.l2)
                 self.accuracy = model.accuracy(params, dataset.x_test, dataset.y_test)
@@ -314,9 +324,13 @@ class Coordinator:
                               coordinator_id=self.options.coordinator_id,
                               lease_version=core.term, request_id=plan.request_id,
                               done=plan.checkpoint.done)
+        if not self._may_write():
+            with self.cond:
+                core.on_checkpoint_abandoned("lease no longer valid before the write")
+                self._drain()
+                self.cond.notify_all()
+            return
         try:
-            if not self._may_write():
-                raise StopWriting("lease no longer valid before the write")
             version = self.store.write(blob, meta, plan.expected_version, self.head_meta,
                                        plan.expected_version)
         except CasMismatch as exc:

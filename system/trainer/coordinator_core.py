@@ -206,6 +206,14 @@ class CoordinatorCore:
                     request_id=plan.request_id if plan else "", outcome="indeterminate", detail=detail)
         self.step_down("checkpoint outcome unknown and lease lapsed")
 
+    def on_checkpoint_abandoned(self, why: str) -> None:
+        """The shell did not send the write (its lease lapsed first): certainly not written."""
+        plan = self.in_flight
+        self.in_flight = None
+        self._event("checkpoint-fail", step=plan.checkpoint.step if plan else self.step,
+                    request_id=plan.request_id if plan else "", outcome="not-sent", detail=why)
+        self.step_down(why)
+
     def step_down(self, why: str) -> None:
         if not self.deposed:
             self.deposed = True

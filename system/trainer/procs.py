@@ -34,8 +34,9 @@ def die_with_parent() -> None:
         sys.exit(0)  # the parent died before the request took effect
 
 
-def spawn(args: Sequence[str], log_path: Path) -> subprocess.Popen:
+def spawn(args: Sequence[str], log_path: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     env = dict(os.environ)
+    env.update(extra_env or {})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env["TRAINER_PARENT_PID"] = str(os.getpid())
     for name in BLAS_THREAD_VARIABLES:

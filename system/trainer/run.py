@@ -54,7 +54,8 @@ class TrainerRun:
                  checkpoint_store: str = "inline", run_dir: Path | None = None,
                  lease_s: float = 2.0, gradient_deadline_s: float = 5.0,
                  chunk_bytes: int = 4 * 1024 * 1024, restart: bool = True,
-                 object_dir: Path | None = None) -> None:
+                 object_dir: Path | None = None,
+                 first_coordinator_env: dict[str, str] | None = None) -> None:
         config.validate()
         n_rows = data.n_train_rows(config)
         data.shard_bounds(n_rows, config.workers, 0)  # ConfigError if too many workers
@@ -66,6 +67,7 @@ class TrainerRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # Object-mode blobs must outlive the run directory (a later run resumes from them).
         self.object_dir = object_dir if object_dir is not None else self.run_dir / "objects"
+        self.first_coordinator_env = first_coordinator_env  # tests: pause points for c1 only
         self.procs: dict[str, subprocess.Popen] = {}
         self._finalizer = weakref.finalize(self, _kill_all, self.procs)
         self.expected_exit: set[str] = set()
@@ -109,7 +111,8 @@ class TrainerRun:
              "--gradient-deadline-s", str(self.gradient_deadline_s),
              "--chunk-bytes", str(self.chunk_bytes),
              "--event-log", str(self.run_dir / f"events-{cid}.jsonl")],
-            self.run_dir / f"{cid}.log")
+            self.run_dir / f"{cid}.log",
+            self.first_coordinator_env if self._coordinator_count == 1 else None)
         return cid
 
     def start_worker(self, worker: int) -> None:

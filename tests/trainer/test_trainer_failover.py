@@ -114,3 +114,36 @@ def test_killed_workers_cost_skipped_gradients_not_accuracy(kv_cluster, job) -> 
     accuracy = model.accuracy(latest.checkpoint.params, ds.x_test, ds.y_test)
     assert latest.checkpoint.step == 300
     assert abs(accuracy - reference) <= 0.01, (accuracy, reference, len(skips))
+
+
+def process_stopped(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def test_coordinator_paused_between_lease_check_and_write_is_fenced_by_cas(kv_cluster, job) -> None:
+    """The pause that matters for fencing: the coordinator checked its lease, built its
+    CAS, and sleeps before sending it (a pause point makes it SIGSTOP itself exactly
+    there). A standby takes over and rewrites the head; the woken CAS must fail."""
+    config = config_for(job, steps=200)
+    pause = {"TRAINER_PAUSE_AT": "before-head-cas:50", "MAO_ALLOW_UNSAFE": "1"}
+    with TrainerRun(config, standbys=0, kv=kv_cluster.addresses, lease_s=LEASE_S,
+                    first_coordinator_env=pause) as run:
+        run.start()
+        old = wait_step(run, 1).coordinator_id
+        run.start_coordinator()  # the standby, started once the first holds the lease
+        run.wait_until(lambda: process_stopped(run.procs[old].pid), 60, "the pause point")
+        new = wait_step(run, 1, not_coordinator=old).coordinator_id
+        run.wait_until(lambda: any(e["kind"] == "checkpoint-ok" for e in run.events(new)),
+                       60, "a checkpoint by the new coordinator")
+        run.resume(old)
+        run.wait_until(lambda: run.procs[old].poll() is not None, 30, "the old coordinator to step down")
+        assert run.procs[old].returncode == EXIT_DEPOSED
+        latest = run.wait_finished(90)
+        old_events = run.events(old)
+
+    failed = [e for e in old_events if e["kind"] == "checkpoint-fail" and e["step"] == 50]
+    assert [e["outcome"] for e in failed] == ["cas-mismatch"], "\n".join(map(str, old_events[-4:]))
+    written = [e["request_id"] for e in latest.meta.history] + [latest.meta.request_id]
+    assert f"{old}:step-50" not in written
+    assert latest.checkpoint.params.tobytes() == train_local(config).params.tobytes()
