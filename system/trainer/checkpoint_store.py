@@ -46,6 +46,7 @@ class Latest:
     checkpoint: codec.Checkpoint
     meta: codec.Metadata
     version: int  # head key's version
+    blob: bytes  # exactly as stored: a takeover rewrite must carry the same bytes (checksum)
 
 
 class CheckpointStore:
@@ -102,7 +103,7 @@ class CheckpointStore:
                     raise
                 continue
             ckpt = codec.decode(blob, checksum=meta.checksum, config_hash=config_hash)
-            return Latest(ckpt, meta, version)
+            return Latest(ckpt, meta, version, blob)
         return None
 
     # ----- writing ---------------------------------------------------------------------
@@ -164,7 +165,7 @@ class CheckpointStore:
             meta.config_hash = old.config_hash
             meta.history = self._history(old, latest.version)
             if not old.chunks and not old.pointer:
-                inline = codec.encode(latest.checkpoint)
+                inline = latest.blob
         value = codec.encode_head(meta, inline)
         return self._settle(meta.request_id, lambda: self.kv.cas(
             self.key, value, expected_version, request_id=meta.request_id).version)

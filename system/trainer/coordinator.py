@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-import numpy as np
 
 from system.kv.client import CasMismatch, KVClient, KVError
 from system.trainer import checkpoint as codec
 from system.trainer import data, local, model
 from system.trainer.checkpoint_store import CheckpointStore, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
-from system.trainer.coordinator_core import CoordinatorCore, Event
+from system.trainer.coordinator_core import CoordinatorCore
 from system.trainer.lease import LeaseKeeper
 from system.trainer.object_store import open_object_store
 from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
@@ -396,9 +395,3 @@ class Coordinator:
                 reply.skipped_gradients, reply.done = core.skipped_total, core.finished
             return reply
 
-
-def final_params(coord: Coordinator) -> np.ndarray | None:
-    return None if coord.core is None else coord.core.state.params
-
-
-__all__ = ["Coordinator", "CoordinatorOptions", "Event", "EXIT_DONE", "EXIT_DEPOSED", "EXIT_CONFIG"]
