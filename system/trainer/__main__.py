@@ -22,10 +22,12 @@ def _coordinator(args: argparse.Namespace) -> int:
         coordinator_id=args.id, kv_addresses=args.kv.split(","), listen=args.listen,
         checkpoint_store=args.checkpoint_store, object_dir=args.object_dir,
         chunk_bytes=args.chunk_bytes, lease_s=args.lease_s,
-        gradient_deadline_s=args.gradient_deadline_s, event_log=args.event_log)
+        gradient_deadline_s=args.gradient_deadline_s, event_log=args.event_log, unsafe=args.unsafe)
+    from system.trainer.unsafe import UnsafeRefused
+
     try:
         return Coordinator(config, options).run()
-    except ConfigError as exc:
+    except (ConfigError, UnsafeRefused) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lease-s", type=float, default=2.0)
     c.add_argument("--gradient-deadline-s", type=float, default=5.0)
     c.add_argument("--event-log", default="")
+    c.add_argument("--unsafe", default="", help="test-only canary (system/trainer/unsafe.py)")
     w = sub.add_parser("worker", help="(internal) one worker process")
     w.add_argument("--index", type=int, required=True)
     w.add_argument("--config", required=True)

@@ -53,7 +53,7 @@ class CheckpointStore:
     def __init__(self, kv: KVClient, job: str, mode: str = "inline", *,
                  objects: ObjectStore | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  keep_trying: Callable[[], bool] = lambda: True,
-                 on_attempt: Callable[[str, str], None] | None = None) -> None:
+                 on_attempt: Callable[[str, str], None] | None = None, unsafe: str = "") -> None:
         if mode not in ("inline", "object"):
             raise ValueError(f"checkpoint mode must be inline or object, got {mode!r}")
         if mode == "object" and objects is None:
@@ -63,6 +63,7 @@ class CheckpointStore:
         self.keep_trying = keep_trying
         self.on_attempt = on_attempt  # (request_id, outcome) for the event log
         self.key = head_key(job)
+        self.unsafe = unsafe  # "" unless a test canary (unsafe.py) was explicitly allowed
 
     # ----- reading ---------------------------------------------------------------------
 
@@ -149,8 +150,12 @@ class CheckpointStore:
             inline = blob
         value = codec.encode_head(meta, inline)
         pause_points.reach("before-head-cas", meta.step)
-        version = self._settle(rid, lambda: self.kv.cas(self.key, value, expected_version,
-                                                        request_id=rid).version)
+        if self.unsafe == "no-fencing":
+            from system.trainer.unsafe import write_head_without_cas
+            version = self._settle(rid, lambda: write_head_without_cas(self.kv, self.key, value, rid))
+        else:
+            version = self._settle(rid, lambda: self.kv.cas(self.key, value, expected_version,
+                                                            request_id=rid).version)
         self._collect(meta)
         return version
 

@@ -36,6 +36,7 @@ from system.trainer.lease import LeaseKeeper
 from system.trainer.object_store import open_object_store
 from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
 from system.trainer.tensors import from_tensor, to_tensor
+from system.trainer.unsafe import check_unsafe
 
 EXIT_DONE, EXIT_CONFIG, EXIT_DEPOSED = 0, 2, 3
 GRPC_OPTIONS = [("grpc.max_send_message_length", 512 * 1024 * 1024),
@@ -55,6 +56,7 @@ class CoordinatorOptions:
     eval_every_s: float = 1.0
     event_log: str = ""  # JSON-lines file of the core's events ("" = none)
     done_grace_s: float = 3.0  # keep answering "done" this long so workers see it
+    unsafe: str = ""  # a test canary from unsafe.py (refused without MAO_ALLOW_UNSAFE=1)
 
 
 class Servicer(trainer_pb2_grpc.ParameterServerServicer):
@@ -143,7 +145,8 @@ class Coordinator:
             objects = open_object_store(options.checkpoint_store, Path(options.object_dir or "."))
         self.store = CheckpointStore(self.kv, config.job, mode, objects=objects,
                                      chunk_bytes=options.chunk_bytes, keep_trying=self._may_write,
-                                     on_attempt=self._on_attempt)
+                                     on_attempt=self._on_attempt,
+                                     unsafe=check_unsafe(options.unsafe))
         self._event_file = open(options.event_log, "a") if options.event_log else None  # noqa: SIM115
         self._writer: threading.Thread | None = None
 

@@ -55,7 +55,8 @@ class TrainerRun:
                  lease_s: float = 2.0, gradient_deadline_s: float = 5.0,
                  chunk_bytes: int = 4 * 1024 * 1024, restart: bool = True,
                  object_dir: Path | None = None,
-                 first_coordinator_env: dict[str, str] | None = None) -> None:
+                 first_coordinator_env: dict[str, str] | None = None,
+                 first_coordinator_args: list[str] | None = None) -> None:
         config.validate()
         n_rows = data.n_train_rows(config)
         data.shard_bounds(n_rows, config.workers, 0)  # ConfigError if too many workers
@@ -68,6 +69,7 @@ class TrainerRun:
         # Object-mode blobs must outlive the run directory (a later run resumes from them).
         self.object_dir = object_dir if object_dir is not None else self.run_dir / "objects"
         self.first_coordinator_env = first_coordinator_env  # tests: pause points for c1 only
+        self.first_coordinator_args = first_coordinator_args or []  # tests: canaries for c1 only
         self.procs: dict[str, subprocess.Popen] = {}
         self._finalizer = weakref.finalize(self, _kill_all, self.procs)
         self.expected_exit: set[str] = set()
@@ -110,7 +112,8 @@ class TrainerRun:
              "--object-dir", str(self.object_dir), "--lease-s", str(self.lease_s),
              "--gradient-deadline-s", str(self.gradient_deadline_s),
              "--chunk-bytes", str(self.chunk_bytes),
-             "--event-log", str(self.run_dir / f"events-{cid}.jsonl")],
+             "--event-log", str(self.run_dir / f"events-{cid}.jsonl"),
+             *(self.first_coordinator_args if self._coordinator_count == 1 else [])],
             self.run_dir / f"{cid}.log",
             self.first_coordinator_env if self._coordinator_count == 1 else None)
         return cid

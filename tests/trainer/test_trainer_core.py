@@ -136,3 +136,18 @@ def test_decision_and_math_modules_are_pure() -> None:
     root = Path(system.trainer.__file__).parent
     for name in ("config", "data", "model", "local", "coordinator_core", "checkpoint"):
         assert forbidden_uses((root / f"{name}.py").read_text()) == [], name
+
+
+def test_unsafe_canary_needs_both_opt_ins(monkeypatch) -> None:  # noqa: ANN001
+    import pytest
+
+    from system.trainer.unsafe import UnsafeRefused, check_unsafe
+
+    monkeypatch.delenv("MAO_ALLOW_UNSAFE", raising=False)
+    assert check_unsafe("") == ""
+    with pytest.raises(UnsafeRefused, match="needs MAO_ALLOW_UNSAFE=1"):
+        check_unsafe("no-fencing")
+    monkeypatch.setenv("MAO_ALLOW_UNSAFE", "1")
+    assert check_unsafe("no-fencing") == "no-fencing"
+    with pytest.raises(UnsafeRefused, match="unknown unsafe mode"):
+        check_unsafe("no-dedup")

@@ -121,14 +121,15 @@ def process_stopped(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def test_coordinator_paused_between_lease_check_and_write_is_fenced_by_cas(kv_cluster, job) -> None:
-    """The pause that matters for fencing: the coordinator checked its lease, built its
-    CAS, and sleeps before sending it (a pause point makes it SIGSTOP itself exactly
-    there). A standby takes over and rewrites the head; the woken CAS must fail."""
+def paused_between_check_and_write(kv_cluster, job: str, canary: str = ""):  # noqa: ANN201
+    """Coordinator c1 stops itself right before its step-50 head CAS (a pause point), a
+    standby takes over and checkpoints, c1 is resumed. Returns (c1's id, its exit code,
+    its events, the final head)."""
     config = config_for(job, steps=200)
     pause = {"TRAINER_PAUSE_AT": "before-head-cas:50", "MAO_ALLOW_UNSAFE": "1"}
     with TrainerRun(config, standbys=0, kv=kv_cluster.addresses, lease_s=LEASE_S,
-                    first_coordinator_env=pause) as run:
+                    first_coordinator_env=pause,
+                    first_coordinator_args=["--unsafe", canary] if canary else None) as run:
         run.start()
         old = wait_step(run, 1).coordinator_id
         run.start_coordinator()  # the standby, started once the first holds the lease
@@ -137,13 +138,38 @@ def test_coordinator_paused_between_lease_check_and_write_is_fenced_by_cas(kv_cl
         run.wait_until(lambda: any(e["kind"] == "checkpoint-ok" for e in run.events(new)),
                        60, "a checkpoint by the new coordinator")
         run.resume(old)
-        run.wait_until(lambda: run.procs[old].poll() is not None, 30, "the old coordinator to step down")
-        assert run.procs[old].returncode == EXIT_DEPOSED
-        latest = run.wait_finished(90)
-        old_events = run.events(old)
+        run.wait_until(lambda: run.procs[old].poll() is not None
+                       or any(e["kind"] in ("checkpoint-ok", "checkpoint-fail", "checkpoint-info")
+                              and e["step"] == 50 for e in run.events(old)),
+                       30, "the old coordinator's step-50 write to end")
+        head = run.checkpoint_store_reader().read_head()
+        return old, run.procs[old].poll(), run.events(old), head
 
-    failed = [e for e in old_events if e["kind"] == "checkpoint-fail" and e["step"] == 50]
-    assert [e["outcome"] for e in failed] == ["cas-mismatch"], "\n".join(map(str, old_events[-4:]))
-    written = [e["request_id"] for e in latest.meta.history] + [latest.meta.request_id]
-    assert f"{old}:step-50" not in written
-    assert latest.checkpoint.params.tobytes() == train_local(config).params.tobytes()
+
+def deposed_writes(old: str, head) -> list[str]:  # noqa: ANN001
+    """Checkpoints `old` wrote at or after step 50, where it paused past its lease: the
+    property "a deposed coordinator never writes a checkpoint"."""
+    meta, _, version = head
+    entries = [*meta.history, meta.summary(version)]
+    return [e["request_id"] for e in entries if e["coordinator_id"] == old and e["step"] >= 50]
+
+
+def test_coordinator_paused_between_lease_check_and_write_is_fenced_by_cas(kv_cluster, job) -> None:
+    """The pause that matters for fencing: the coordinator checked its lease, built its
+    CAS, and sleeps before sending it. A standby takes over and rewrites the head; the
+    woken CAS must fail."""
+    old, code, events, head = paused_between_check_and_write(kv_cluster, job)
+    failed = [e for e in events if e["kind"] == "checkpoint-fail" and e["step"] == 50]
+    assert [e["outcome"] for e in failed] == ["cas-mismatch"], "\n".join(map(str, events[-4:]))
+    assert deposed_writes(old, head) == []
+    assert head[0].coordinator_id != old and head[0].lease_version > 1  # the successor's head
+    assert code in (None, EXIT_DEPOSED)
+
+
+def test_the_fencing_check_catches_the_no_fencing_canary(kv_cluster, job) -> None:
+    """The same scenario with the head written without CAS (unsafe.py): the woken
+    coordinator overwrites its successor's checkpoint, and the check above reports it."""
+    old, _, _, head = paused_between_check_and_write(kv_cluster, job, canary="no-fencing")
+    assert deposed_writes(old, head) == [f"{old}:step-50"]
+    # ...and the head went back to an older lease: the successor's checkpoints are gone from it.
+    assert head[0].coordinator_id == old and head[0].lease_version == 1
