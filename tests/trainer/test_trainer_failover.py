@@ -71,7 +71,7 @@ def test_coordinator_killed_twice_ends_bit_for_bit_equal_to_the_fault_free_run(k
 
 
 def test_coordinator_paused_past_its_lease_can_never_write_again(kv_cluster, job) -> None:
-    config = config_for(job, steps=400)
+    config = config_for(job, steps=300)
     with TrainerRun(config, standbys=1, kv=kv_cluster.addresses, lease_s=LEASE_S) as run:
         run.start()
         old = wait_step(run, 60).coordinator_id
@@ -125,7 +125,7 @@ def paused_between_check_and_write(kv_cluster, job: str, canary: str = ""):  # n
     """Coordinator c1 stops itself right before its step-50 head CAS (a pause point), a
     standby takes over and checkpoints, c1 is resumed. Returns (c1's id, its exit code,
     its events, the final head)."""
-    config = config_for(job, steps=200)
+    config = config_for(job, steps=120)
     pause = {"TRAINER_PAUSE_AT": "before-head-cas:50", "MAO_ALLOW_UNSAFE": "1"}
     with TrainerRun(config, standbys=0, kv=kv_cluster.addresses, lease_s=LEASE_S,
                     first_coordinator_env=pause,
