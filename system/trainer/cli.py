@@ -89,9 +89,9 @@ def run_command(args: argparse.Namespace) -> int:
             nonlocal last_line
             if run.finished():
                 return True
-            errors = [e for e in run.events() if e.get("kind") == "error"]
-            if errors:
-                raise ConfigError(errors[0]["detail"])
+            error = run.config_error()
+            if error:
+                raise ConfigError(error)
             now = time.monotonic()
             if now - last_line >= (0.5 if tty else 5.0):
                 last_line = now

@@ -142,7 +142,10 @@ class Coordinator:
         mode = "inline"
         if options.checkpoint_store != "inline":
             mode = "object"
-            objects = open_object_store(options.checkpoint_store, Path(options.object_dir or "."))
+            try:
+                objects = open_object_store(options.checkpoint_store, Path(options.object_dir or "."))
+            except OSError as exc:
+                raise ConfigError(f"cannot use the object store {options.checkpoint_store}: {exc}") from None
         self.store = CheckpointStore(self.kv, config.job, mode, objects=objects,
                                      chunk_bytes=options.chunk_bytes, keep_trying=self._may_write,
                                      on_attempt=self._on_attempt,
@@ -177,6 +180,7 @@ class Coordinator:
         self.server.start()
         self._emit({"kind": "started", "detail": self.address})
         try:
+            self._probe_object_store()
             dataset = data.load(self.config)
             n_rows = data.n_train_rows(self.config)
             self.shard_rows = [hi - lo for lo, hi in (data.shard_bounds(n_rows, self.config.workers, w)
@@ -196,6 +200,22 @@ class Coordinator:
             self.kv.close()
             if self._event_file:
                 self._event_file.close()
+
+    def _probe_object_store(self) -> None:
+        """A misconfigured object store (no bucket, no credentials, unwritable directory)
+        is a one-line configuration error at start, not a failed checkpoint later."""
+        objects = self.store.objects
+        if objects is None:
+            return
+        probe = f"probe {self.options.coordinator_id}".encode()
+        name = codec.blob_checksum(probe)
+        try:
+            objects.put(name, probe)
+            objects.get(name)
+            objects.delete(name)
+        except Exception as exc:  # noqa: BLE001 - boto3/botocore and OS errors alike
+            first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+            raise ConfigError(f"cannot use the object store {objects.url}: {first}") from None
 
     def stand_by(self) -> bool:
         """Wait until we hold the lease (True) or the job is finished (False)."""
@@ -341,9 +361,11 @@ class Coordinator:
                 self._drain()
                 self.cond.notify_all()
             return
-        except (StopWriting, KVError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - StopWriting, KVError, object store, disk
+            # Conservative: any other failure may have left the head written or not; this
+            # coordinator stops (a fresh standby retries from the committed state).
             with self.cond:
-                core.on_checkpoint_unknown(str(exc))
+                core.on_checkpoint_unknown(f"{type(exc).__name__}: {exc}")
                 self._drain()
                 self.cond.notify_all()
             return

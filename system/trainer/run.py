@@ -158,6 +158,15 @@ class TrainerRun:
                     out.append(json.loads(line))
         return out
 
+    def config_error(self) -> str | None:
+        """The one-line error of a coordinator that refused the configuration (exit 2)."""
+        for name, proc in self.procs.items():
+            if name.startswith("c") and proc.poll() == 2:
+                lines = (self.run_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()
+                errors = [line for line in lines if line.startswith("error: ")]
+                return (errors[-1] if errors else lines[-1] if lines else "exit 2").removeprefix("error: ")
+        return None
+
     def finished(self) -> bool:
         record = self.lease()
         return record is not None and record.done

@@ -23,6 +23,8 @@ def trainer(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
     (["--dataset", "breast_cancer", "--workers", "500"], "500 workers but only 427 training rows"),
     (["--steps", "0"], "--steps must be at least 1"),
     (["--kv", "127.0.0.1:1"], "cannot reach the store at 127.0.0.1:1"),
+    (["--dataset", "breast_cancer", "--workers", "1", "--checkpoint-store", "object",
+      "--object-dir", "/proc/no-such-dir"], "cannot use the object store"),
 ])
 def test_bad_configuration_is_one_line_and_non_zero(args: list[str], message: str) -> None:
     result = trainer("run", *args)
