@@ -1,0 +1,175 @@
+"""The `run` and `inspect` commands: arguments, progress line, final table, one-line errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from tabulate import tabulate
+
+from system.trainer.config import DATASETS, ConfigError, TrainConfig
+
+# Defaults per dataset that reach scikit-learn's accuracy (tests/trainer/test_trainer_math.py).
+DATASET_DEFAULTS = {
+    "breast_cancer": dict(batch_size=16, learning_rate=0.05),
+    "digits_binary": dict(batch_size=32, learning_rate=0.05),
+    "digits": dict(batch_size=32, learning_rate=0.05),
+    "shuttle": dict(batch_size=64, learning_rate=0.1),
+    "synthetic": dict(batch_size=256, learning_rate=0.05),
+}
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--standbys", type=int, default=1)
+    p.add_argument("--dataset", default="digits", help=", ".join(DATASETS))
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--checkpoint-every", type=int, default=100)
+    p.add_argument("--checkpoint-store", default="inline", help="inline | object | s3://bucket/prefix")
+    p.add_argument("--object-dir", default="trainer-objects",
+                   help="directory of the local object store (--checkpoint-store object)")
+    p.add_argument("--kv", default=None, help="store addresses host:port,...; default: start a local 3-node store")
+    p.add_argument("--batch-size", type=int, default=None, help="rows per worker per step")
+    p.add_argument("--learning-rate", type=float, default=None)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--l2", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=int, default=1_000_000, help="synthetic dataset rows")
+    p.add_argument("--job", default="default")
+    p.add_argument("--lease-s", type=float, default=2.0)
+    p.add_argument("--gradient-deadline-s", type=float, default=5.0)
+    p.add_argument("--run-dir", default=None, help="keep logs and event logs here")
+    p.add_argument("--timeout-s", type=float, default=3600.0)
+
+
+def add_inspect_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv", required=True, help="store addresses host:port,...")
+    p.add_argument("--job", default="default")
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    defaults = DATASET_DEFAULTS.get(args.dataset, {})
+    return TrainConfig(
+        dataset=args.dataset, workers=args.workers, steps=args.steps,
+        batch_size=args.batch_size or defaults.get("batch_size", 32),
+        learning_rate=args.learning_rate or defaults.get("learning_rate", 0.05),
+        momentum=args.momentum, l2=args.l2, seed=args.seed, synthetic_rows=args.rows,
+        checkpoint_every=args.checkpoint_every, job=args.job)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from system.trainer import data, model
+    from system.trainer.checkpoint import CheckpointError
+    from system.trainer.run import RunTimeout, TrainerRun
+
+    try:
+        config = config_from_args(args)
+        config.validate()
+        if args.standbys < 0:
+            raise ConfigError("--standbys must be 0 or more")
+        run = TrainerRun(config, standbys=args.standbys,
+                         kv=args.kv.split(",") if args.kv else None,
+                         checkpoint_store=args.checkpoint_store,
+                         run_dir=Path(args.run_dir) if args.run_dir else None,
+                         lease_s=args.lease_s, gradient_deadline_s=args.gradient_deadline_s,
+                         object_dir=Path(args.object_dir).resolve())
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    tty = sys.stderr.isatty()
+    try:
+        run.start()
+        last_line = 0.0
+        terms: set[int] = set()
+
+        def progress() -> bool:
+            nonlocal last_line
+            if run.finished():
+                return True
+            error = run.config_error()
+            if error:
+                raise ConfigError(error)
+            now = time.monotonic()
+            if now - last_line >= (0.5 if tty else 5.0):
+                last_line = now
+                st = run.status()
+                if st is not None and st.active:
+                    terms.add(st.term)
+                    bar = "#" * int(30 * st.step / config.steps)
+                    line = (f"[{bar:<30}] step {st.step}/{config.steps} loss {st.loss:.4f} "
+                            f"acc {st.accuracy:.4f} coordinator {st.coordinator_id} (term {st.term}) "
+                            f"checkpoint @{st.last_checkpoint_step} v{st.last_checkpoint_version}")
+                    print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr,
+                          flush=True)
+            return False
+
+        run.wait_until(progress, args.timeout_s, "the run to finish", poll_s=0.1)
+        if tty:
+            print(file=sys.stderr)
+        latest = run.latest_checkpoint()
+        assert latest is not None
+        ds = data.load(config)
+        params = latest.checkpoint.params
+        elapsed = time.monotonic() - run.started_at
+        events = run.events()
+        rows = [
+            ("dataset", f"{config.dataset} ({len(ds.y_train)} train / {len(ds.y_test)} test rows)"),
+            ("steps", latest.checkpoint.step),
+            ("held-out accuracy", f"{model.accuracy(params, ds.x_test, ds.y_test):.4f}"),
+            ("held-out loss", f"{model.loss(params, ds.x_test, ds.y_test, config.l2):.4f}"),
+            ("checkpoints committed", sum(e.get("kind") == "checkpoint-ok" for e in events)),
+            ("coordinator takeovers", sum(e.get("kind") == "lease-acquired" for e in events)),
+            ("skipped gradients", sum(e.get("kind") == "skip" for e in events)),
+            ("final checkpoint", f"version {latest.version}, {latest.meta.checksum[:23]}"),
+            ("wall time, s", f"{elapsed:.1f}"),
+            ("samples/s", f"{config.steps * config.workers * config.batch_size / elapsed:,.0f}"),
+        ]
+        print(tabulate(rows, tablefmt="simple"))
+        return 0
+    except (ConfigError, CheckpointError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except RunTimeout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\ninterrupted; every committed checkpoint stays in the store", file=sys.stderr)
+        return 130
+    finally:
+        run.close()
+
+
+def inspect_command(args: argparse.Namespace) -> int:
+    from system.kv.client import KVClient, KVError
+    from system.trainer.checkpoint_store import CheckpointStore
+    from system.trainer.lease import read_lease
+
+    kv = KVClient(args.kv.split(","), timeout_s=5.0)
+    try:
+        store = CheckpointStore(kv, args.job)
+        head = store.read_head()
+        lease, lease_version = read_lease(kv, args.job)
+    except KVError as exc:
+        print(f"error: cannot read job {args.job!r} from {args.kv}: {str(exc).splitlines()[0][:160]}",
+              file=sys.stderr)
+        return 2
+    finally:
+        kv.close()
+    if head is None:
+        print(f"error: no checkpoint for job {args.job!r} in this store", file=sys.stderr)
+        return 1
+    meta, _, version = head
+    entries = [*meta.history, meta.summary(version)]
+    rows = [(e.get("version"), e["kind"], e["step"], e["coordinator_id"], e["lease_version"],
+             e["request_id"], e["mode"], e["size"], (e.get("checksum") or "")[:19],
+             e.get("pointer") and e["pointer"][:19] or (f"{len(e['chunks'])} chunks" if e.get("chunks") else "inline"))
+            for e in entries]
+    print(tabulate(rows, headers=["version", "kind", "step", "coordinator", "lease", "request id",
+                                  "mode", "bytes", "checksum", "blob"]))
+    if lease is not None:
+        print(f"\nlease: {lease.coordinator_id} at {lease.address}, term {lease.term}, "
+              f"version {lease_version}{', done' if lease.done else ''}")
+    return 0

@@ -1,0 +1,422 @@
+"""The coordinator process: a thin gRPC and store shell around CoordinatorCore.
+
+Life of a coordinator: serve (answering "not serving") while standing by; watch the lease
+key; when it lapses, take it (its version becomes the term); read the latest checkpoint
+with a linearizable read, verify checksum and config hash, and rewrite the head record
+by CAS so that any older coordinator's next checkpoint write fails (the fence); then
+train: close steps as the core says, write checkpoints in a background thread (at most
+one in flight), renew the lease in another. It exits 0 when the run is finished (final
+checkpoint committed and the lease record marked done), 3 when deposed (it never writes
+again), 2 on a configuration error (one line on stderr).
+
+Threads: gRPC handlers, the main loop, the checkpoint writer and the lease renewer all
+touch the core only under `self.cond`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from system.kv.client import CasMismatch, KVClient, KVError
+from system.trainer import checkpoint as codec
+from system.trainer import data, local, model
+from system.trainer.checkpoint_store import CheckpointStore, StopWriting
+from system.trainer.config import ConfigError, TrainConfig
+from system.trainer.coordinator_core import CoordinatorCore
+from system.trainer.lease import LeaseKeeper
+from system.trainer.object_store import open_object_store
+from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
+from system.trainer.tensors import from_tensor, to_tensor
+from system.trainer.unsafe import check_unsafe
+
+EXIT_DONE, EXIT_CONFIG, EXIT_DEPOSED = 0, 2, 3
+GRPC_OPTIONS = [("grpc.max_send_message_length", 512 * 1024 * 1024),
+                ("grpc.max_receive_message_length", 512 * 1024 * 1024)]
+
+
+@dataclass
+class CoordinatorOptions:
+    coordinator_id: str
+    kv_addresses: list[str]
+    listen: str = "127.0.0.1:0"
+    checkpoint_store: str = "inline"  # inline | object | <dir> | s3://bucket/prefix
+    object_dir: str = ""  # default directory for "object"
+    chunk_bytes: int = 4 * 1024 * 1024
+    lease_s: float = 2.0
+    gradient_deadline_s: float = 5.0
+    eval_every_s: float = 1.0
+    event_log: str = ""  # JSON-lines file of the core's events ("" = none)
+    done_grace_s: float = 3.0  # keep answering "done" this long so workers see it
+    unsafe: str = ""  # a test canary from unsafe.py (refused without MAO_ALLOW_UNSAFE=1)
+
+
+class Servicer(trainer_pb2_grpc.ParameterServerServicer):
+    def __init__(self, coord: Coordinator) -> None:
+        self.c = coord
+
+    def GetParameters(self, request, context):  # noqa: N802, ANN001, ANN201
+        with self.c.cond:
+            core = self.c.core
+            if core is not None and self.c.active:
+                core.on_worker_seen(request.worker)
+                self.c.cond.notify_all()
+            return self._parameters(request.after_step, request.term, request.wait_s)
+
+    def _parameters(self, after_step: int, term: int, wait_s: float) -> trainer_pb2.ParametersReply:
+        """Long-poll (caller holds the lock): answer once the open step is past
+        `after_step`, the caller's term is not ours, the run finished, or `wait_s` passed."""
+        c = self.c
+        deadline = time.monotonic() + min(max(wait_s, 0.0), 5.0)
+        while True:
+            core = c.core
+            if core is None or not c.active or core.finished or term != core.term or core.deposed:
+                break
+            if core.open_step > after_step and not core.done:
+                break  # a new step to work on (while done, wait for "finished")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            c.cond.wait(remaining)
+        serving = core is not None and c.active and not core.deposed and c.lease.valid()
+        reply = trainer_pb2.ParametersReply(job=c.config.job, coordinator_id=c.options.coordinator_id,
+                                            serving=serving)
+        if serving:
+            assert core is not None
+            reply.step, reply.term, reply.done = core.open_step, core.term, core.finished
+            if not core.done:
+                reply.params.CopyFrom(to_tensor(core.state.params))
+        return reply
+
+    def PushGradient(self, request, context):  # noqa: N802, ANN001, ANN201
+        c = self.c
+        grad = from_tensor(request.gradient)
+        with c.cond:
+            core = c.core
+            if core is None or not c.active:
+                return trainer_pb2.GradientReply(accepted=False, reason="not-active")
+            reason = core.on_gradient(request.worker, request.step, request.term, grad,
+                                      request.rows, time.monotonic())
+            c.cond.notify_all()
+            reply = trainer_pb2.GradientReply(accepted=not reason, reason=reason,
+                                              step=core.open_step, term=core.term)
+            if not reason and request.wait_s > 0:
+                # One round trip per step instead of two: wait for the step to close here.
+                reply.next.CopyFrom(self._parameters(request.step, request.term, request.wait_s))
+            return reply
+
+    def Status(self, request, context):  # noqa: N802, ANN001, ANN201
+        return self.c.status()
+
+
+class Coordinator:
+    def __init__(self, config: TrainConfig, options: CoordinatorOptions,
+                 on_event: Callable[[dict], None] | None = None) -> None:
+        self.config, self.options, self.on_event = config, options, on_event
+        self.cond = threading.Condition()
+        self.core: CoordinatorCore | None = None
+        self.active = False
+        self.error = ""
+        self.loss = float("nan")
+        self.accuracy = float("nan")
+        self.head_meta: codec.Metadata | None = None
+        self.kv = KVClient(options.kv_addresses, timeout_s=max(1.0, options.lease_s),
+                           client_id=options.coordinator_id)
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers + 8),
+                                  options=GRPC_OPTIONS)
+        trainer_pb2_grpc.add_ParameterServerServicer_to_server(Servicer(self), self.server)
+        port = self.server.add_insecure_port(options.listen)
+        if port == 0:
+            raise ConfigError(f"cannot listen on {options.listen}")
+        self.address = f"{options.listen.rsplit(':', 1)[0]}:{port}"
+        self.lease = LeaseKeeper(self.kv, config.job, options.coordinator_id, self.address, options.lease_s)
+        objects = None
+        mode = "inline"
+        if options.checkpoint_store != "inline":
+            mode = "object"
+            try:
+                objects = open_object_store(options.checkpoint_store, Path(options.object_dir or "."))
+            except OSError as exc:
+                raise ConfigError(f"cannot use the object store {options.checkpoint_store}: {exc}") from None
+        self.store = CheckpointStore(self.kv, config.job, mode, objects=objects,
+                                     chunk_bytes=options.chunk_bytes, keep_trying=self._may_write,
+                                     on_attempt=self._on_attempt,
+                                     unsafe=check_unsafe(options.unsafe))
+        self._event_file = open(options.event_log, "a") if options.event_log else None  # noqa: SIM115
+        self._writer: threading.Thread | None = None
+
+    # ----- events ----------------------------------------------------------------------
+
+    def _emit(self, record: dict) -> None:
+        record = {"time": time.time(), "coordinator_id": self.options.coordinator_id, **record}
+        if self._event_file:
+            self._event_file.write(json.dumps(record) + "\n")
+            self._event_file.flush()
+        if self.on_event:
+            self.on_event(record)
+
+    def _drain(self) -> None:
+        if self.core is not None:
+            for event in self.core.take_events():
+                self._emit(event.to_dict())
+
+    def _on_attempt(self, request_id: str, outcome: str) -> None:
+        self._emit({"kind": "checkpoint-retry", "request_id": request_id, "outcome": outcome})
+
+    def _may_write(self) -> bool:
+        return self.lease.valid() and self.core is not None and not self.core.deposed
+
+    # ----- life ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.server.start()
+        self._emit({"kind": "started", "detail": self.address})
+        try:
+            self._probe_object_store()
+            dataset = data.load(self.config)
+            n_rows = data.n_train_rows(self.config)
+            self.shard_rows = [hi - lo for lo, hi in (data.shard_bounds(n_rows, self.config.workers, w)
+                                                      for w in range(self.config.workers))]
+            if not self.stand_by():
+                return EXIT_DONE
+            if not self.resume(dataset):
+                return EXIT_DONE
+            return self.train(dataset)
+        except (ConfigError, codec.CheckpointError) as exc:
+            self.error = str(exc)
+            self._emit({"kind": "error", "detail": str(exc)})
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        finally:
+            self.server.stop(grace=0.2)
+            self.kv.close()
+            if self._event_file:
+                self._event_file.close()
+
+    def _probe_object_store(self) -> None:
+        """A misconfigured object store (no bucket, no credentials, unwritable directory)
+        is a one-line configuration error at start, not a failed checkpoint later."""
+        objects = self.store.objects
+        if objects is None:
+            return
+        probe = f"probe {self.options.coordinator_id}".encode()
+        name = codec.blob_checksum(probe)
+        try:
+            objects.put(name, probe)
+            objects.get(name)
+            objects.delete(name)
+        except Exception as exc:  # noqa: BLE001 - boto3/botocore and OS errors alike
+            first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+            raise ConfigError(f"cannot use the object store {objects.url}: {first}") from None
+
+    def stand_by(self) -> bool:
+        """Wait until we hold the lease (True) or the job is finished (False)."""
+        poll_s = max(0.05, self.options.lease_s / 10)
+        while True:
+            try:
+                record = self.lease.observe()
+                if record is not None and record.done:
+                    self._emit({"kind": "job-finished", "detail": "lease record says done"})
+                    return False
+                if self.lease.try_acquire():
+                    self._emit({"kind": "lease-acquired", "lease_version": self.lease.term,
+                                "version": self.lease.version, "outcome": "ok"})
+                    return True
+            except KVError as exc:
+                self._emit({"kind": "lease-observe-failed", "detail": str(exc)})
+            time.sleep(poll_s)  # a standby's polling period, not a wait for an event
+
+    def resume(self, dataset: data.Dataset) -> bool:
+        """Load the latest checkpoint and fence older coordinators. False: already finished."""
+        latest = self.store.read_latest(self.config.config_hash())
+        state = local.initial_state(self.config, dataset)
+        step = 0
+        if latest is not None:
+            state = model.SGDState(latest.checkpoint.params, latest.checkpoint.velocity)
+            step = latest.checkpoint.step
+            expected = [data.data_cursor(step, r, self.config.batch_size) for r in self.shard_rows]
+            if [tuple(c) for c in latest.checkpoint.cursors] != expected:
+                raise codec.CheckpointError("checkpoint data cursors do not match its step")
+        rid = f"{self.options.coordinator_id}:resume-{step}"
+        meta = codec.Metadata(step=step, mode=self.store.mode, size=0, checksum="",
+                              config_hash=self.config.config_hash(),
+                              coordinator_id=self.options.coordinator_id,
+                              lease_version=self.lease.term, request_id=rid, kind="resume")
+        try:
+            version = self.store.rewrite_head(latest, latest.version if latest else 0, meta)
+        except (CasMismatch, StopWriting) as exc:
+            self._emit({"kind": "resume", "step": step, "outcome": "fail", "detail": str(exc)})
+            raise SystemExit(EXIT_DEPOSED) from None
+        self.head_meta = meta
+        self._emit({"kind": "resume", "step": step, "version": version, "request_id": rid,
+                    "lease_version": self.lease.term, "outcome": "ok"})
+        with self.cond:
+            self.core = CoordinatorCore(self.config, self.options.coordinator_id, self.lease.term,
+                                        state, step, version, self.shard_rows,
+                                        self.options.gradient_deadline_s)
+            self.core.checkpointed_step = self.core.planned_step = step
+            self.active = True
+            self.cond.notify_all()
+        if latest is not None and latest.checkpoint.done:
+            self._finish()
+            return False
+        return True
+
+    def train(self, dataset: data.Dataset) -> int:
+        core = self.core
+        assert core is not None
+        renewer = threading.Thread(target=self._renew_loop, daemon=True)
+        renewer.start()
+        last_eval_at = 0.0
+        while True:
+            with self.cond:
+                while True:
+                    # The lease first: a coordinator that wakes from a pause must not even
+                    # close a step (let alone checkpoint it) on a lease that has lapsed.
+                    if not core.deposed and not core.finished and not self.lease.valid():
+                        core.step_down("lease lapsed")
+                    if (core.deposed or core.ready_to_close(time.monotonic())
+                            or (core.done and core.in_flight is None)):
+                        break
+                    self.cond.wait(0.05)
+                if core.deposed:
+                    self.active = False
+                    self.cond.notify_all()
+                else:
+                    if not core.done:
+                        core.close_step()
+                        self.cond.notify_all()
+                    # Evaluate by time, not steps: the held-out set may be large (synthetic:
+                    # 250,000 rows) and the progress line needs it at most once a second.
+                    evaluate = time.monotonic() - last_eval_at >= self.options.eval_every_s or core.done
+                    if evaluate:
+                        last_eval_at = time.monotonic()
+                    params = core.state.params.copy() if evaluate else None
+                    self._drain()
+            if core.deposed:
+                # A write still in flight gets its outcome recorded (ok / fail / info)
+                # before the process exits: the history must not end on a bare invoke.
+                if self._writer is not None:
+                    self._writer.join(timeout=max(5.0, 2 * self.options.lease_s))
+                with self.cond:
+                    self._drain()
+                return EXIT_DEPOSED
+            if params is not None:
+                self.loss = model.loss(params, dataset.x_test, dataset.y_test, self.config.l2)
+                self.accuracy = model.accuracy(params, dataset.x_test, dataset.y_test)
+            self._maybe_checkpoint()
+            with self.cond:
+                if core.finished:
+                    break
+        self._finish()
+        return EXIT_DONE
+
+    def _maybe_checkpoint(self) -> None:
+        core = self.core
+        assert core is not None
+        with self.cond:
+            if not core.checkpoint_due():
+                return
+        if self._writer is not None:
+            self._writer.join()  # at most one in flight: wait for the previous one
+        with self.cond:
+            if core.deposed:
+                return
+            plan = core.plan_checkpoint()
+            self._drain()
+        self._writer = threading.Thread(target=self._write, args=(plan,), daemon=True)
+        self._writer.start()
+        if core.done:
+            self._writer.join()
+
+    def _write(self, plan) -> None:  # noqa: ANN001 - CheckpointPlan
+        core = self.core
+        assert core is not None
+        blob = codec.encode(plan.checkpoint)
+        meta = codec.Metadata(step=plan.checkpoint.step, mode=self.store.mode, size=0, checksum="",
+                              config_hash=plan.checkpoint.config_hash,
+                              coordinator_id=self.options.coordinator_id,
+                              lease_version=core.term, request_id=plan.request_id,
+                              done=plan.checkpoint.done)
+        if not self._may_write():
+            with self.cond:
+                core.on_checkpoint_abandoned("lease no longer valid before the write")
+                self._drain()
+                self.cond.notify_all()
+            return
+        try:
+            version = self.store.write(blob, meta, plan.expected_version, self.head_meta,
+                                       plan.expected_version)
+        except CasMismatch as exc:
+            with self.cond:
+                core.on_checkpoint_mismatch(exc.current_version)
+                self._drain()
+                self.cond.notify_all()
+            return
+        except Exception as exc:  # noqa: BLE001 - StopWriting, KVError, object store, disk
+            # Conservative: any other failure may have left the head written or not; this
+            # coordinator stops (a fresh standby retries from the committed state).
+            with self.cond:
+                core.on_checkpoint_unknown(f"{type(exc).__name__}: {exc}")
+                self._drain()
+                self.cond.notify_all()
+            return
+        with self.cond:
+            self.head_meta = meta
+            core.on_checkpoint_committed(version)
+            self._drain()
+            self.cond.notify_all()
+
+    def _renew_loop(self) -> None:
+        core = self.core
+        assert core is not None
+        while True:
+            with self.cond:
+                if core.deposed or core.finished:
+                    return
+            if self.lease.timer.renew_due(time.monotonic()):
+                try:
+                    ok = self.lease.renew()
+                except KVError:
+                    ok = self.lease.valid()
+                if not ok:
+                    with self.cond:
+                        self._emit({"kind": "lease-lost", "lease_version": core.term, "outcome": "fail"})
+                        core.step_down("lease lost")
+                        self.cond.notify_all()
+                    return
+            time.sleep(self.options.lease_s / 20)  # renewal cadence, well inside the lease
+
+    def _finish(self) -> None:
+        """Mark the job done in the lease record, then keep answering 'done' briefly."""
+        with self.cond:
+            core = self.core
+        ok = self.lease.renew(done=True)
+        self._emit({"kind": "done", "step": core.step if core else 0,
+                    "outcome": "ok" if ok else "fail", "lease_version": self.lease.term})
+        end = time.monotonic() + self.options.done_grace_s
+        with self.cond:
+            while time.monotonic() < end:
+                self.cond.wait(end - time.monotonic())
+
+    def status(self) -> trainer_pb2.StatusReply:
+        with self.cond:
+            core = self.core
+            reply = trainer_pb2.StatusReply(coordinator_id=self.options.coordinator_id,
+                                            active=self.active and core is not None and not core.deposed,
+                                            loss=self.loss, accuracy=self.accuracy, error=self.error)
+            if core is not None:
+                reply.term, reply.step = core.term, core.step
+                reply.last_checkpoint_step = max(core.checkpointed_step, 0)
+                reply.last_checkpoint_version = core.head_version
+                reply.skipped_gradients, reply.done = core.skipped_total, core.finished
+            return reply
+

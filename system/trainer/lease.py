@@ -1,0 +1,136 @@
+"""Coordinator leadership: a lease key in the store, taken and renewed by compare-and-swap.
+
+The key `trainer/<job>/lease` holds one JSON record {coordinator_id, address, term, done}.
+- Take: CAS from the version last observed (0 = no key). The version the CAS produces is
+  the new holder's *term*: the fencing token it puts on every parameter reply and every
+  checkpoint write. Terms only grow, because a key's version only grows.
+- Renew: CAS from the holder's last version (each renewal bumps the version; the term in
+  the record stays). A mismatch means someone took the lease: the holder is deposed.
+- Lapse: a standby that sees the same version for longer than `lease_s` (by its own clock)
+  takes it. The holder stops acting at `renewed_at + lease_s * HOLDER_FRACTION`, measured
+  from *before* its last successful renewal was sent, so with clocks that drift by less
+  than the margin the holder always gives up before a standby can take over. The
+  checkpoint CAS is the real fence either way (checkpoint_store.py).
+
+`LeaseTimer` is the pure timing rule (tests drive it with numbers); `LeaseKeeper` is the
+shell that talks to the store.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from system.kv.client import CasMismatch, Indeterminate, KVClient, NotFound, Unavailable
+
+HOLDER_FRACTION = 0.6  # the holder trusts its lease for this share of lease_s after renewal
+
+
+def lease_key(job: str) -> str:
+    return f"trainer/{job}/lease"
+
+
+@dataclass
+class LeaseTimer:
+    """Pure timing. Holder side: `valid(now)`. Standby side: `observe` / `lapsed`."""
+
+    lease_s: float
+    renewed_at: float | None = None  # holder: send time of the last successful CAS
+    seen_version: int | None = None  # standby: last version observed
+    seen_since: float = 0.0  # standby: when it was first observed
+
+    def on_renewed(self, sent_at: float) -> None:
+        self.renewed_at = sent_at
+
+    def valid(self, now: float) -> bool:
+        return self.renewed_at is not None and now < self.renewed_at + self.lease_s * HOLDER_FRACTION
+
+    def renew_due(self, now: float) -> bool:
+        return self.renewed_at is None or now >= self.renewed_at + self.lease_s * HOLDER_FRACTION / 3
+
+    def observe(self, version: int, now: float) -> None:
+        if version != self.seen_version:
+            self.seen_version, self.seen_since = version, now
+
+    def lapsed(self, now: float) -> bool:
+        # No key at all: nobody ever held it, take it at once.
+        return self.seen_version == 0 or (self.seen_version is not None
+                                          and now - self.seen_since >= self.lease_s)
+
+
+@dataclass
+class LeaseRecord:
+    coordinator_id: str
+    address: str
+    term: int
+    done: bool = False
+
+
+def read_lease(kv: KVClient, job: str, consistency: str = "linearizable",
+               timeout_s: float | None = None) -> tuple[LeaseRecord | None, int]:
+    try:
+        got = kv.get(lease_key(job), consistency=consistency, timeout_s=timeout_s)
+    except NotFound:
+        return None, 0
+    return LeaseRecord(**json.loads(got.value)), got.version
+
+
+class LeaseKeeper:
+    def __init__(self, kv: KVClient, job: str, coordinator_id: str, address: str, lease_s: float) -> None:
+        self.kv, self.job, self.coordinator_id, self.address = kv, job, coordinator_id, address
+        self.timer = LeaseTimer(lease_s)
+        self.version = 0  # holder: the lease key's version after our last write
+        self.term = 0  # holder: version of our acquiring write
+        self._renewals = 0
+
+    def _value(self, term: int, done: bool = False) -> bytes:
+        return json.dumps(LeaseRecord(self.coordinator_id, self.address, term, done).__dict__).encode()
+
+    def observe(self) -> LeaseRecord | None:
+        record, version = read_lease(self.kv, self.job)
+        self.timer.observe(version, time.monotonic())
+        return record
+
+    def try_acquire(self) -> bool:
+        """CAS from the observed version if the lease lapsed. True: we hold it (term set)."""
+        if not self.timer.lapsed(time.monotonic()):
+            return False
+        expected = self.timer.seen_version or 0
+        rid = f"{self.coordinator_id}:lease-{expected}"
+        sent_at = time.monotonic()
+        # The term must be in the record, but it is the version this write produces,
+        # which is expected + 1: versions of one key grow by one per write.
+        try:
+            result = self.kv.cas(lease_key(self.job), self._value(expected + 1), expected, request_id=rid)
+        except CasMismatch:
+            return False
+        except (Indeterminate, Unavailable):
+            return False  # a retry with the same id next round settles it
+        assert result.version == expected + 1, "lease versions must grow by one per write"
+        self.version = self.term = result.version
+        self.timer.on_renewed(sent_at)
+        return True
+
+    def renew(self, done: bool = False) -> bool:
+        """False when the lease is lost (CAS mismatch) or could not be confirmed in time."""
+        self._renewals += 1
+        rid = f"{self.coordinator_id}:renew-{self.term}-{self._renewals}"
+        sent_at = time.monotonic()
+        while True:
+            try:
+                result = self.kv.cas(lease_key(self.job), self._value(self.term, done), self.version,
+                                     request_id=rid, timeout_s=max(0.2, self.timer.lease_s / 3))
+            except CasMismatch:
+                self.timer.renewed_at = None
+                return False
+            except (Indeterminate, Unavailable):
+                if not self.timer.valid(time.monotonic()):
+                    return False
+                continue  # same request id: applies at most once
+            self.version = result.version
+            self.timer.on_renewed(sent_at)
+            return True
+
+    def valid(self) -> bool:
+        return self.timer.valid(time.monotonic())

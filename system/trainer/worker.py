@@ -1,0 +1,121 @@
+"""A worker process: owns one shard, computes the gradient of its next batch, pushes it.
+
+Best effort and stateless beyond its shard: the batch of a step is a function of
+(seed, worker, step), so a restarted worker, or one that follows a new coordinator back to
+an older step, computes exactly the gradient it would have computed the first time.
+It finds the coordinator in the lease record, remembers the highest term it has seen
+and ignores any coordinator with a lower one (a deposed coordinator cannot lead it back).
+Failures cost a bounded backoff (20 ms doubling to 500 ms), never a retry storm.
+Exit 0 when the coordinator says the run is finished (or the lease record says done).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from system.kv.client import KVClient, KVError
+from system.trainer.config import TrainConfig
+from system.trainer.coordinator import GRPC_OPTIONS
+from system.trainer.lease import read_lease
+from system.trainer.local import WorkerShard
+from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
+from system.trainer.tensors import from_tensor, to_tensor
+
+BACKOFF_MIN_S, BACKOFF_MAX_S = 0.02, 0.5
+
+
+@dataclass
+class WorkerStats:
+    pushed: int = 0
+    rejected: int = 0
+    lookups: int = 0
+
+
+class Worker:
+    def __init__(self, config: TrainConfig, worker: int, kv_addresses: list[str]) -> None:
+        self.config, self.worker = config, worker
+        self.shard = WorkerShard(config, worker)
+        self.kv = KVClient(kv_addresses, timeout_s=2.0, client_id=f"worker-{worker}")
+        self.max_term = 0
+        self.stats = WorkerStats()
+        self._channel: grpc.Channel | None = None
+        self._stub: trainer_pb2_grpc.ParameterServerStub | None = None
+        self._address = ""
+        self._backoff_s = BACKOFF_MIN_S
+
+    def _sleep_backoff(self) -> None:
+        time.sleep(self._backoff_s)  # bounded backoff between failed attempts
+        self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+
+    def _lookup(self) -> bool | None:
+        """Connect to the coordinator named in the lease record. None: the job is done."""
+        self.stats.lookups += 1
+        try:
+            record, _ = read_lease(self.kv, self.config.job)
+        except KVError:
+            return False
+        if record is None:
+            return False
+        if record.done and record.term >= self.max_term:
+            return None
+        if record.address != self._address:
+            if self._channel is not None:
+                self._channel.close()
+            self._channel = grpc.insecure_channel(record.address, options=GRPC_OPTIONS)
+            self._stub = trainer_pb2_grpc.ParameterServerStub(self._channel)
+            self._address = record.address
+        return True
+
+    def run(self) -> int:
+        after_step = 0
+        reply: trainer_pb2.ParametersReply | None = None  # next parameters, if a push brought them
+        while True:
+            if self._stub is None:
+                found = self._lookup()
+                if found is None:
+                    return 0
+                if not found:
+                    self._sleep_backoff()
+                    continue
+            assert self._stub is not None
+            if reply is None:
+                try:
+                    reply = self._stub.GetParameters(trainer_pb2.ParametersRequest(
+                        job=self.config.job, worker=self.worker, after_step=after_step,
+                        term=self.max_term, wait_s=1.0), timeout=5.0)
+                except grpc.RpcError:
+                    self._stub = None
+                    self._sleep_backoff()
+                    continue
+            current, reply = reply, None
+            if not current.serving or current.term < self.max_term:
+                self._stub = None  # not (or no longer) the coordinator: look it up again
+                self._sleep_backoff()
+                continue
+            if current.term > self.max_term:
+                self.max_term, after_step = current.term, 0
+            if current.done:
+                return 0
+            if current.step <= after_step or not current.params.data:
+                continue  # long-poll ended with nothing new
+            params = from_tensor(current.params)
+            grad, rows = self.shard.gradient(params, current.step)
+            try:
+                pushed = self._stub.PushGradient(trainer_pb2.GradientPush(
+                    job=self.config.job, worker=self.worker, step=current.step, term=current.term,
+                    gradient=to_tensor(grad), rows=rows, wait_s=1.0), timeout=5.0)
+            except grpc.RpcError:
+                self._stub = None
+                self._sleep_backoff()
+                continue
+            self._backoff_s = BACKOFF_MIN_S
+            after_step = current.step
+            if pushed.accepted:
+                self.stats.pushed += 1
+                if pushed.HasField("next"):
+                    reply = pushed.next
+            else:
+                self.stats.rejected += 1
