@@ -8,7 +8,7 @@ No registry can be reached from the machines this runs on, so nothing is pulled:
    (`~/.cache/many-as-one/`, or `$MAO_CACHE_DIR`) so a deleted image is re-imported in
    seconds without debootstrap. The hash covers the suite, variant and package list (not the
    mirror: any mirror of the suite gives the same system).
-2. `mao-deps:<hash>`: the project's runtime dependencies (`[project] dependencies` of
+2. `mao-deps:<hash>`: the node's runtime dependencies (NODE_PACKAGES, as pinned in `[project] dependencies` of
    pyproject.toml and what they require, at the versions installed on this host) from
    cp311 manylinux wheels downloaded on the host (`pip download`; a package published only
    as an sdist is built into a pure-Python wheel with `pip wheel`). The image has no pip:
@@ -215,9 +215,24 @@ def _requirement_api():  # noqa: ANN202
     return Requirement, canonicalize_name
 
 
+# What the node process (`python -m system.kv serve`) imports beyond the standard library;
+# the build imports the node's modules in the image, so a missing one fails the build. The
+# harness's own dependencies (matplotlib, scikit-learn, ...) stay out of the image.
+NODE_PACKAGES = ("grpcio", "protobuf", "crc32c")
+
+
 def runtime_requirements() -> list[str]:
+    """The requirement lines of pyproject.toml for the packages the node needs."""
+    Requirement, canonicalize_name = _requirement_api()
     with open(REPO_ROOT / "pyproject.toml", "rb") as f:
-        return list(tomllib.load(f)["project"]["dependencies"])
+        lines = list(tomllib.load(f)["project"]["dependencies"])
+    wanted = {canonicalize_name(n) for n in NODE_PACKAGES}
+    chosen = [line for line in lines if canonicalize_name(Requirement(line).name) in wanted]
+    missing = wanted - {canonicalize_name(Requirement(line).name) for line in chosen}
+    if missing:
+        raise PlatformUnavailable(f"pyproject.toml no longer lists {', '.join(sorted(missing))}, "
+                                  f"which the node image needs")
+    return chosen
 
 
 def dependency_pins() -> list[str]:
