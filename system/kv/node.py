@@ -443,6 +443,8 @@ class Node:
         return not committed or committed[-1].index <= self.core.durable_index
 
     def _after_persist(self, ready: Ready, applied_early: bool) -> None:
+        for warning in ready.warnings:
+            log.warning(warning, extra={"node": self.config.node_id})
         if self.unsafe is not None and ready.entries:
             self.unsafe.after_persist(self, ready.entries)
 
@@ -577,4 +579,6 @@ class Node:
 
 
 def _vote_or_term_changed(old: HardState, new: HardState) -> bool:
-    return old.term != new.term or old.vote != new.vote
+    """Whether `new` changes what a vote depends on (term, vote, the catch-up index that
+    forbids voting after lost entries): such a change must be fsynced before sending."""
+    return old.term != new.term or old.vote != new.vote or old.catch_up_to != new.catch_up_to

@@ -70,6 +70,21 @@ from system.raft.types import Entry, EntryKind, HardState, NodeId, PersistentSta
 # of their leader lease, since the leader itself asked for it (thesis §3.10).
 TRANSFER_CONTEXT = b"leader-transfer"
 
+# APPEND.context to a follower that lost entries it had acknowledged: b"catch-up:" + the
+# 8-byte big-endian index it must reach again before it may vote (docs/raft.md).
+CATCH_UP_PREFIX = b"catch-up:"
+
+
+def encode_catch_up(index: int) -> bytes:
+    return CATCH_UP_PREFIX + index.to_bytes(8, "big")
+
+
+def decode_catch_up(context: bytes) -> int:
+    """The catch-up index an APPEND's context carries; 0 if it carries none."""
+    if len(context) == len(CATCH_UP_PREFIX) + 8 and context.startswith(CATCH_UP_PREFIX):
+        return int.from_bytes(context[len(CATCH_UP_PREFIX) :], "big")
+    return 0
+
 _MT = MessageType  # short local alias for the dispatch tables below
 
 
@@ -191,6 +206,9 @@ class Ready:
     committed_entries: tuple[Entry, ...] = ()  # apply in order (after restoring `snapshot`)
     read_states: tuple[ReadState, ...] = ()  # serve once applied >= index
     dropped_reads: tuple[bytes, ...] = ()  # answer "not leader" to these read contexts
+    # Things an operator must hear about (the shell logs each as a WARNING), e.g. a
+    # follower whose log went backwards.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -240,6 +258,9 @@ class RaftCore:
             snapshot = None
         self._term: int = hard.term  # current term; never decreases
         self._vote: NodeId | None = hard.vote  # whom we voted for in _term; set at most once
+        # We lost entries we had acknowledged (a leader told us); no vote until our commit
+        # index reaches this again. 0 = nothing lost. Durable (HardState.catch_up_to).
+        self._catch_up_to: int = hard.catch_up_to
         stored = restored.entries if restored else ()
         if snapshot is not None and stored and stored[0].index <= snapshot.index:
             # Entries the snapshot covers are redundant (a shell may keep them): skip.
@@ -282,9 +303,12 @@ class RaftCore:
         self._messages: list[Message] = []
         self._read_states: list[ReadState] = []
         self._dropped_reads: list[bytes] = []
+        self._warnings: list[str] = []
         self._received_snapshot: SnapshotMeta | None = None  # to persist + restore
         self._needs_broadcast: bool = False  # leader: new entries/commit to send at Ready
-        self._last_hard_state: HardState = HardState(hard.term, hard.vote, self.log.committed)
+        self._last_hard_state: HardState = HardState(
+            hard.term, hard.vote, self.log.committed, hard.catch_up_to
+        )
         # Every entry at or below this index is durable on this node (a shell finished the
         # Ready that carried it: `advance`) AND is the entry our log holds there. A leader
         # counts its own copy towards a commit quorum only up to here (`quorum_match_index`),
@@ -614,6 +638,8 @@ class RaftCore:
             self.step_follower(m)
         else:
             self.step_candidate(m)
+        if self._catch_up_to and self.log.committed >= self._catch_up_to:
+            self._catch_up_to = 0  # caught up: our log holds what we had lost again
         self.check_invariants()
 
     def malformed(self, m: Message) -> str:
@@ -698,7 +724,18 @@ class RaftCore:
         )
         if m.type is _MT.PRE_VOTE and self.heard_from_leader_recently():
             can_vote = False
+        if self.lost_entries_forbid_vote():
+            can_vote = False
         return can_vote and self.log_is_up_to_date(m.index, m.log_term)
+
+    def lost_entries_forbid_vote(self) -> bool:
+        """A voter that lost entries it had acknowledged (a leader told us: our log went
+        backwards) grants no vote and no pre-vote, and stands for no election, until its
+        commit index is back at the index it lost. Otherwise its shortened log would let it judge a candidate that
+        lacks a committed entry "up to date" (§5.4.1 assumes a voter's log never loses
+        what it acknowledged), and its vote could complete a majority that elects a
+        leader without that entry (docs/raft.md)."""
+        return self._catch_up_to > self.log.committed
 
     def log_is_up_to_date(self, last_index: int, last_term: int) -> bool:
         """Raft §5.4.1 election restriction."""
@@ -709,6 +746,10 @@ class RaftCore:
     def campaign(self, kind: CampaignKind) -> None:
         """Start an election of the given kind (see CampaignKind)."""
         if self._role is Role.LEADER:
+            return
+        if self.lost_entries_forbid_vote():
+            # We know our log lacks entries a majority acknowledged: we could only win
+            # with voters that lack them too, and then lose them (docs/raft.md).
             return
         if kind is CampaignKind.PRE_ELECTION:
             self.become_pre_candidate()
@@ -792,6 +833,10 @@ class RaftCore:
 
     def handle_append(self, m: Message) -> None:
         log = self.log
+        if m.context:
+            lost = decode_catch_up(m.context)
+            if lost > self._catch_up_to and lost > log.committed:
+                self._catch_up_to = lost
         if m.index < log.committed:
             # Everything up to our commit index matches the leader's log (§5.4); tell it
             # where we are so it skips ahead.
@@ -937,6 +982,11 @@ class RaftCore:
         # stray APPEND) carries no information for a leader: ignore it.
 
     def handle_append_response(self, m: Message, progress: Progress) -> None:
+        if m.reject and m.index >= progress.match > m.reject_hint:
+            # The follower rejects an APPEND at or after what it had acknowledged, and its
+            # log ends (reject_hint <= its last index) below that: it lost entries.
+            self.follower_log_went_backwards(m.src, progress, m.reject_hint)
+            return
         if m.reject:
             # Fast back-tracking: jump to the follower's hint, refined by our own log so
             # that a whole term of conflicting entries is skipped in one round trip.
@@ -1008,6 +1058,21 @@ class RaftCore:
         progress.snapshot_offset = min(m.offset, len(self._snapshot_data))
         self.send_snapshot(m.src, progress)
 
+    def follower_log_went_backwards(self, peer: NodeId, progress: Progress, last: int) -> None:
+        """A follower whose log lost entries it had acknowledged (wiped, restored from an
+        older copy): say so, forget its progress, and bring it back from where its log
+        really ends (entries, or a snapshot if those were compacted). Without this the
+        leader keeps probing at match + 1 forever: a rejection at or below `match` looks
+        stale to the flow control (progress.maybe_decrease_to)."""
+        self._warnings.append(
+            f"follower {peer}'s log went backwards: it rejected an APPEND after index "
+            f"{progress.match}, which it had acknowledged, and its log ends at or below "
+            f"{last}; resetting its progress and sending it the missing entries; it will "
+            f"not vote until it has caught up to {max(progress.match, progress.catch_up_to)}"
+        )
+        progress.reset_after_lost_entries(last)
+        self.maybe_send_append(peer, send_if_empty=True)
+
     def maybe_commit(self) -> bool:
         """Advance the commit index to the highest index a majority holds, if that entry
         is of the current term. Returns whether the commit index moved."""
@@ -1069,6 +1134,12 @@ class RaftCore:
                     del batch[count:]
                     break
             entries = tuple(batch)
+        context = b""
+        if progress.catch_up_to:
+            if progress.match >= progress.catch_up_to:
+                progress.catch_up_to = 0
+            else:
+                context = encode_catch_up(progress.catch_up_to)
         self._send(
             Message(
                 _MT.APPEND,
@@ -1079,6 +1150,7 @@ class RaftCore:
                 index=prev_index,
                 entries=entries,
                 commit=committed,
+                context=context,
             )
         )
         progress.sent_commit = committed
@@ -1152,7 +1224,10 @@ class RaftCore:
     def _hard_state_changed(self) -> bool:
         last = self._last_hard_state
         return (
-            last.term != self._term or last.vote != self._vote or last.commit != self.log.committed
+            last.term != self._term
+            or last.vote != self._vote
+            or last.commit != self.log.committed
+            or last.catch_up_to != self._catch_up_to
         )
 
     def has_ready(self) -> bool:
@@ -1164,6 +1239,7 @@ class RaftCore:
             or self._received_snapshot is not None
             or self._read_states
             or self._dropped_reads
+            or self._warnings
             or self._hard_state_changed()
         )
 
@@ -1178,8 +1254,12 @@ class RaftCore:
         must_sync = False
         if self._hard_state_changed():
             last = self._last_hard_state
-            must_sync = last.term != self._term or last.vote != self._vote
-            hard_state = HardState(self._term, self._vote, log.committed)
+            must_sync = (
+                last.term != self._term
+                or last.vote != self._vote
+                or last.catch_up_to != self._catch_up_to
+            )
+            hard_state = HardState(self._term, self._vote, log.committed, self._catch_up_to)
             self._last_hard_state = hard_state
         # (Readies are carried out one at a time, so every earlier Ready is durable now.)
         term_or_vote_changed = must_sync
@@ -1212,10 +1292,12 @@ class RaftCore:
             committed_entries=committed,
             read_states=tuple(self._read_states),
             dropped_reads=tuple(self._dropped_reads),
+            warnings=tuple(self._warnings),
         )
         self._messages = []
         self._read_states = []
         self._dropped_reads = []
+        self._warnings = []
         self.check_invariants()
         return ready
 

@@ -371,6 +371,8 @@ class NodeShell:
 
     def handle_ready(self, ready: Ready) -> None:
         self.persist(ready)
+        for warning in ready.warnings:
+            self.sim.record(f"warning {self.node_id}: {warning}")
         for message in ready.messages:
             self.sim.send(message)
         if ready.snapshot is not None:
@@ -861,6 +863,28 @@ class Simulation:
         self.record(f"crash {node}{' losing unsynced writes' if lose_unsynced else ''}")
         self.count_fault("crash losing unsynced writes" if lose_unsynced else "crash")
         shell.crash(lose_unsynced)
+
+    def shorten_log(self, node: NodeId, keep_through: int) -> None:
+        """The crashed `node`'s disk comes back holding only its entries up to
+        `keep_through` (restored from an older copy, or wiped with keep_through=0, the
+        hard state's term and vote kept): a fault outside Raft's model, which assumes
+        stable storage never loses what it acknowledged."""
+        self._check_nodes([node])
+        shell = self.nodes[node]
+        if shell.alive:
+            raise ValueError(f"{node} is running; crash it first")
+        self._begin_step()
+        self.record(f"shorten log {node} to {keep_through}")
+        self.count_fault("log shortened")
+        for image in (shell.disk.current, shell.disk.durable):
+            base = image.snapshot.index if image.snapshot else 0
+            if keep_through < base:
+                image.snapshot, image.snapshot_data, base = None, b"", 0
+            image.entries = [e for e in image.entries if e.index <= keep_through]
+            hard = image.hard_state
+            image.hard_state = HardState(
+                hard.term, hard.vote, min(hard.commit, image.last_index()), hard.catch_up_to
+            )
 
     def restart(self, node: NodeId) -> None:
         """Boot a crashed node from its disk (snapshot + log + hard state)."""

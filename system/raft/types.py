@@ -37,6 +37,11 @@ class HardState:
     term: int = 0  # latest term this node has seen; never decreases
     vote: NodeId | None = None  # candidate voted for in `term`; at most one per term
     commit: int = 0  # highest index known committed; a hint, safe to lose (recomputed)
+    # A leader found that this voter lost entries it had acknowledged (its log went
+    # backwards: restored from an old copy, or wiped). Until its commit index reaches this
+    # index again it grants no vote and no pre-vote (docs/raft.md, "A follower whose log
+    # went backwards"). 0 = nothing lost.
+    catch_up_to: int = 0
 
 
 @dataclass(frozen=True, slots=True)

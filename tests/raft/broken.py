@@ -197,3 +197,37 @@ ALL = {
     "SKIPS_FSYNC": SKIPS_FSYNC,
     "IGNORES_REQUEST_IDS": IGNORES_REQUEST_IDS,
 }
+
+
+# -- lost durable state (docs/raft.md, "A follower whose log went backwards") ------------
+
+
+class IgnoresFollowerLogWentBackwards(_WithoutLocalAssertions):
+    """The leader does not notice a follower whose log went backwards: a rejection at or
+    after the index the follower had acknowledged is treated like any other (stale, by
+    the flow control), so the leader probes at match + 1 forever."""
+
+    def handle_append_response(self, m: Message, progress) -> None:  # noqa: ANN001
+        if m.reject and m.index >= progress.match > m.reject_hint:
+            if progress.maybe_decrease_to(m.index, m.reject_hint):
+                self.maybe_send_append(m.src, send_if_empty=True)
+            return
+        super().handle_append_response(m, progress)
+
+
+class VotesAfterLosingEntries(_WithoutLocalAssertions):
+    """A voter told it lost entries it had acknowledged still votes, judging candidates
+    against its shortened log (Raft §5.4.1 assumes a voter never loses what it stored)."""
+
+    def lost_entries_forbid_vote(self) -> bool:
+        return False
+
+
+IGNORES_FOLLOWER_LOG_WENT_BACKWARDS = SimVariant(
+    "ignores-follower-log-went-backwards", core_class=IgnoresFollowerLogWentBackwards,
+    description=IgnoresFollowerLogWentBackwards.__doc__ or "",
+)
+VOTES_AFTER_LOSING_ENTRIES = SimVariant(
+    "votes-after-losing-entries", core_class=VotesAfterLosingEntries,
+    description=VotesAfterLosingEntries.__doc__ or "",
+)
