@@ -17,9 +17,11 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -39,6 +41,36 @@ def _parse_peers(text: str) -> dict[str, str]:
                 f"bad peer {item!r}: expected ID=HOST:PORT, e.g. n2=127.0.0.1:7002")
         peers[node_id] = address
     return peers
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 hosts in brackets) -> (host, port); ValueError says what is wrong."""
+    host, sep, port_text = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(
+            f"--listen {text!r} is not HOST:PORT with a port in 1..65535, e.g. 127.0.0.1:7001")
+    return host, int(port_text)
+
+
+def check_port_free(text: str) -> None:
+    """Bind HOST:PORT alone for a moment (no SO_REUSEPORT, as the node's gRPC server) so
+    that a port in use, or a host that is not ours, is refused before anything else
+    happens -- before the data directory is created. OSError says what is wrong."""
+    host, port = parse_listen_address(text)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {text}: unknown host {host!r} ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            reason = ("the port is in use (another node or cluster listens there?)"
+                      if exc.errno == errno.EADDRINUSE else exc.strerror)
+            raise OSError(f"cannot listen on {text}: {reason}; choose a free port") from None
 
 
 def _positive_int(text: str) -> int:
@@ -117,6 +149,13 @@ def serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
+    try:
+        check_port_free(args.listen)
+    except (OSError, ValueError) as exc:
+        print(f"error: node {args.id} refuses to start: {exc}", file=sys.stderr)
+        log.error("refused to start", extra={"reason": str(exc)})
+        return 2
+
     from system.kv.node import Node, NodeConfig
     from system.kv.storage import CorruptStorage, DurableStorage, StorageLocked
 
@@ -150,14 +189,27 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: node {args.id} refuses to start: {exc}. Is another node process "
               f"using {args.data_dir}? Stop it first.", file=sys.stderr)
         return 2
-    node = Node(config, storage, unsafe)
+    try:
+        node = Node(config, storage, unsafe)
+    except ValueError as exc:
+        # The core refuses durable state that contradicts itself (e.g. a term below the
+        # snapshot's: the newest WAL records are gone).
+        storage.close()
+        print(f"error: node {args.id} refuses to start: inconsistent data in "
+              f"{args.data_dir}: {exc}. Nothing was served.", file=sys.stderr)
+        return 3
     return asyncio.run(_serve_until_signal(node))
 
 
 async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
     from system.kv.server import build_server
 
-    server = build_server(node)
+    try:
+        server = build_server(node)
+    except OSError as exc:  # the port was taken between the check and the bind
+        print(f"error: node {node.config.node_id} refuses to start: {exc}", file=sys.stderr)
+        await node.stop()
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -35,6 +35,11 @@ log = logging.getLogger("kv.server")
 
 KV_SERVICE = "manyasone.kv.KV"
 
+# gRPC turns SO_REUSEPORT on by default: a second node (or a whole second cluster) started
+# on ports already in use then starts without error, the kernel spreads connections over
+# both listeners, and clients reach either cluster at random. Every server binds alone.
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.so_reuseport", 0),)
+
 
 class _Reject(Exception):
     def __init__(self, code: grpc.StatusCode, message: str, outcome: str = "not-applied",
@@ -233,7 +238,7 @@ def build_server(node: Node) -> grpc.aio.Server:
     """A gRPC server carrying both services of `node`, bound to its listen address."""
     from system.kv.proto import raft_pb2_grpc
 
-    server = grpc.aio.server(options=list(CHANNEL_OPTIONS))
+    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS])
     kv = KVService(node)
     handlers = {
         "Put": _handler(kv_pb2.PutRequest, kv.put),
@@ -244,7 +249,10 @@ def build_server(node: Node) -> grpc.aio.Server:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(KV_SERVICE, handlers),))
     peer = PeerService(node.config.node_id, node.config.peers, node.deliver)
     raft_pb2_grpc.add_RaftPeerServicer_to_server(peer, server)
-    port = server.add_insecure_port(node.config.listen_address)
+    try:
+        port = server.add_insecure_port(node.config.listen_address)
+    except RuntimeError:  # grpc >= 1.50 raises where older versions returned 0
+        port = 0
     if port == 0:
         raise OSError(f"cannot listen on {node.config.listen_address}: address in use or invalid")
     return server
