@@ -231,3 +231,47 @@ VOTES_AFTER_LOSING_ENTRIES = SimVariant(
     "votes-after-losing-entries", core_class=VotesAfterLosingEntries,
     description=VotesAfterLosingEntries.__doc__ or "",
 )
+
+
+# -- membership changes (thesis §4.1) -----------------------------------------------------
+
+
+class AllowsTwoMembershipChangesInFlight(_WithoutLocalAssertions):
+    """One change at a time broken: the leader appends a membership change while the
+    previous one is not committed, so the memberships two steps apart (whose majorities
+    need not overlap) can both be in use."""
+
+    def membership_change_problem(self) -> str:
+        return ""
+
+
+class ChangesMembershipBeforeCommittingInTerm(_WithoutLocalAssertions):
+    """The leader appends a membership change before it has committed an entry of its
+    own term (the single-server change bug Ongaro reported on raft-dev in 2015): an
+    uncommitted change of an earlier leader, unseen by this one, can combine with its own
+    change into two memberships whose majorities do not overlap."""
+
+    def membership_change_problem(self) -> str:
+        if self._config_index > self.log.committed:
+            return super().membership_change_problem()
+        return ""
+
+
+ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT = SimVariant(
+    "allows-two-membership-changes-in-flight", core_class=AllowsTwoMembershipChangesInFlight,
+    description=AllowsTwoMembershipChangesInFlight.__doc__ or "",
+)
+CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM = SimVariant(
+    "changes-membership-before-committing-in-term",
+    core_class=ChangesMembershipBeforeCommittingInTerm,
+    description=ChangesMembershipBeforeCommittingInTerm.__doc__ or "",
+)
+
+# Variants the named interleavings catch; the randomized run is measured on them
+# separately (docs/raft-testing.md), since its faults rarely reach these rules.
+MEMBERSHIP_AND_LOST_STATE = {
+    "IGNORES_FOLLOWER_LOG_WENT_BACKWARDS": IGNORES_FOLLOWER_LOG_WENT_BACKWARDS,
+    "VOTES_AFTER_LOSING_ENTRIES": VOTES_AFTER_LOSING_ENTRIES,
+    "ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT": ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT,
+    "CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM": CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM,
+}
