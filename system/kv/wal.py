@@ -19,7 +19,7 @@ Payloads:
                     catch_up_to (HardState.catch_up_to)
                     (re-recorded as the second record of every new segment and at every
                     open, so deleting older segments never loses it)
-    ENTRY           u64 term, u64 index, u8 kind (0 normal, 1 noop), data
+    ENTRY           u64 term, u64 index, u8 kind (0 normal, 1 noop, 2 config), data
     TRUNCATE        u64 index: entries with index >= this are dropped
     NEXT_SEGMENT    u64 sequence of the segment that follows (the last record of a full
                     segment, synced before the next one is created, so a missing newest
@@ -69,7 +69,7 @@ _CATCH_UP = struct.Struct("<Q")
 _SEGMENT_HEADER = struct.Struct("<5sHQ")
 MAX_PAYLOAD_BYTES = 2**32 - 1
 
-_KIND_CODES = {EntryKind.NORMAL: 0, EntryKind.NOOP: 1}
+_KIND_CODES = {EntryKind.NORMAL: 0, EntryKind.NOOP: 1, EntryKind.CONFIG: 2}
 _KINDS_BY_CODE = {code: kind for kind, code in _KIND_CODES.items()}
 
 

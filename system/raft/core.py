@@ -307,6 +307,9 @@ class RaftCore:
         # We lost entries we had acknowledged (a leader told us); no vote until our commit
         # index reaches this again. 0 = nothing lost. Durable (HardState.catch_up_to).
         self._catch_up_to: int = hard.catch_up_to
+        # Set by the shell (`withhold_vote`): why this node may not vote or campaign now
+        # (e.g. its data directory is new while the cluster knows it as a voter). "" = may.
+        self._vote_withheld: str = ""
         stored = restored.entries if restored else ()
         if snapshot is not None and stored and stored[0].index <= snapshot.index:
             # Entries the snapshot covers are redundant (a shell may keep them): skip.
@@ -503,6 +506,19 @@ class RaftCore:
             self._needs_broadcast = True
         if self.lead_transferee is not None and self.lead_transferee not in self._voter_set:
             self.lead_transferee = None
+
+    def withhold_vote(self, reason: str) -> None:
+        """The shell knows something the log cannot say: this node may have lost what it
+        acknowledged (a new data directory under a known voter's id). Until `allow_vote`,
+        it grants no vote or pre-vote and never campaigns; it still follows a leader."""
+        self._vote_withheld = reason or "vote withheld by the shell"
+
+    def allow_vote(self) -> None:
+        self._vote_withheld = ""
+
+    @property
+    def vote_withheld(self) -> str:
+        return self._vote_withheld
 
     def is_voter(self) -> bool:
         return self.id in self._voter_set
@@ -973,7 +989,7 @@ class RaftCore:
         )
         if m.type is _MT.PRE_VOTE and self.heard_from_leader_recently():
             can_vote = False
-        if self.lost_entries_forbid_vote():
+        if self.lost_entries_forbid_vote() or self._vote_withheld:
             can_vote = False
         return can_vote and self.log_is_up_to_date(m.index, m.log_term)
 
@@ -998,8 +1014,8 @@ class RaftCore:
             return
         if not self.is_voter():
             return  # learners and removed servers never stand for election
-        if self.lost_entries_forbid_vote():
-            # We know our log lacks entries a majority acknowledged: we could only win
+        if self.lost_entries_forbid_vote() or self._vote_withheld:
+            # We know (or the shell knows) our log lacks entries a majority acknowledged: we could only win
             # with voters that lack them too, and then lose them (docs/raft.md).
             return
         if kind is CampaignKind.PRE_ELECTION:
