@@ -50,7 +50,13 @@ follower: batching falls out of the Ready cycle.
 Local invariants (commit never decreases, applied <= commit, a leader holds its own vote,
 ...) are asserted after every input by `check_invariants`.
 
-Membership changes are not implemented: the voter set is fixed by the configuration.
+- membership (thesis §4.1): `change_membership` appends a CONFIG entry (one server
+  added as a learner, promoted or removed; `membership_change_problem` allows one change
+  at a time, after an entry of the leader's term is committed); a membership takes effect
+  when appended (`configuration_in_effect`); majorities count voters only;
+- lost durable state: `verify_follower_match` / `follower_log_went_backwards` (a follower
+  whose log went backwards is caught up again) and `lost_entries_forbid_vote` (it does not
+  vote until it has).
 This module must never do I/O, read a clock or use global randomness.
 """
 
@@ -85,6 +91,16 @@ CATCH_UP_PREFIX = b"catch-up:"
 
 def encode_catch_up(index: int) -> bytes:
     return CATCH_UP_PREFIX + index.to_bytes(8, "big")
+
+
+# APPEND.context of a probe at the index a follower had acknowledged, sent when its
+# rejection suggests it lost entries (a rejection can also be a stale duplicate): the
+# follower echoes it in its APPEND_RESPONSE, so only a FRESH rejection confirms the loss.
+VERIFY_PREFIX = b"verify:"
+
+
+def encode_verify(nonce: int) -> bytes:
+    return VERIFY_PREFIX + nonce.to_bytes(8, "big")
 
 
 def decode_catch_up(context: bytes) -> int:
@@ -353,6 +369,7 @@ class RaftCore:
         self._read_states: list[ReadState] = []
         self._dropped_reads: list[bytes] = []
         self._warnings: list[str] = []
+        self._verify_counter: int = 0  # nonces of verify probes (verify_follower_match)
         self._received_snapshot: SnapshotMeta | None = None  # to persist + restore
         self._needs_broadcast: bool = False  # leader: new entries/commit to send at Ready
         self._last_hard_state: HardState = HardState(
@@ -1111,7 +1128,10 @@ class RaftCore:
             # Everything up to our commit index matches the leader's log (§5.4); tell it
             # where we are so it skips ahead.
             self._send(
-                Message(_MT.APPEND_RESPONSE, self.id, m.src, self._term, index=log.committed)
+                Message(
+                    _MT.APPEND_RESPONSE, self.id, m.src, self._term, index=log.committed,
+                    context=_echo(m.context),
+                )
             )
             return
         if log.match_term(m.index, m.log_term):
@@ -1130,7 +1150,12 @@ class RaftCore:
                 self._note_log_change(conflict, new_entries)
             # Raft Figure 2: commit = min(leaderCommit, index of last new entry).
             log.commit_to(min(m.commit, last_new))
-            self._send(Message(_MT.APPEND_RESPONSE, self.id, m.src, self._term, index=last_new))
+            self._send(
+                Message(
+                    _MT.APPEND_RESPONSE, self.id, m.src, self._term, index=last_new,
+                    context=_echo(m.context),
+                )
+            )
             return
         # Log inconsistency (§5.3): reject, with a hint that skips a whole term at once.
         hint_index = log.find_conflict_by_term(min(m.index, log.last_index()), m.log_term)
@@ -1145,6 +1170,7 @@ class RaftCore:
                 reject=True,
                 reject_hint=hint_index,
                 reject_term=hint_term,
+                context=_echo(m.context),
             )
         )
 
@@ -1255,10 +1281,19 @@ class RaftCore:
         # stray APPEND) carries no information for a leader: ignore it.
 
     def handle_append_response(self, m: Message, progress: Progress) -> None:
-        if m.reject and m.index >= progress.match > m.reject_hint:
+        if m.context.startswith(VERIFY_PREFIX):
+            if not progress.verify_nonce or m.context != encode_verify(progress.verify_nonce):
+                return  # the answer to an older verify probe: superseded, ignore
+            progress.verify_nonce = 0
+            if m.reject:
+                # A fresh refusal of the very entry it had acknowledged: it lost entries.
+                self.follower_log_went_backwards(m.src, progress, m.reject_hint)
+                return
+        elif m.reject and m.index >= progress.match > m.reject_hint:
             # The follower rejects an APPEND at or after what it had acknowledged, and its
-            # log ends (reject_hint <= its last index) below that: it lost entries.
-            self.follower_log_went_backwards(m.src, progress, m.reject_hint)
+            # log ends (reject_hint <= its last index) below that: it lost entries -- or
+            # this is a stale duplicate of an older rejection. Ask again, at `match`.
+            self.verify_follower_match(m.src, progress, m.reject_hint)
             return
         if m.reject:
             # Fast back-tracking: jump to the follower's hint, refined by our own log so
@@ -1330,6 +1365,34 @@ class RaftCore:
         # the follower acknowledges as a duplicate).
         progress.snapshot_offset = min(m.offset, len(self._snapshot_data))
         self.send_snapshot(m.src, progress)
+
+    def verify_follower_match(self, peer: NodeId, progress: Progress, hint: int) -> None:
+        """Probe `peer` at the index it acknowledged (with the entry's term), marked with
+        a fresh nonce it echoes: its answer tells a real loss from a stale rejection."""
+        term = self.log.term(progress.match)
+        if term is None:
+            # That entry is compacted away: no probe can name it. Restart the follower's
+            # replication from its hint (a snapshot, if needed) without concluding anything.
+            progress.match, progress.next = 0, max(hint, 0) + 1
+            progress.state = ProgressState.PROBE
+            progress.probe_sent = False
+            progress.inflight.clear()
+            self.maybe_send_append(peer, send_if_empty=True)
+            return
+        self._verify_counter += 1
+        progress.verify_nonce = self._verify_counter
+        self._send(
+            Message(
+                _MT.APPEND,
+                self.id,
+                peer,
+                self._term,
+                log_term=term,
+                index=progress.match,
+                commit=min(self.log.committed, progress.match),
+                context=encode_verify(progress.verify_nonce),
+            )
+        )
 
     def follower_log_went_backwards(self, peer: NodeId, progress: Progress, last: int) -> None:
         """A follower whose log lost entries it had acknowledged (wiped, restored from an
@@ -1663,6 +1726,11 @@ class RaftCore:
             assert self._leader_id == self.id and self._vote == self.id, (
                 f"{self.id}: leader of term {self._term} without its own vote"
             )
+
+
+def _echo(context: bytes) -> bytes:
+    """What an APPEND_RESPONSE echoes of its APPEND's context: a verify nonce only."""
+    return context if context.startswith(VERIFY_PREFIX) else b""
 
 
 _FROM_LEADER = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT})

@@ -41,6 +41,7 @@ class Progress:
         "snapshot_offset",
         "snapshot_idle_ticks",
         "catch_up_to",
+        "verify_nonce",
     )
 
     def __init__(self, next_index: int, max_inflight: int) -> None:
@@ -62,6 +63,8 @@ class Progress:
         # The follower lost acknowledged entries up to here (0 = none): every APPEND tells
         # it so until `match` reaches this index again.
         self.catch_up_to: int = 0
+        # A verify probe is out (core.verify_follower_match): its nonce, 0 = none.
+        self.verify_nonce: int = 0
 
     def __repr__(self) -> str:
         return (

@@ -591,9 +591,15 @@ def voter_lost_acknowledged_write(variant: SimVariant | None = None):  # noqa: A
     sim.shorten_log("n3", 0)  # n3's data directory is gone
     sim.restart("n3")
     probe = sim.put("n1", "y", "probe")  # n1's next APPEND finds n3's log empty
-    sim.deliver_all(type=APPEND, src="n1", dst="n3")  # rejected: hint 0 < match
-    sim.deliver_all(type=APPEND_RESPONSE, src="n3", dst="n1")  # n1 resets n3's progress
-    sim.deliver(type=APPEND, src="n1", dst="n3", where=lambda m: bool(m.context))
+    # n3 rejects (hint 0 < match); n1 probes at the acknowledged index with a nonce; n3's
+    # fresh rejection confirms the loss; n1 resets n3's progress and marks its APPENDs.
+    while not sim.core("n1").progress["n3"].catch_up_to:
+        flight = sim.pending(type=APPEND, src="n1", dst="n3", where=lambda m: not m.context
+                             or m.context.startswith(b"verify"))
+        flight = flight or sim.pending(type=APPEND_RESPONSE, src="n3", dst="n1")
+        sim.deliver(id=flight[0].id)
+    sim.deliver(type=APPEND, src="n1", dst="n3",
+                where=lambda m: m.context.startswith(b"catch-up"))
     assert sim.core("n3").commit_index < 2  # entry 1 only, and told to catch up to 2
     sim.crash("n1")
     sim.give_up(probe)
