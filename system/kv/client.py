@@ -377,7 +377,10 @@ class KVClient:
                 if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     pass  # the node's rate limit: certainly not applied; back off and retry
                 elif result.from_server and result.outcome == "not-applied":
-                    if result.leader_address and result.leader_address != address:
+                    if (result.leader_address and result.leader_address != address
+                            and avoid.get(result.leader_address, 0.0) <= time.monotonic()):
+                        # (a hint naming a node that just timed out is stale: the cluster
+                        # is electing; wait and ask around instead)
                         hint = result.leader_address
                 elif result.never_sent:
                     pass
