@@ -102,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--snapshot-entries", type=_positive_int, default=10_000)
     serve.add_argument("--snapshot-bytes", type=_positive_int, default=64 * 1024 * 1024)
     serve.add_argument("--snapshot-chunk-bytes", type=_positive_int, default=1024 * 1024)
-    serve.add_argument("--max-value-bytes", type=_positive_int, default=64 * 1024 * 1024)
+    serve.add_argument("--max-value-bytes", type=_positive_int, default=16 * 1024 * 1024,
+                       help="largest value accepted (default 16 MiB: what the default timing "
+                            "carries on a loaded 2-core machine without elections; larger "
+                            "values need a larger --election-timeout-ticks, docs/kv-node.md)")
     serve.add_argument("--max-key-bytes", type=_positive_int, default=1024)
     serve.add_argument("--max-requests-per-s", type=float, default=0.0,
                        help="client requests per second before RESOURCE_EXHAUSTED; 0 = unlimited")

@@ -414,6 +414,18 @@ class KVStateMachine:
 
     # -- snapshots
 
+    def frozen_copy(self) -> KVStateMachine:
+        """A copy sharing the (immutable) values, in O(keys): its `snapshot()` may run on
+        another thread while this machine goes on applying (the node does that so a
+        snapshot of large values does not stall its event loop)."""
+        copy = KVStateMachine(
+            dedup_window_entries=self.dedup_window_entries, dedup_max_ids=self.dedup_max_ids,
+            applied_index=self._applied_index,
+        )
+        copy._data = dict(self._data)
+        copy._remembered = OrderedDict(self._remembered)
+        return copy
+
     def snapshot(self) -> bytes:
         """The whole state as bytes: data, versions, request ids, applied index, settings.
 
