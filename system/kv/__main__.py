@@ -227,6 +227,11 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     try:
         node = Node(config, storage, unsafe, identity)
+    except CorruptStorage as exc:  # e.g. a damaged MEMBERS file
+        storage.close()
+        print(f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
+              f"{exc}. Nothing was served.", file=sys.stderr)
+        return 3
     except ValueError as exc:
         # The core refuses durable state that contradicts itself (e.g. a term below the
         # snapshot's: the newest WAL records are gone).

@@ -121,3 +121,31 @@ def test_a_new_member_joins_as_a_learner_and_is_promoted(tmp_path) -> None:
             assert cluster.status("n4").applied_index >= cluster.status(leader).commit_index - 5
         finally:
             kv.close()
+
+
+def _serve(tmp_path, node_id: str, data_dir) -> subprocess.CompletedProcess:  # noqa: ANN001
+    from nemesis.platforms.local_cluster import free_ports
+
+    (port,) = free_ports(1)
+    return subprocess.run(
+        [sys.executable, "-m", "system.kv", "serve", "--id", node_id, "--listen",
+         f"127.0.0.1:{port}", "--data-dir", str(data_dir),
+         "--log-file", str(tmp_path / "log.jsonl")],
+        cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_a_data_directory_of_another_node_or_a_damaged_identity_is_refused(tmp_path) -> None:
+    from system.kv.identity import STATE_MEMBER, Identity, save_identity
+
+    data_dir = tmp_path / "d"
+    data_dir.mkdir()
+    save_identity(data_dir, Identity("c-1", "n9", "m-1", STATE_MEMBER))
+    other = _serve(tmp_path, "n8", data_dir)
+    assert other.returncode == 2 and "belongs to node n9, not n8" in other.stderr
+    assert other.stderr.count("\n") == 1 and "Traceback" not in other.stderr
+    (data_dir / "IDENTITY").write_text('{"body": {"node_id": "n8"}, "crc32c": 1}\n')
+    damaged = _serve(tmp_path, "n8", data_dir)
+    assert damaged.returncode == 3 and "IDENTITY" in damaged.stderr
+    assert "wipe" not in damaged.stderr and "Traceback" not in damaged.stderr
