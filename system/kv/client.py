@@ -42,7 +42,7 @@ R = TypeVar("R")
 # One attempt's default timeout: short enough that a paused leader costs about an election
 # timeout, not the whole deadline; plus transfer time for large values.
 ATTEMPT_TIMEOUT_S = 0.5
-ATTEMPT_BYTES_PER_S = 16 * 1024 * 1024
+ATTEMPT_BYTES_PER_S = 2 * 1024 * 1024  # generous: a loaded 2-core machine moves a 64 MiB put in 2-10 s
 _U64_MAX = 2**64 - 1
 
 
@@ -183,8 +183,9 @@ class KVClient:
 
     `timeout_s` bounds each call (all attempts together); `attempt_timeout_s` bounds one
     attempt, so a paused or partitioned node costs at most that before the client tries
-    the NEXT node with the same request id (default: 0.5 s plus 1 s per 16 MiB of payload,
-    never more than what remains of the call); `retries` bounds the attempts. Arguments
+    the NEXT node with the same request id (default: 0.5 s plus 1 s per 2 MiB of payload,
+    doubled after each attempt that timed out, never more than what remains of the
+    call); `retries` bounds the attempts. Arguments
     are checked before anything is sent (InvalidArgument naming the field); keys longer
     than `max_key_bytes` (UTF-8; the node's default limit) are refused here too.
     """
@@ -367,7 +368,10 @@ class KVClient:
                 if result.code == grpc.StatusCode.DEADLINE_EXCEEDED:
                     # Paused, partitioned or overloaded: the retry (same request id) goes
                     # to the next node; hints naming this one are ignored for a while.
+                    # The next attempts get twice as long: an answer that is merely slow
+                    # (a large value on a loaded machine) must still get through.
                     avoid[address] = time.monotonic() + 2 * per_attempt_s
+                    per_attempt_s *= 2
                 if result.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidArgument(result.details) from None
                 if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not result.from_server:
