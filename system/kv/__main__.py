@@ -112,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-file", type=Path, default=None,
                        help="JSON-lines log file (default: stderr)")
     serve.add_argument("--cluster-id", default="",
-                       help="the cluster's id (default: derived from the members and addresses "
-                            "of the first start; learned from the peers with --join)")
+                       help="the cluster's id (default: derived from the member ids of the "
+                            "first start; learned from the peers with --join)")
     serve.add_argument("--join", action="store_true",
                        help="join an existing cluster as a new member: run `member add` first; "
                             "--peers lists members to reach")
@@ -273,7 +273,7 @@ def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
         elif args.join:
             cluster_id = ""  # learned from the peers
         else:
-            cluster_id = derive_cluster_id({args.id: args.listen, **args.peers})
+            cluster_id = derive_cluster_id([args.id, *args.peers])
         # A directory that already holds Raft state (written before identities existed)
         # is that member; an empty one is a new incarnation that must introduce itself.
         identity = Identity(cluster_id, args.id, new_member_id(),

@@ -6,7 +6,7 @@ could elect a leader that lacks one of them. So every data directory records, in
 `IDENTITY`:
 
 - `cluster_id`: which cluster it belongs to (from `--cluster-id`, else derived from the
-  bootstrap members and their addresses, else learned from the peers when joining);
+  bootstrap member ids, else learned from the peers when joining);
 - `node_id`: the `--id` it was created for (another id is refused at start);
 - `member_id`: a random id made when the directory was created: a wiped directory gets a
   new one, so the cluster can tell "n3 again" from "a new n3";
@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,10 +51,11 @@ class Identity:
     state: str  # STATE_NEW or STATE_MEMBER
 
 
-def derive_cluster_id(members: Mapping[str, str]) -> str:
-    """A cluster id from the bootstrap members and their addresses: the same command
-    lines give the same id; another cluster (other ids or ports) another one."""
-    text = ",".join(f"{node}={address}" for node, address in sorted(members.items()))
+def derive_cluster_id(member_ids: list[str] | tuple[str, ...]) -> str:
+    """A default cluster id from the bootstrap member ids (not their addresses: each node
+    may reach its peers through its own proxies, so addresses differ between nodes). Two
+    clusters with the same node ids get the same default: name them with --cluster-id."""
+    text = ",".join(sorted(member_ids))
     return "c-" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

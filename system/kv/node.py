@@ -774,6 +774,8 @@ class Node:
                 except Exception:  # noqa: BLE001 - a peer down or unreachable: ask later
                     continue
                 if answer.verdict == "welcome":
+                    if not cluster_id and answer.cluster_id:
+                        cluster_id = answer.cluster_id  # joining: the cluster names itself
                     if answer.is_learner:
                         as_learner = True
                     if answer.is_voter or answer.is_learner:

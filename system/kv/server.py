@@ -237,7 +237,8 @@ class KVService:
             request.cluster_id, request.node_id, request.member_id)
         return kv_pb2.IntroduceResponse(
             verdict=verdict, message=message, is_voter=is_voter, is_learner=is_learner,
-            last_index=self.node.core.log.last_index())
+            last_index=self.node.core.log.last_index(),
+            cluster_id=self.node.identity.cluster_id if self.node.identity else "")
 
 
 def _handler(parse: type[ProtoMessage], method: Callable[[ProtoMessage], Awaitable[ProtoMessage]]

@@ -113,6 +113,9 @@ def test_a_new_member_joins_as_a_learner_and_is_promoted(tmp_path) -> None:
             promoted = member_cli("promote", "--cluster", addresses, "--id", "n4")
             assert promoted.returncode == 0, promoted.stderr
             assert "voters n1,n2,n3,n4" in promoted.stdout
+            joined, founder = cluster.status("n4"), cluster.status("n1")
+            assert joined.cluster_id == founder.cluster_id != ""  # learned when joining
+            assert joined.vote_withheld == ""
             # 4 voters, majority 3: with one of the first three down, every write needs
             # n4's acknowledgement.
             cluster.kill([n for n in first_three if n != leader][0])
