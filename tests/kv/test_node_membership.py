@@ -152,3 +152,47 @@ def test_a_data_directory_of_another_node_or_a_damaged_identity_is_refused(tmp_p
     damaged = _serve(tmp_path, "n8", data_dir)
     assert damaged.returncode == 3 and "IDENTITY" in damaged.stderr
     assert "wipe" not in damaged.stderr and "Traceback" not in damaged.stderr
+
+
+def test_a_follower_restored_from_an_older_copy_is_caught_up_by_the_same_leader(
+    tmp_path,
+) -> None:
+    """The follower's data directory comes back from a backup taken 30 writes ago (same
+    incarnation, so its identity cannot tell). Its log is shorter than what it
+    acknowledged: the same leader notices (a WARNING naming it and the indexes), resets
+    its progress and sends it the entries again, without an election."""
+    with LocalCluster(3, tmp_path) as cluster:
+        cluster.start()
+        leader = cluster.wait_for_leader(timeout_s=30)
+        follower = next(n for n in cluster.ids if n != leader)
+        kv = cluster.client()
+        try:
+            for i in range(20):
+                kv.put(f"a{i}", b"x")
+            cluster.stop(follower)
+            backup = tmp_path / "backup"
+            shutil.copytree(cluster.specs[follower].data_dir, backup)
+            cluster.start_node(follower)
+            for i in range(30):
+                kv.put(f"b{i}", b"y")
+            term = cluster.status(leader).term
+            commit = cluster.status(leader).commit_index
+            cluster.wait_until(lambda: (cluster.status(follower) or None) and
+                               cluster.status(follower).applied_index >= commit or None,
+                               30, f"{follower} to apply {commit}")
+            cluster.kill(follower)
+            shutil.rmtree(cluster.specs[follower].data_dir)
+            shutil.copytree(backup, cluster.specs[follower].data_dir)
+            cluster.start_node(follower)
+            kv.put("after", b"z")
+            target = cluster.status(leader).commit_index
+            cluster.wait_until(lambda: (cluster.status(follower) or None) and
+                               cluster.status(follower).applied_index >= target or None,
+                               30, f"{follower} caught up again")
+            assert cluster.leader() == leader and cluster.status(leader).term == term
+            warnings = [line for line in
+                        cluster.specs[leader].log_file.read_text().splitlines()
+                        if "log went backwards" in line]
+            assert warnings and f"follower {follower}" in warnings[0]
+        finally:
+            kv.close()
