@@ -99,10 +99,9 @@ class KVWorkload(Workload):
         nodes = list(ctx.addresses)
         home = process % len(nodes)
         ordered = {n: ctx.addresses[n] for n in nodes[home:] + nodes[:home]}
-        # An attempt gives up on a silent (paused, cut) node well before the op's deadline,
-        # so the client can try the next node within the same operation.
-        return KVClient(ordered, timeout_s=self.op_timeout_s,
-                        attempt_timeout_s=max(0.2, self.op_timeout_s / 3), client_id=f"p{process}")
+        # The client's own attempt timeout (short, doubling) gives up on a silent (paused,
+        # cut) node well before the op's deadline and tries the next node, same request id.
+        return KVClient(ordered, timeout_s=self.op_timeout_s, client_id=f"p{process}")
 
     def start(self, ctx: RunContext) -> None:
         for thread_no in range(self.concurrency):
@@ -217,8 +216,7 @@ class KVWorkload(Workload):
         operations) until it succeeds or `timeout_s` runs out."""
         deadline = time.monotonic() + timeout_s
         process = self.concurrency * 1_000_000  # far above any retired client's id
-        client = KVClient(ctx.addresses, timeout_s=self.op_timeout_s,
-                          attempt_timeout_s=max(0.2, self.op_timeout_s / 3), client_id="final")
+        client = KVClient(ctx.addresses, timeout_s=self.op_timeout_s, client_id="final")
         read, failed = 0, []
         try:
             for key in list(self.pool.touched):

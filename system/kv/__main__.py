@@ -3,6 +3,10 @@
     python -m system.kv serve --id n1 --listen 127.0.0.1:7001 \\
         --peers n2=127.0.0.1:7002,n3=127.0.0.1:7003 --data-dir /tmp/kv/n1
     python -m system.kv cluster --nodes 3 [--base-port 7001] [--data-dir DIR]
+    python -m system.kv member list|add|promote|remove --cluster HOST:PORT[,...] [--id N]
+        [--address HOST:PORT]      membership, one server at a time (add = as a learner)
+    python -m system.kv serve --id n4 --listen ... --peers n1=...,n2=... --join ...
+        a new member (added with `member add`) joining an existing cluster
 
 Exit codes of `serve`: 0 after a graceful stop (SIGTERM / Ctrl-C), 2 for a bad command line
 or refused unsafe mode, 3 when the data directory is corrupt (the message names the file
@@ -17,9 +21,11 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -39,6 +45,36 @@ def _parse_peers(text: str) -> dict[str, str]:
                 f"bad peer {item!r}: expected ID=HOST:PORT, e.g. n2=127.0.0.1:7002")
         peers[node_id] = address
     return peers
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (IPv6 hosts in brackets) -> (host, port); ValueError says what is wrong."""
+    host, sep, port_text = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise ValueError(
+            f"--listen {text!r} is not HOST:PORT with a port in 1..65535, e.g. 127.0.0.1:7001")
+    return host, int(port_text)
+
+
+def check_port_free(text: str) -> None:
+    """Bind HOST:PORT alone for a moment (no SO_REUSEPORT, as the node's gRPC server) so
+    that a port in use, or a host that is not ours, is refused before anything else
+    happens -- before the data directory is created. OSError says what is wrong."""
+    host, port = parse_listen_address(text)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {text}: unknown host {host!r} ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            reason = ("the port is in use (another node or cluster listens there?)"
+                      if exc.errno == errno.EADDRINUSE else exc.strerror)
+            raise OSError(f"cannot listen on {text}: {reason}; choose a free port") from None
 
 
 def _positive_int(text: str) -> int:
@@ -66,14 +102,34 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--snapshot-entries", type=_positive_int, default=10_000)
     serve.add_argument("--snapshot-bytes", type=_positive_int, default=64 * 1024 * 1024)
     serve.add_argument("--snapshot-chunk-bytes", type=_positive_int, default=1024 * 1024)
-    serve.add_argument("--max-value-bytes", type=_positive_int, default=64 * 1024 * 1024)
+    serve.add_argument("--max-value-bytes", type=_positive_int, default=16 * 1024 * 1024,
+                       help="largest value accepted (default 16 MiB: what the default timing "
+                            "carries on a loaded 2-core machine without elections; larger "
+                            "values need a larger --election-timeout-ticks, docs/kv-node.md)")
     serve.add_argument("--max-key-bytes", type=_positive_int, default=1024)
     serve.add_argument("--max-requests-per-s", type=float, default=0.0,
                        help="client requests per second before RESOURCE_EXHAUSTED; 0 = unlimited")
     serve.add_argument("--log-file", type=Path, default=None,
                        help="JSON-lines log file (default: stderr)")
+    serve.add_argument("--cluster-id", default="",
+                       help="the cluster's id (default: derived from the member ids of the "
+                            "first start; learned from the peers with --join)")
+    serve.add_argument("--join", action="store_true",
+                       help="join an existing cluster as a new member: run `member add` first; "
+                            "--peers lists members to reach")
     serve.add_argument("--unsafe", default=None,
                        help="TEST ONLY: run a deliberately broken canary (needs MAO_ALLOW_UNSAFE=1)")
+
+    member = sub.add_parser("member", help="list or change the membership of a running cluster")
+    member.add_argument("action", choices=("list", "add", "promote", "remove"),
+                        help="add = a new learner; promote = a caught-up learner becomes a "
+                             "voter; remove = a voter or a learner leaves")
+    member.add_argument("--cluster", required=True,
+                        help="addresses of one or more members: HOST:PORT[,HOST:PORT...]")
+    member.add_argument("--id", default="", help="the member to add, promote or remove")
+    member.add_argument("--address", default="", help="add: HOST:PORT the new member listens on")
+    member.add_argument("--timeout-s", type=float, default=30.0,
+                        help="how long to keep trying (promote waits for the learner to catch up)")
 
     cluster = sub.add_parser("cluster", help="run a local cluster of nodes until Ctrl-C")
     cluster.add_argument("--nodes", type=_positive_int, default=3)
@@ -117,6 +173,13 @@ def serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
 
+    try:
+        check_port_free(args.listen)
+    except (OSError, ValueError) as exc:
+        print(f"error: node {args.id} refuses to start: {exc}", file=sys.stderr)
+        log.error("refused to start", extra={"reason": str(exc)})
+        return 2
+
     from system.kv.node import Node, NodeConfig
     from system.kv.storage import CorruptStorage, DurableStorage, StorageLocked
 
@@ -135,13 +198,13 @@ def serve(args: argparse.Namespace) -> int:
         max_value_bytes=args.max_value_bytes,
         max_requests_per_s=args.max_requests_per_s,
         unsafe_mode=unsafe.name if unsafe is not None else None,
+        join=args.join,
     )
     try:
         storage = DurableStorage.open(config.data_dir)
     except CorruptStorage as exc:
         message = (f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
-                   f"{exc}. Nothing was served. Restore the directory from a healthy replica "
-                   f"(or wipe it to rejoin empty) and start again.")
+                   f"{exc}. Nothing was served. {REJOIN_ADVICE.format(node=args.id)}")
         print(message, file=sys.stderr)
         log.critical("corrupt storage; refusing to start",
                      extra={"path": str(exc.path), "offset": exc.offset, "problem": exc.problem})
@@ -150,14 +213,173 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: node {args.id} refuses to start: {exc}. Is another node process "
               f"using {args.data_dir}? Stop it first.", file=sys.stderr)
         return 2
-    node = Node(config, storage, unsafe)
+    try:
+        identity = _identity_for(args, storage)
+    except CorruptStorage as exc:
+        storage.close()
+        print(f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
+              f"{exc}. Nothing was served. {REJOIN_ADVICE.format(node=args.id)}",
+              file=sys.stderr)
+        return 3
+    except ValueError as exc:
+        storage.close()
+        print(f"error: node {args.id} refuses to start: {exc}", file=sys.stderr)
+        return 2
+    try:
+        node = Node(config, storage, unsafe, identity)
+    except CorruptStorage as exc:  # e.g. a damaged MEMBERS file
+        storage.close()
+        print(f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
+              f"{exc}. Nothing was served.", file=sys.stderr)
+        return 3
+    except ValueError as exc:
+        # The core refuses durable state that contradicts itself (e.g. a term below the
+        # snapshot's: the newest WAL records are gone).
+        storage.close()
+        print(f"error: node {args.id} refuses to start: inconsistent data in "
+              f"{args.data_dir}: {exc}. Nothing was served.", file=sys.stderr)
+        return 3
     return asyncio.run(_serve_until_signal(node))
+
+
+REJOIN_ADVICE = (
+    "Do not start it on an empty directory as the same member: a node that lost its data "
+    "may have lost entries it acknowledged. To bring it back: python -m system.kv member "
+    "remove --cluster HOST:PORT --id {node}; start it on an empty directory with --join; "
+    "python -m system.kv member add --cluster HOST:PORT --id {node} --address HOST:PORT; "
+    "once it has caught up, python -m system.kv member promote --cluster HOST:PORT --id {node}"
+)
+
+
+def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
+    """The data directory's identity, created on first use. ValueError for a directory
+    that belongs to another node id or cluster."""
+    from system.kv.identity import (
+        STATE_MEMBER,
+        STATE_NEW,
+        Identity,
+        derive_cluster_id,
+        load_identity,
+        new_member_id,
+        save_identity,
+    )
+
+    identity = load_identity(args.data_dir)
+    empty = (storage.hard_state.term == 0 and storage.last_index == 0
+             and storage.snapshot_meta is None)
+    if identity is None:
+        if args.cluster_id:
+            cluster_id = args.cluster_id
+        elif args.join:
+            cluster_id = ""  # learned from the peers
+        else:
+            cluster_id = derive_cluster_id([args.id, *args.peers])
+        # A directory that already holds Raft state (written before identities existed)
+        # is that member; an empty one is a new incarnation that must introduce itself.
+        identity = Identity(cluster_id, args.id, new_member_id(),
+                            STATE_NEW if empty else STATE_MEMBER)
+        save_identity(args.data_dir, identity)
+        return identity
+    if identity.node_id != args.id:
+        raise ValueError(
+            f"{args.data_dir} belongs to node {identity.node_id}, not {args.id}; give each node "
+            f"its own data directory")
+    if args.cluster_id and identity.cluster_id and identity.cluster_id != args.cluster_id:
+        raise ValueError(
+            f"{args.data_dir} belongs to cluster {identity.cluster_id}, not {args.cluster_id}; "
+            f"{REJOIN_ADVICE.format(node=args.id)}")
+    return identity
+
+
+def member(args: argparse.Namespace) -> int:
+    """`member list|add|promote|remove`: one change, sent to the leader (followed through
+    the "leader-id" hint), answered once committed; exit 0 done, 1 refused, 2 bad input,
+    3 no answer in time."""
+    import time
+
+    import grpc
+
+    from system.kv.proto import kv_pb2, kv_pb2_grpc
+    from system.kv.transport import CHANNEL_OPTIONS
+
+    addresses = [a.strip() for a in args.cluster.split(",") if a.strip()]
+    for address in addresses:
+        try:
+            parse_listen_address(address)
+        except ValueError as exc:
+            print(f"error: --cluster: {str(exc).replace('--listen ', '')}", file=sys.stderr)
+            return 2
+    if args.action != "list" and not args.id:
+        print(f"error: member {args.action} needs --id", file=sys.stderr)
+        return 2
+    if args.action == "add" and not args.address:
+        print("error: member add needs --address HOST:PORT of the new member", file=sys.stderr)
+        return 2
+    change = {"add": "add-learner", "promote": "promote", "remove": "remove"}.get(args.action)
+    deadline = time.monotonic() + args.timeout_s
+    queue = list(addresses)
+    last_error = "no member answered"
+    while time.monotonic() < deadline:
+        address = queue.pop(0)
+        queue.append(address)
+        with grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS)) as channel:
+            stub = kv_pb2_grpc.KVStub(channel)
+            remaining = max(0.5, deadline - time.monotonic())
+            try:
+                if change is None:
+                    st = stub.Status(kv_pb2.StatusRequest(), timeout=min(2.0, remaining))
+                    if not st.leader_id and st.role != "leader":
+                        last_error = f"{address} knows no leader yet"
+                        time.sleep(0.2)
+                        continue
+                    for node_id, node_address in sorted(st.member_addresses.items()):
+                        kind = "voter" if node_id in st.voters else (
+                            "learner" if node_id in st.learners else "not a member")
+                        print(f"{node_id} {node_address} {kind}"
+                              f"{' leader' if node_id == st.leader_id else ''}")
+                    return 0
+                answer = stub.ChangeMembership(
+                    kv_pb2.ChangeMembershipRequest(change=change, node_id=args.id,
+                                                   address=args.address),
+                    timeout=min(10.0, remaining))
+            except grpc.RpcError as exc:
+                code = exc.code()
+                hint = dict(exc.trailing_metadata() or ()).get("leader-address", "")
+                last_error = f"{address}: {exc.details() or code.name}"
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    print(f"error: {exc.details()}", file=sys.stderr)
+                    return 2
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    if "not caught up" in (exc.details() or "") or "in progress" in (
+                            exc.details() or "") or "not yet committed" in (exc.details() or ""):
+                        time.sleep(0.3)  # wait for the learner / the change in flight
+                        continue
+                    print(f"error: refused: {exc.details()}", file=sys.stderr)
+                    return 1
+                if hint and hint not in queue:
+                    queue.insert(0, hint)
+                elif hint:
+                    queue.remove(hint)
+                    queue.insert(0, hint)
+                time.sleep(0.1)
+                continue
+        print(f"{args.action} {args.id}: committed at index {answer.index}; voters "
+              f"{','.join(answer.voters)}; learners {','.join(answer.learners) or '-'}")
+        return 0
+    print(f"error: member {args.action}: no answer within {args.timeout_s:g}s ({last_error})",
+          file=sys.stderr)
+    return 3
 
 
 async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
     from system.kv.server import build_server
 
-    server = build_server(node)
+    try:
+        server = build_server(node)
+    except OSError as exc:  # the port was taken between the check and the bind
+        print(f"error: node {node.config.node_id} refuses to start: {exc}", file=sys.stderr)
+        await node.stop()
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -220,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "member":
+        return member(args)
     return cluster(args)
 
 

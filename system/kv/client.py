@@ -39,6 +39,39 @@ from system.kv.transport import CHANNEL_OPTIONS
 
 R = TypeVar("R")
 
+# One attempt's default timeout: short enough that a paused leader costs about an election
+# timeout, not the whole deadline; plus transfer time for large values.
+ATTEMPT_TIMEOUT_S = 0.5
+ATTEMPT_BYTES_PER_S = 2 * 1024 * 1024  # generous: a loaded 2-core machine moves a 64 MiB put in 2-10 s
+_U64_MAX = 2**64 - 1
+
+
+def _check_expected_version(expected_version: object) -> None:
+    if expected_version is None:
+        return
+    if isinstance(expected_version, bool) or not isinstance(expected_version, int):
+        raise InvalidArgument(f"expected_version must be an int or None, got "
+                              f"{type(expected_version).__name__}")
+    if not 0 <= expected_version <= _U64_MAX:
+        raise InvalidArgument(f"expected_version must be in 0..2**64-1 (0 = must not exist), "
+                              f"got {expected_version}")
+
+
+def _check_request_id(request_id: object) -> None:
+    if request_id is None:
+        return
+    if not isinstance(request_id, str) or not request_id:
+        raise InvalidArgument(f"request_id must be a non-empty str or None, got {request_id!r}")
+    if len(request_id.encode("utf-8")) > 256:
+        raise InvalidArgument("request_id is longer than 256 bytes (UTF-8); use a shorter id")
+
+
+def _check_timeout(name: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise InvalidArgument(f"{name} must be a positive number of seconds, got {value!r}")
+
 
 class KVError(Exception):
     """Base of the client's typed errors."""
@@ -56,6 +89,18 @@ class CasMismatch(KVError):
         self.expected_version = expected_version
         self.current_version = current_version
         self.node_id = node_id  # the node that answered
+
+
+class DeleteVersionMismatch(CasMismatch):
+    """A delete with `expected_version` found another version: nothing was deleted."""
+
+    def __init__(self, key: str, expected_version: int, current_version: int,
+                 node_id: str = "") -> None:
+        super().__init__(key, expected_version, current_version, node_id)
+        found = "the key does not exist" if current_version == 0 else (
+            f"the key is at version {current_version}")
+        self.args = (f"delete of {key!r} refused: expected version {expected_version}, but "
+                     f"{found}; nothing was deleted",)
 
 
 class NotFound(KVError):
@@ -144,15 +189,24 @@ class KVClient:
     leader's id, not by the address the leader advertises to its peers — which a client
     outside the nodes' network (a Docker bridge, a proxy per link) may not be able to reach.
 
-    `timeout_s` bounds each call (all attempts together); `attempt_timeout_s` (default:
-    whatever remains of the call's deadline) bounds one attempt, so a paused node costs
-    at most that before the client tries another; `retries` bounds the attempts.
+    `timeout_s` bounds each call (all attempts together); `attempt_timeout_s` bounds one
+    attempt, so a paused or partitioned node costs at most that before the client tries
+    the NEXT node with the same request id (default: 0.5 s plus 1 s per 2 MiB of payload,
+    doubled after each attempt that timed out, never more than what remains of the
+    call); `retries` bounds the attempts. Arguments
+    are checked before anything is sent (InvalidArgument naming the field); keys longer
+    than `max_key_bytes` (UTF-8; the node's default limit) are refused here too.
     """
 
-    def __init__(self, addresses: Sequence[str] | Mapping[str, str], *, timeout_s: float = 5.0, retries: int = 20,
-                 attempt_timeout_s: float | None = None, client_id: str | None = None) -> None:
+    def __init__(self, addresses: Sequence[str] | Mapping[str, str], *, timeout_s: float = 5.0,
+                 retries: int = 20, attempt_timeout_s: float | None = None,
+                 client_id: str | None = None, max_key_bytes: int = 1024) -> None:
         if not addresses:
             raise ValueError("KVClient needs at least one node address")
+        _check_timeout("timeout_s", timeout_s)
+        if attempt_timeout_s is not None:
+            _check_timeout("attempt_timeout_s", attempt_timeout_s)
+        self.max_key_bytes = max_key_bytes
         self.node_addresses: dict[str, str] = (
             dict(addresses) if isinstance(addresses, Mapping) else {})
         self.addresses = list(dict.fromkeys(
@@ -178,12 +232,20 @@ class KVClient:
             request_id: str | None = None, timeout_s: float | None = None) -> WriteResult:
         """Write `value` at `key`; with `expected_version` it is a compare-and-swap
         (0 = must not exist) and raises CasMismatch when it does not match."""
+        self._check_key(key)
+        if value is None:
+            raise InvalidArgument("value is None; pass bytes (b'' for an empty value)")
+        if not isinstance(value, bytes):
+            raise InvalidArgument(f"value must be bytes, got {type(value).__name__}")
+        _check_expected_version(expected_version)
+        _check_request_id(request_id)
+        _check_timeout("timeout_s", timeout_s)
         rid = request_id or self.new_request_id()
         request = kv_pb2.PutRequest(key=key, value=value, request_id=rid)
         if expected_version is not None:
             request.expected_version = expected_version
         response = self._call(lambda s, t: s.Put(request, timeout=t), write=True,
-                              request_id=rid, timeout_s=timeout_s)
+                              request_id=rid, timeout_s=timeout_s, payload_bytes=len(value))
         if not response.applied:
             raise CasMismatch(key, expected_version if expected_version is not None else -1,
                               response.version, response.header.node_id)
@@ -200,6 +262,10 @@ class KVClient:
                request_id: str | None = None, timeout_s: float | None = None) -> DeleteResult:
         """Delete `key`. Deleting a missing key succeeds with existed=False, unless
         `expected_version` is set and does not match (CasMismatch)."""
+        self._check_key(key)
+        _check_expected_version(expected_version)
+        _check_request_id(request_id)
+        _check_timeout("timeout_s", timeout_s)
         rid = request_id or self.new_request_id()
         request = kv_pb2.DeleteRequest(key=key, request_id=rid)
         if expected_version is not None:
@@ -207,8 +273,9 @@ class KVClient:
         response = self._call(lambda s, t: s.Delete(request, timeout=t), write=True,
                               request_id=rid, timeout_s=timeout_s)
         if not response.applied:
-            raise CasMismatch(key, expected_version if expected_version is not None else -1,
-                              response.version, response.header.node_id)
+            raise DeleteVersionMismatch(
+                key, expected_version if expected_version is not None else -1, response.version,
+                response.header.node_id)
         h = response.header
         return DeleteResult(response.existed, response.version, h.node_id, h.term,
                             h.applied_index, rid)
@@ -220,6 +287,8 @@ class KVClient:
         `via` (a node id of the address map, or an address) is asked first, as a client
         bound to its nearest node would (a follower sends a linearizable read on to the
         leader's hint). Raises NotFound when the key does not exist."""
+        self._check_key(key)
+        _check_timeout("timeout_s", timeout_s)
         levels = {"linearizable": kv_pb2.LINEARIZABLE, "stale": kv_pb2.STALE}
         if consistency not in levels:
             raise InvalidArgument(f"consistency must be 'linearizable' or 'stale', got {consistency!r}")
@@ -259,37 +328,65 @@ class KVClient:
                 stub = self._stubs[address] = kv_pb2_grpc.KVStub(channel)
             return stub
 
-    def _pick(self, hint: str | None) -> str:
+    def _check_key(self, key: object) -> None:
+        if not isinstance(key, str):
+            raise InvalidArgument(f"key must be a str, got {type(key).__name__}")
+        if not key:
+            raise InvalidArgument("key is empty; give a non-empty key")
+        size = len(key.encode("utf-8"))
+        if size > self.max_key_bytes:
+            raise InvalidArgument(
+                f"key is {size} bytes long; the limit is {self.max_key_bytes} bytes (UTF-8)")
+
+    def _pick(self, hint: str | None, avoid: dict[str, float] | None = None) -> str:
+        """Where the next attempt goes: the hint, else the known leader, else the next
+        node in turn -- skipping nodes that timed out during this call (`avoid`: address
+        -> until when), as long as another node is left to try."""
+        now = time.monotonic()
+        avoided = {a for a, until in (avoid or {}).items() if until > now}
         with self._lock:
-            if hint:
+            if hint and hint not in avoided:
                 return hint
-            if self._leader is not None:
+            if self._leader is not None and self._leader not in avoided:
                 return self._leader
+            for _ in range(len(self.addresses)):
+                address = self.addresses[self._next % len(self.addresses)]
+                self._next += 1
+                if address not in avoided:
+                    return address
             address = self.addresses[self._next % len(self.addresses)]
             self._next += 1
             return address
 
     def _call(self, rpc: Callable[[kv_pb2_grpc.KVStub, float], R], *, write: bool,
               request_id: str, timeout_s: float | None, any_node: bool = False,
-              first: str | None = None) -> R:
+              payload_bytes: int = 0, first: str | None = None) -> R:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
         maybe_applied = False  # some attempt of this write may have taken effect
         last = "no attempt made"
         hint: str | None = first
         backoff_s = 0.01
+        per_attempt_s = (self.attempt_timeout_s if self.attempt_timeout_s is not None
+                         else ATTEMPT_TIMEOUT_S + payload_bytes / ATTEMPT_BYTES_PER_S)
+        avoid: dict[str, float] = {}  # nodes that timed out in this call -> until when
         for attempt in range(self.retries + 1):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            address = self._pick(hint)
+            address = self._pick(hint, avoid)
             hint = None
             try:
-                attempt_s = remaining if self.attempt_timeout_s is None else min(
-                    remaining, self.attempt_timeout_s)
-                response = rpc(self._stub(address), attempt_s)
+                response = rpc(self._stub(address), min(remaining, per_attempt_s))
             except grpc.RpcError as exc:
                 result = _Attempt(exc)
                 last = f"{address}: {result.code.name}: {result.details}"
+                if result.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # Paused, partitioned or overloaded: the retry (same request id) goes
+                    # to the next node; hints naming this one are ignored for a while.
+                    # The next attempts get twice as long: an answer that is merely slow
+                    # (a large value on a loaded machine) must still get through.
+                    avoid[address] = time.monotonic() + 2 * per_attempt_s
+                    per_attempt_s *= 2
                 if result.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidArgument(result.details) from None
                 if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not result.from_server:
@@ -301,7 +398,10 @@ class KVClient:
                 elif result.from_server and result.outcome == "not-applied":
                     hinted = self.node_addresses.get(result.leader_id) or (
                         "" if self.node_addresses else result.leader_address)
-                    if hinted and hinted != address:
+                    if (hinted and hinted != address
+                            and avoid.get(hinted, 0.0) <= time.monotonic()):
+                        # (a hint naming a node that just timed out is stale: the cluster
+                        # is electing; wait and ask around instead)
                         hint = hinted
                 elif result.never_sent:
                     pass

@@ -39,12 +39,14 @@ import itertools
 import logging
 import os
 import random
+import sys
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from system.kv.identity import STATE_MEMBER, Identity, KnownMembers, save_identity
 from system.kv.state_machine import (
     CommandRejected,
     DeleteResult,
@@ -55,7 +57,14 @@ from system.kv.state_machine import (
 )
 from system.kv.storage import DurableStorage
 from system.kv.transport import Transport
-from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, Ready
+from system.raft.core import (
+    MembershipChangeKind,
+    NotLeader,
+    ProposalDropped,
+    RaftConfig,
+    RaftCore,
+    Ready,
+)
 from system.raft.messages import Message
 from system.raft.types import EntryKind, HardState, NodeId, SnapshotMeta
 
@@ -83,9 +92,14 @@ class NodeConfig:
     max_append_bytes: int = 4 * 1024 * 1024
     max_inflight_appends: int = 64
     max_key_bytes: int = 1024
-    max_value_bytes: int = 64 * 1024 * 1024
+    # 16 MiB: ten puts of it cause no election with the default timing on a loaded 2-core
+    # machine; ten 64 MiB puts caused 22 and 55 (docs/kv-node.md, "Large values").
+    max_value_bytes: int = 16 * 1024 * 1024
     max_requests_per_s: float = 0.0  # client requests per second; 0 = unlimited
     unsafe_mode: str | None = None  # test-only canary name, see system/kv/unsafe.py
+    # This node joins an existing cluster as a learner (`serve --join`): `peers` are
+    # members to reach, not a bootstrap membership that includes this node.
+    join: bool = False
 
     @property
     def voters(self) -> tuple[NodeId, ...]:
@@ -143,10 +157,15 @@ class Node:
     """One KV node: the Raft core, the state machine, storage and peer links, driven by one loop."""
 
     def __init__(self, config: NodeConfig, storage: DurableStorage,
-                 unsafe: UnsafeMode | None = None) -> None:
+                 unsafe: UnsafeMode | None = None, identity: Identity | None = None) -> None:
         self.config = config
         self.storage = storage
         self.unsafe = unsafe
+        # Who this data directory is (docs/kv.md, "Identity and rejoining"); None: a test
+        # that does not care, treated as a verified member.
+        self.identity = identity
+        self.known_members = KnownMembers(config.data_dir)
+        self.identity_problem = ""  # why the vote is withheld, for the operator
         restored = storage.load()
         if restored.snapshot is not None:
             self.state_machine = KVStateMachine.restore(restored.snapshot_data)
@@ -160,7 +179,8 @@ class Node:
         self._applied_bytes_since_snapshot = 0  # entry bytes applied after the last snapshot
         raft_config = RaftConfig(
             node_id=config.node_id,
-            voters=config.voters,
+            voters=tuple(sorted(config.peers)) if config.join else config.voters,
+            learners=(config.node_id,) if config.join else (),
             election_timeout_ticks=config.election_timeout_ticks,
             heartbeat_interval_ticks=config.heartbeat_interval_ticks,
             max_append_entries=config.max_append_entries,
@@ -171,6 +191,13 @@ class Node:
         # The core's only randomness (election timeouts) comes from this seeded instance.
         seed = int.from_bytes(os.urandom(8), "big")
         self.core = RaftCore(raft_config, random.Random(seed), restored)
+        if identity is not None and identity.state != STATE_MEMBER:
+            # A new data directory: until the peers confirm that this node id is not a
+            # voter they know under another incarnation, it must not vote (it may have
+            # lost what it acknowledged).
+            self.core.withhold_vote("new data directory: introducing itself to its peers")
+        self._identity_task: asyncio.Task[None] | None = None
+        self._snapshot_task: asyncio.Task[None] | None = None
         self.transport = Transport(config.node_id, config.peers)
         self.snapshots_installed = 0
         self.last_installed_snapshot_index = 0
@@ -213,6 +240,9 @@ class Node:
         self.transport.start()
         self._drive_task = self._loop.create_task(self._drive_forever(), name="raft-drive")
         self._tick_task = self._loop.create_task(self._tick_forever(), name="raft-tick")
+        if self.core.vote_withheld:
+            self._identity_task = self._loop.create_task(self._introduce_until_known(),
+                                                         name="introduce")
         self._kick()
 
     async def stop(self) -> None:
@@ -222,6 +252,10 @@ class Node:
         stopping never leaves a half-written Ready; no further Ready is taken.
         """
         self._stopping = True
+        if self._identity_task is not None:
+            self._identity_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._identity_task
         if self._tick_task is not None:
             self._tick_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -238,6 +272,9 @@ class Node:
                 fut.set_exception(NotLeaderError(None, ""))
         self._pending_reads.clear()
         self._read_batch = []
+        if self._snapshot_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._snapshot_task
         await self.transport.close()
         self._storage_thread.shutdown(wait=True)
         self.storage.close()
@@ -280,10 +317,10 @@ class Node:
         try:
             index, term = self.core.propose(data)
         except NotLeader as exc:
-            raise NotLeaderError(exc.leader_id, self.config.address_of(exc.leader_id)) from None
+            raise NotLeaderError(exc.leader_id, self.address_of(exc.leader_id)) from None
         except ProposalDropped as exc:
             raise NotLeaderError(self.core.leader_id,
-                                 self.config.address_of(self.core.leader_id)) from exc
+                                 self.address_of(self.core.leader_id)) from exc
         future: asyncio.Future[PutResult | DeleteResult | CommandRejected] = (
             asyncio.get_running_loop().create_future()
         )
@@ -310,7 +347,7 @@ class Node:
             raise NotLeaderError(None, "")
         if not self.is_leader:
             leader = self.core.leader_id
-            raise NotLeaderError(leader, self.config.address_of(leader))
+            raise NotLeaderError(leader, self.address_of(leader))
         loop = asyncio.get_running_loop()
         confirmed: asyncio.Future[int] = loop.create_future()
         self._read_batch.append(confirmed)
@@ -371,6 +408,7 @@ class Node:
                         await persisting
                     self._after_persist(ready, applied_early)
                     self.core.advance(ready)
+                    self._sync_peers()
                     await self._maybe_snapshot()
             except Exception:
                 # A storage failure (or a broken invariant) leaves us unable to promise
@@ -397,7 +435,7 @@ class Node:
         try:
             self.core.read_index(context)
         except NotLeader as exc:
-            address = self.config.address_of(exc.leader_id)
+            address = self.address_of(exc.leader_id)
             for fut in batch:
                 if not fut.done():
                     fut.set_exception(NotLeaderError(exc.leader_id, address))
@@ -443,6 +481,8 @@ class Node:
         return not committed or committed[-1].index <= self.core.durable_index
 
     def _after_persist(self, ready: Ready, applied_early: bool) -> None:
+        for warning in ready.warnings:
+            log.warning(warning, extra={"node": self.config.node_id})
         if self.unsafe is not None and ready.entries:
             self.unsafe.after_persist(self, ready.entries)
 
@@ -469,7 +509,7 @@ class Node:
                     fut.set_result(read_state.index)
         if ready.dropped_reads:
             leader = self.core.leader_id
-            address = self.config.address_of(leader)
+            address = self.address_of(leader)
             for context in ready.dropped_reads:
                 self._read_round_done(context)
                 for fut in self._pending_reads.pop(context, ()):
@@ -484,6 +524,9 @@ class Node:
         if entry.kind == EntryKind.NOOP:
             sm.apply_noop(entry.index)
             result = None
+        elif entry.kind == EntryKind.CONFIG:
+            sm.apply_noop(entry.index)  # the membership itself lives in the Raft core
+            result = _MEMBERSHIP_APPLIED
         else:
             result = sm.apply(entry.index, entry.data)
         self._applied_term = entry.term
@@ -535,18 +578,46 @@ class Node:
         if (applied - self._last_snapshot_index < self.config.snapshot_entries
                 and self._applied_bytes_since_snapshot < self.config.snapshot_bytes):
             return
-        data = self.state_machine.snapshot()
-        meta = SnapshotMeta(index=applied, term=self._applied_term, voters=self.config.voters)
+        if self._snapshot_task is not None and not self._snapshot_task.done():
+            return  # one at a time
         assert self._loop is not None
-        # Nothing is applied while we wait (only this task applies), so `applied` stays
-        # the state machine's index until compact().
-        await self._loop.run_in_executor(self._storage_thread, self.storage.save_snapshot,
-                                         meta, data)
-        self.core.compact(applied, data)
+        # Taken in the background from a frozen copy: serializing values and writing the
+        # file must not hold up the drive loop, which carries the heartbeats (a snapshot
+        # of large values took long enough to cost elections: 64 MiB puts).
+        frozen = self.state_machine.frozen_copy()
+        membership = self.core.membership_at(applied)
+        meta = SnapshotMeta(index=applied, term=self._applied_term, voters=membership.voters,
+                            learners=membership.learners, member_info=membership.member_info)
         self._last_snapshot_index = applied
         self._applied_bytes_since_snapshot = 0
-        log.info("took snapshot", extra={"node": self.config.node_id, "snapshot_index": applied,
-                                          "snapshot_bytes": len(data)})
+        self._snapshot_task = self._loop.create_task(self._take_snapshot(frozen, meta),
+                                                     name="snapshot")
+
+    async def _take_snapshot(self, frozen: KVStateMachine, meta: SnapshotMeta) -> None:
+        assert self._loop is not None
+        try:
+            data = await self._loop.run_in_executor(self._storage_thread, frozen.snapshot)
+            try:
+                # On the storage thread, in order with the Readies' writes: entries up to
+                # meta.index are applied, hence committed, hence never truncated.
+                await self._loop.run_in_executor(self._storage_thread,
+                                                 self.storage.save_snapshot, meta, data)
+            except ValueError as exc:
+                # A leader's newer snapshot was installed meanwhile: ours is not needed.
+                log.info("snapshot skipped", extra={"node": self.config.node_id,
+                                                    "snapshot_index": meta.index,
+                                                    "reason": str(exc)})
+                return
+            self.core.compact(meta.index, data)
+            self._kick()
+            log.info("took snapshot", extra={"node": self.config.node_id,
+                                              "snapshot_index": meta.index,
+                                              "snapshot_bytes": len(data)})
+        except Exception:
+            log.critical("fatal error while taking a snapshot; stopping the process",
+                         exc_info=True, extra={"node": self.config.node_id})
+            logging.shutdown()
+            os._exit(70)
 
     def _log_role_change(self) -> None:
         role, term, leader = self.core.role, self.core.term, self.core.leader_id
@@ -573,8 +644,197 @@ class Node:
 
     def leader_hint(self) -> tuple[NodeId | None, str]:
         leader = self.core.leader_id
-        return leader, self.config.address_of(leader)
+        return leader, self.address_of(leader)
+
+    def address_of(self, node_id: NodeId | None) -> str:
+        """Where `node_id` listens: what the membership says (a member added at run
+        time), else the command line's --peers."""
+        if node_id is None:
+            return ""
+        if node_id == self.config.node_id:
+            return self.config.listen_address
+        return self.core.membership.info(node_id) or self.config.peers.get(node_id, "")
+
+    def member_addresses(self) -> dict[NodeId, str]:
+        members = set(self.core.membership.members()) | set(self.config.peers)
+        return {m: self.address_of(m) for m in sorted(members)}
+
+    def is_known_peer(self, node_id: str) -> bool:
+        """Whether peer messages from `node_id` are accepted: a member of our membership,
+        a --peers entry, or a node that introduced itself (thesis §4.1: a server accepts
+        a leader that is not yet in its log's membership)."""
+        return (node_id in self.config.peers or node_id in self.core.membership.members()
+                or node_id in self.known_members)
+
+    def _sync_peers(self) -> None:
+        """Reach every member of the membership in effect (members added at run time)."""
+        for member in self.core.membership.members():
+            if member == self.config.node_id:
+                continue
+            address = self.address_of(member)
+            if address:
+                self.transport.set_peer(member, address)
+
+    # ----- membership ------------------------------------------------------------------
+
+    async def change_membership(self, change: str, node_id: NodeId, address: str) -> int:
+        """Carry out one membership change on the leader and wait until it is committed
+        and applied here; returns its log index. Raises NotLeaderError,
+        MembershipChangeRefused, ValueError (bad arguments), OutcomeUnknown."""
+        try:
+            kind = MembershipChangeKind(change)
+        except ValueError:
+            raise ValueError(f"change {change!r} is not one of "
+                             f"{[k.value for k in MembershipChangeKind]}") from None
+        if kind is MembershipChangeKind.ADD_LEARNER:
+            if ":" not in address:
+                raise ValueError(f"add-learner needs the new member's address as HOST:PORT, "
+                                 f"got {address!r}")
+        elif address:
+            raise ValueError(f"{change} takes no address")
+        if self._stopping:
+            raise NotLeaderError(None, "")
+        if (kind is MembershipChangeKind.REMOVE and node_id == self.config.node_id
+                and self.is_leader):
+            # Thesis §3.10: hand leadership to the most caught-up voter first; the client
+            # retries the removal there.
+            others = [(p.match, peer) for peer, p in self.core.progress.items()
+                      if peer in self.core.membership.voters]
+            if others:
+                _, target = max(others)
+                self.core.transfer_leadership(target)
+                self._kick()
+                raise NotLeaderError(target, self.address_of(target))
+        try:
+            index, term = self.core.change_membership(kind, node_id, info=address)
+        except NotLeader as exc:
+            raise NotLeaderError(exc.leader_id, self.address_of(exc.leader_id)) from None
+        except ProposalDropped as exc:
+            raise NotLeaderError(self.core.leader_id,
+                                 self.address_of(self.core.leader_id)) from exc
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        waiter = _WriteWaiter(term=term, future=future)
+        self._write_waiters[index] = waiter
+        self._kick()
+        try:
+            await future
+        finally:
+            if self._write_waiters.get(index) is waiter:
+                del self._write_waiters[index]
+        log.info("membership changed", extra={
+            "node": self.config.node_id, "change": change, "member": node_id, "index": index,
+            "voters": ",".join(self.core.membership.voters),
+            "learners": ",".join(self.core.membership.learners)})
+        return index
+
+    def handle_introduce(self, cluster_id: str, node_id: str, member_id: str
+                         ) -> tuple[str, str, bool, bool]:
+        """A node tells us which incarnation of `node_id` it is (Introduce RPC). Returns
+        (verdict, message, is_voter, is_learner); see kv.proto IntroduceResponse."""
+        membership = self.core.membership
+        is_voter, is_learner = node_id in membership.voters, node_id in membership.learners
+        ours = self.identity.cluster_id if self.identity is not None else ""
+        if cluster_id and ours and cluster_id != ours:
+            return ("other-cluster",
+                    f"node {self.config.node_id} belongs to cluster {ours}, not {cluster_id}",
+                    is_voter, is_learner)
+        known = self.known_members.get(node_id)
+        if known is not None and known != member_id and is_voter:
+            return ("conflict",
+                    f"{self.config.node_id} knows {node_id} as a voter with member id {known}, "
+                    f"not {member_id}: {node_id}'s data directory is new, so it may have lost "
+                    f"entries it acknowledged",
+                    is_voter, is_learner)
+        self.known_members.record(node_id, member_id)
+        return "welcome", "", is_voter, is_learner
+
+    async def _introduce_until_known(self) -> None:
+        """Introduce this (new) data directory to the peers until a majority of the
+        voters (not counting itself) know it under its member id, or one of them lists
+        it as a learner; only then may it vote. A peer knowing it as a VOTER under another member id means it lost its
+        data: the vote stays withheld and the operator is told how to rejoin."""
+        from system.kv.proto import kv_pb2
+
+        assert self.identity is not None
+        node_id = self.config.node_id
+        told = ""
+        while True:
+            voters = set(self.core.membership.voters)
+            addresses = {m: a for m, a in self.member_addresses().items()
+                         if m != node_id and a}
+            welcomes: set[str] = set()
+            as_learner = False
+            conflict = ""
+            cluster_id = self.identity.cluster_id
+            for peer, address in addresses.items():
+                try:
+                    answer = await _call_introduce(address, kv_pb2.IntroduceRequest(
+                        cluster_id=cluster_id, node_id=node_id,
+                        member_id=self.identity.member_id))
+                except Exception:  # noqa: BLE001 - a peer down or unreachable: ask later
+                    continue
+                if answer.verdict == "welcome":
+                    if not cluster_id and answer.cluster_id:
+                        cluster_id = answer.cluster_id  # joining: the cluster names itself
+                    if answer.is_learner:
+                        as_learner = True
+                    if answer.is_voter or answer.is_learner:
+                        welcomes.add(peer)
+                else:
+                    conflict = answer.message
+            # Not counting ourselves: the peers that recorded our FIRST incarnation were a
+            # majority of the voters other than us, so any later majority of them includes
+            # one that knows it, and a new incarnation of a voter is always caught.
+            majority = len(voters) // 2 + 1
+            alone = voters == {node_id}
+            if not conflict and (as_learner or alone
+                                 or len(welcomes & (voters - {node_id})) >= majority):
+                self.identity = Identity(cluster_id, node_id, self.identity.member_id,
+                                         STATE_MEMBER)
+                save_identity(self.config.data_dir, self.identity)
+                self.core.allow_vote()
+                self.identity_problem = ""
+                log.info("identity confirmed by the peers; this node may vote",
+                         extra={"node": node_id, "member_id": self.identity.member_id})
+                self._kick()
+                return
+            if conflict:
+                problem = (
+                    f"node {node_id} will not vote: {conflict}. To rejoin, from any host: "
+                    f"python -m system.kv member remove --cluster {_some(addresses)} --id "
+                    f"{node_id}; then python -m system.kv member add --cluster "
+                    f"{_some(addresses)} --id {node_id} --address "
+                    f"{self.config.listen_address}; this node then catches up as a learner; "
+                    f"then python -m system.kv member promote --cluster {_some(addresses)} "
+                    f"--id {node_id}")
+                self.identity_problem = problem
+                self.core.withhold_vote(problem)
+                if problem != told:
+                    told = problem
+                    log.error(problem, extra={"node": node_id})
+                    print(f"error: {problem}", file=sys.stderr, flush=True)
+            await asyncio.sleep(0.5)
+
+
+_MEMBERSHIP_APPLIED = object()  # the apply result of a CONFIG entry (its waiter's answer)
+
+
+def _some(addresses: Mapping[str, str]) -> str:
+    return ",".join(sorted(addresses.values())) or "HOST:PORT"
+
+
+async def _call_introduce(address: str, request):  # noqa: ANN001, ANN202
+    import grpc
+
+    from system.kv.proto import kv_pb2, kv_pb2_grpc
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = kv_pb2_grpc.KVStub(channel)
+        answer: kv_pb2.IntroduceResponse = await stub.Introduce(request, timeout=1.0)
+        return answer
 
 
 def _vote_or_term_changed(old: HardState, new: HardState) -> bool:
-    return old.term != new.term or old.vote != new.vote
+    """Whether `new` changes what a vote depends on (term, vote, the catch-up index that
+    forbids voting after lost entries): such a change must be fsynced before sending."""
+    return old.term != new.term or old.vote != new.vote or old.catch_up_to != new.catch_up_to

@@ -30,10 +30,16 @@ from system.kv.node import Node, NodeError, NotLeaderError
 from system.kv.proto import kv_pb2
 from system.kv.state_machine import CommandRejected
 from system.kv.transport import CHANNEL_OPTIONS, PeerService
+from system.raft.core import MembershipChangeRefused
 
 log = logging.getLogger("kv.server")
 
 KV_SERVICE = "manyasone.kv.KV"
+
+# gRPC turns SO_REUSEPORT on by default: a second node (or a whole second cluster) started
+# on ports already in use then starts without error, the kernel spreads connections over
+# both listeners, and clients reach either cluster at random. Every server binds alone.
+SERVER_OPTIONS: tuple[tuple[str, int], ...] = (("grpc.so_reuseport", 0),)
 
 
 class _Reject(Exception):
@@ -198,7 +204,41 @@ class KVService:
             snapshots_installed=self.node.snapshots_installed,
             unsafe_mode=self.config.unsafe_mode or "",
             last_snapshot_index=self.node.last_installed_snapshot_index,
+            cluster_id=self.node.identity.cluster_id if self.node.identity else "",
+            member_id=self.node.identity.member_id if self.node.identity else "",
+            voters=list(core.membership.voters),
+            learners=list(core.membership.learners),
+            vote_withheld=core.vote_withheld,
+            member_addresses=self.node.member_addresses(),
         )
+
+    async def change_membership(self, request: kv_pb2.ChangeMembershipRequest
+                                ) -> kv_pb2.ChangeMembershipResponse:
+        if not request.node_id:
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, "node_id is empty; name the member")
+        try:
+            index = await self.node.change_membership(request.change, request.node_id,
+                                                      request.address)
+        except MembershipChangeRefused as exc:
+            raise _Reject(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
+        except ValueError as exc:
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        except NodeError as exc:
+            raise self._node_error(exc) from None
+        membership = self.node.core.membership
+        return kv_pb2.ChangeMembershipResponse(
+            index=index, voters=list(membership.voters), learners=list(membership.learners),
+            header=self._header())
+
+    async def introduce(self, request: kv_pb2.IntroduceRequest) -> kv_pb2.IntroduceResponse:
+        if not request.node_id or not request.member_id:
+            raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, "node_id and member_id are required")
+        verdict, message, is_voter, is_learner = self.node.handle_introduce(
+            request.cluster_id, request.node_id, request.member_id)
+        return kv_pb2.IntroduceResponse(
+            verdict=verdict, message=message, is_voter=is_voter, is_learner=is_learner,
+            last_index=self.node.core.log.last_index(),
+            cluster_id=self.node.identity.cluster_id if self.node.identity else "")
 
 
 def _handler(parse: type[ProtoMessage], method: Callable[[ProtoMessage], Awaitable[ProtoMessage]]
@@ -233,18 +273,23 @@ def build_server(node: Node) -> grpc.aio.Server:
     """A gRPC server carrying both services of `node`, bound to its listen address."""
     from system.kv.proto import raft_pb2_grpc
 
-    server = grpc.aio.server(options=list(CHANNEL_OPTIONS))
+    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS])
     kv = KVService(node)
     handlers = {
         "Put": _handler(kv_pb2.PutRequest, kv.put),
         "Get": _handler(kv_pb2.GetRequest, kv.get),
         "Delete": _handler(kv_pb2.DeleteRequest, kv.delete),
         "Status": _handler(kv_pb2.StatusRequest, kv.status),
+        "ChangeMembership": _handler(kv_pb2.ChangeMembershipRequest, kv.change_membership),
+        "Introduce": _handler(kv_pb2.IntroduceRequest, kv.introduce),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(KV_SERVICE, handlers),))
-    peer = PeerService(node.config.node_id, node.config.peers, node.deliver)
+    peer = PeerService(node.config.node_id, node.is_known_peer, node.deliver)
     raft_pb2_grpc.add_RaftPeerServicer_to_server(peer, server)
-    port = server.add_insecure_port(node.config.listen_address)
+    try:
+        port = server.add_insecure_port(node.config.listen_address)
+    except RuntimeError:  # grpc >= 1.50 raises where older versions returned 0
+        port = 0
     if port == 0:
         raise OSError(f"cannot listen on {node.config.listen_address}: address in use or invalid")
     return server

@@ -4,9 +4,12 @@ File name: `snapshot-<index:020d>-<term:020d>.snap` in the snapshots directory. 
 (little-endian)::
 
     b"KVSNAP"            magic
-    u16                  format version (1)
+    u16                  format version (2; 1 is read too: no learners, no member info)
     u64 index, u64 term  SnapshotMeta
     u16 voter count, then per voter: u16 length, UTF-8 id
+    (version 2) u16 learner count, then per learner: u16 length, UTF-8 id
+    (version 2) u16 member-info count, then per member: u16 length, UTF-8 id, u16 length,
+                UTF-8 info (the KV node: its address)
     u64 data length, data
     u32 CRC32C of everything before it
 
@@ -30,7 +33,7 @@ from system.kv.storage_errors import CorruptStorage
 from system.raft.types import SnapshotMeta
 
 SNAPSHOT_MAGIC = b"KVSNAP"
-SNAPSHOT_FORMAT_VERSION = 1
+SNAPSHOT_FORMAT_VERSION = 2
 TEMP_SUFFIX = ".tmp"
 _NAME = re.compile(r"^snapshot-(\d{20})-(\d{20})\.snap$")
 _FIXED = struct.Struct("<6sHQQH")
@@ -84,6 +87,14 @@ def write_snapshot_file(directory: Path, meta: SnapshotMeta, data: bytes) -> Pat
     ]
     for voter in voters:
         parts += [_U16.pack(len(voter)), voter]
+    parts.append(_U16.pack(len(meta.learners)))
+    for learner in meta.learners:
+        encoded = learner.encode("utf-8")
+        parts += [_U16.pack(len(encoded)), encoded]
+    parts.append(_U16.pack(len(meta.member_info)))
+    for member, info in meta.member_info:
+        for text in (member.encode("utf-8"), info.encode("utf-8")):
+            parts += [_U16.pack(len(text)), text]
     parts += [_U64.pack(len(data)), data]
     checksum = 0
     for part in parts:
@@ -126,16 +137,27 @@ def read_snapshot_file(path: Path) -> tuple[SnapshotMeta, bytes]:
         magic, version, index, term, voter_count = _FIXED.unpack(take(_FIXED.size, "header"))
         if magic != SNAPSHOT_MAGIC:
             raise CorruptStorage(path, 0, f"magic {magic!r} is not {SNAPSHOT_MAGIC!r}")
-        if version != SNAPSHOT_FORMAT_VERSION:
+        if version not in (1, SNAPSHOT_FORMAT_VERSION):
             raise CorruptStorage(path, 6, f"snapshot format version {version} is not supported")
-        voters: list[str] = []
-        for _ in range(voter_count):
-            (length,) = _U16.unpack(take(_U16.size, "voter length"))
-            voter_offset = offset
+
+        def take_text(what: str) -> str:
+            (length,) = _U16.unpack(take(_U16.size, f"{what} length"))
+            text_offset = offset
             try:
-                voters.append(take(length, "voter id").decode("utf-8"))
+                return take(length, what).decode("utf-8")
             except UnicodeDecodeError:
-                raise CorruptStorage(path, voter_offset, "voter id is not UTF-8") from None
+                raise CorruptStorage(path, text_offset, f"{what} is not UTF-8") from None
+
+        voters = [take_text("voter id") for _ in range(voter_count)]
+        learners: list[str] = []
+        member_info: list[tuple[str, str]] = []
+        if version >= 2:
+            (learner_count,) = _U16.unpack(take(_U16.size, "learner count"))
+            learners = [take_text("learner id") for _ in range(learner_count)]
+            (info_count,) = _U16.unpack(take(_U16.size, "member info count"))
+            for _ in range(info_count):
+                member = take_text("member id")
+                member_info.append((member, take_text("member info")))
         (data_length,) = _U64.unpack(take(_U64.size, "data length"))
         data = take(data_length, "data")
         if offset != size - _U32.size:
@@ -149,7 +171,8 @@ def read_snapshot_file(path: Path) -> tuple[SnapshotMeta, bytes]:
             path, offset,
             f"snapshot checksum mismatch (stored 0x{stored:08x}, computed 0x{checksum:08x})",
         )
-    meta = SnapshotMeta(index=index, term=term, voters=tuple(voters))
+    meta = SnapshotMeta(index=index, term=term, voters=tuple(voters), learners=tuple(learners),
+                        member_info=tuple(member_info))
     if parse_snapshot_name(path.name) != (index, term):
         raise CorruptStorage(
             path, 0, f"file name does not match its contents (index {index}, term {term})"

@@ -37,8 +37,10 @@ Request ids (idempotent retries)
     A command with a non-empty request id that was applied within the retention window
     returns exactly the result of its first application (also a failed compare-and-swap)
     and changes nothing — also after snapshot/restore, because the table is in the
-    snapshot. A request id reused for a different operation or key is rejected
-    (`CommandRejected`), not silently answered with the other command's result.
+    snapshot. A request id reused for a different operation or key, or for the same key
+    and operation with a different value or expected version (a payload fingerprint,
+    CRC32C of both, is remembered with the id), is rejected (`CommandRejected`), not
+    silently answered with the other command's result.
 
     Retention is by applied log position, never by wall clock: an id applied at log
     index i is remembered for the commands at indexes i+1 .. i+dedup_window_entries
@@ -65,7 +67,7 @@ import crc32c
 
 COMMAND_FORMAT_VERSION = 1
 SNAPSHOT_MAGIC = b"KVSM"
-SNAPSHOT_FORMAT_VERSION = 1
+SNAPSHOT_FORMAT_VERSION = 2  # 2 adds each remembered request's payload fingerprint
 DEFAULT_DEDUP_WINDOW_ENTRIES = 100_000
 DEFAULT_DEDUP_MAX_IDS = 100_000
 
@@ -261,6 +263,17 @@ class _Remembered:
     operation: Operation
     key: str
     result: PutResult | DeleteResult
+    # CRC32C of the value and expected version; None when restored from a format-1
+    # snapshot that did not keep it (then only operation and key are compared).
+    fingerprint: int | None = None
+
+
+def payload_fingerprint(command: PutCommand | DeleteCommand) -> int:
+    """What must be equal for two commands under one request id to be the same request,
+    beyond operation and key: the value and the expected version."""
+    expected = b"-" if command.expected_version is None else str(command.expected_version).encode()
+    value = command.value if isinstance(command, PutCommand) else b""
+    return crc32c.crc32c(value, crc32c.crc32c(expected + b"|"))
 
 
 class KVStateMachine:
@@ -350,13 +363,22 @@ class KVStateMachine:
                         f"{earlier.applied_index} for a {earlier.operation.name.lower()} "
                         f"of key {earlier.key!r}; a request id names one request"
                     )
+                if (earlier.fingerprint is not None
+                        and earlier.fingerprint != payload_fingerprint(decoded)):
+                    return CommandRejected(
+                        f"request id {decoded.request_id!r} was already used at entry "
+                        f"{earlier.applied_index} for a {operation.name.lower()} of key "
+                        f"{decoded.key!r} with a different value or expected version; a retry "
+                        f"must resend the same request, a new request needs a new id"
+                    )
                 return earlier.result
         if isinstance(decoded, PutCommand):
             result: PutResult | DeleteResult = self._put(decoded)
         else:
             result = self._delete(decoded)
         if decoded.request_id:
-            self._remember(decoded.request_id, _Remembered(index, operation, decoded.key, result))
+            self._remember(decoded.request_id, _Remembered(
+                index, operation, decoded.key, result, payload_fingerprint(decoded)))
         return result
 
     def _lookup(self, request_id: str, index: int) -> _Remembered | None:
@@ -392,6 +414,18 @@ class KVStateMachine:
 
     # -- snapshots
 
+    def frozen_copy(self) -> KVStateMachine:
+        """A copy sharing the (immutable) values, in O(keys): its `snapshot()` may run on
+        another thread while this machine goes on applying (the node does that so a
+        snapshot of large values does not stall its event loop)."""
+        copy = KVStateMachine(
+            dedup_window_entries=self.dedup_window_entries, dedup_max_ids=self.dedup_max_ids,
+            applied_index=self._applied_index,
+        )
+        copy._data = dict(self._data)
+        copy._remembered = OrderedDict(self._remembered)
+        return copy
+
     def snapshot(self) -> bytes:
         """The whole state as bytes: data, versions, request ids, applied index, settings.
 
@@ -399,8 +433,9 @@ class KVStateMachine:
         u64 dedup_window_entries, u64 dedup_max_ids, u64 key count, then per key in sorted
         order (u32 key length, key, u64 version, u64 value length, value), u64 remembered
         id count, then per id in application order (u16 id length, id, u64 applied index,
-        u8 operation, u32 key length, key, u8 applied, u8 existed, u64 version), and last a
-        u32 CRC32C of everything before it.
+        u8 operation, u32 key length, key, u8 applied, u8 existed, u64 version, u32 payload
+        fingerprint), and last a u32 CRC32C of everything before it. Format 1 (still read)
+        had no fingerprint.
         """
         parts: list[bytes] = [
             SNAPSHOT_MAGIC,
@@ -432,7 +467,8 @@ class KVStateMachine:
             parts.append(struct.pack(">QBI", record.applied_index, record.operation.value,
                                      len(key_bytes)))
             parts.append(key_bytes)
-            parts.append(struct.pack(">BBQ", result.applied, existed, result.version))
+            parts.append(struct.pack(">BBQI", result.applied, existed, result.version,
+                                     record.fingerprint or 0))
         for part in parts:
             checksum = crc32c.crc32c(part, checksum)
         parts.append(struct.pack(">I", checksum))
@@ -470,7 +506,7 @@ class KVStateMachine:
     def _parse(cls, body: memoryview) -> KVStateMachine:
         reader = _Reader(body, len(SNAPSHOT_MAGIC))
         (format_version,) = reader.unpack(">H")
-        if format_version != SNAPSHOT_FORMAT_VERSION:
+        if format_version not in (1, SNAPSHOT_FORMAT_VERSION):
             raise InvalidSnapshot(
                 f"snapshot format version {format_version} is not supported "
                 f"(expected {SNAPSHOT_FORMAT_VERSION})"
@@ -493,6 +529,7 @@ class KVStateMachine:
             applied_at, op_code, key_length = reader.unpack(">QBI")
             key = reader.text(key_length)
             applied, existed, version = reader.unpack(">BBQ")
+            fingerprint = (reader.unpack(">I")[0] or None) if format_version >= 2 else None
             operation = Operation(op_code)
             result: PutResult | DeleteResult
             if operation is Operation.PUT:
@@ -500,7 +537,8 @@ class KVStateMachine:
             else:
                 result = DeleteResult(applied=bool(applied), existed=bool(existed),
                                       version=version)
-            machine._remembered[request_id] = _Remembered(applied_at, operation, key, result)
+            machine._remembered[request_id] = _Remembered(applied_at, operation, key, result,
+                                                          fingerprint)
         if reader.offset != body.nbytes:
             raise InvalidSnapshot(
                 f"snapshot has {body.nbytes - reader.offset} unexpected trailing bytes"

@@ -469,12 +469,25 @@ class DurableStorage:
 
     def _rotate(self) -> _Segment:
         # The full segment must be durable before records land in the next one: a later
-        # segment's records are only valid if every earlier segment is whole.
+        # segment's records are only valid if every earlier segment is whole. The next
+        # file is created (and its directory entry synced) BEFORE the full segment says
+        # it continues there, so a crash can never leave that record pointing at nothing:
+        # a missing newest segment is then damage, never a crash (see _replay).
+        old = self._segments[-1]
+        sequence = old.sequence + 1
+        path = self._wal_dir / wal.segment_name(sequence)
+        new_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        fsync_directory(self._wal_dir)
+        self._write(wal.encode_next_segment(sequence), old)
         self._sync_now()
         assert self._fd is not None
         os.close(self._fd)
-        self._fd = None
-        return self._start_segment(self._segments[-1].sequence + 1)
+        self._fd = new_fd
+        segment = _Segment(sequence, path)
+        self._segments.append(segment)
+        self._write(wal.encode_segment_header(sequence), segment)
+        self._write(wal.encode_hard_state(self._hard_state), segment)
+        return segment
 
     def _start_segment(self, sequence: int) -> _Segment:
         segment = _Segment(sequence, self._wal_dir / wal.segment_name(sequence))
@@ -514,6 +527,20 @@ def _replay(wal_dir: Path, snapshot_dir: Path) -> _Replay:
                 f"segment {numbered[position - 1][0] + 1} is missing before this one",
             )
         replay.segments.append(_Segment(sequence, path, size_bytes=path.stat().st_size))
+    if numbered and numbered[0][0] > 1 and replay.snapshot is None:
+        first_sequence, first_path = numbered[0]
+        raise CorruptStorage(
+            snapshot_dir, 0,
+            f"the snapshot file is missing: WAL segments before {first_path.name} are gone "
+            f"(a gap before segment {first_sequence}), which happens only once a snapshot "
+            f"covers them, but {snapshot_dir} holds no snapshot",
+        )
+    if not numbered and replay.snapshot is not None:
+        raise CorruptStorage(
+            wal_dir, 0,
+            f"the WAL is missing: {wal_dir} holds no segment, but a snapshot at index "
+            f"{replay.snapshot.index} exists (the newest segment holds the term and vote)",
+        )
 
     entries = replay.entries
     wal_last = 0  # index of the last entry in the WAL so far, after truncations
@@ -563,6 +590,14 @@ def _replay(wal_dir: Path, snapshot_dir: Path) -> _Replay:
                 else:
                     del entries[record.index - snapshot_index - 1 :]
                 wal_last = min(wal_last, record.index - 1)
+            elif isinstance(record, wal.NextSegment):
+                if is_last:
+                    missing = wal_dir / wal.segment_name(record.sequence)
+                    raise CorruptStorage(
+                        missing, 0,
+                        f"the newest WAL segment is missing: {segment.path.name} ends by "
+                        f"saying the log continues in {missing.name}, which does not exist",
+                    )
             else:
                 raise CorruptStorage(segment.path, offset, "a second segment header")
         if not saw_header and not is_last:

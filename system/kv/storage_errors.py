@@ -18,8 +18,7 @@ class CorruptStorage(Exception):
         self.problem = problem
         super().__init__(
             f"{self.path}: corrupt at byte offset {offset}: {problem}. The node refuses to "
-            f"start rather than serve damaged data; replace this node's data directory with "
-            f"an empty one so that it catches up from the leader, or restore it from a backup"
+            f"start rather than serve damaged data"
         )
 
 

@@ -48,6 +48,7 @@ _TYPE_FROM_PROTO = {v: k for k, v in _TYPE_TO_PROTO.items()}
 _KIND_TO_PROTO = {
     EntryKind.NORMAL: raft_pb2.ENTRY_KIND_NORMAL,
     EntryKind.NOOP: raft_pb2.ENTRY_KIND_NOOP,
+    EntryKind.CONFIG: raft_pb2.ENTRY_KIND_CONFIG,
 }
 _KIND_FROM_PROTO = {v: k for k, v in _KIND_TO_PROTO.items()}
 
@@ -57,6 +58,20 @@ _MESSAGE_OVERHEAD_BYTES = 64
 
 class BadPeerMessage(ValueError):
     """A peer sent a record that does not describe a valid Raft message."""
+
+
+def _snapshot_meta_to_proto(snap: SnapshotMeta) -> raft_pb2.SnapshotMeta:
+    return raft_pb2.SnapshotMeta(
+        index=snap.index, term=snap.term, voters=list(snap.voters),
+        learners=list(snap.learners), member_info=dict(snap.member_info),
+    )
+
+
+def _snapshot_meta_from_proto(pb: raft_pb2.SnapshotMeta) -> SnapshotMeta:
+    return SnapshotMeta(
+        index=pb.index, term=pb.term, voters=tuple(pb.voters), learners=tuple(pb.learners),
+        member_info=tuple(sorted(pb.member_info.items())),
+    )
 
 
 def message_to_proto(message: Message) -> raft_pb2.RaftMessage:
@@ -84,9 +99,7 @@ def message_to_proto(message: Message) -> raft_pb2.RaftMessage:
         )
     if message.snapshot is not None:
         snap = message.snapshot
-        pb.snapshot.CopyFrom(
-            raft_pb2.SnapshotMeta(index=snap.index, term=snap.term, voters=list(snap.voters))
-        )
+        pb.snapshot.CopyFrom(_snapshot_meta_to_proto(snap))
     return pb
 
 
@@ -103,9 +116,7 @@ def message_from_proto(pb: raft_pb2.RaftMessage) -> Message:
         entries.append(Entry(term=e.term, index=e.index, data=e.data, kind=kind))
     snapshot = None
     if pb.HasField("snapshot"):
-        snapshot = SnapshotMeta(
-            index=pb.snapshot.index, term=pb.snapshot.term, voters=tuple(pb.snapshot.voters)
-        )
+        snapshot = _snapshot_meta_from_proto(pb.snapshot)
     return Message(
         type=message_type,
         src=pb.src,
@@ -168,7 +179,7 @@ def encode_batch(src: NodeId, messages: Iterable[Message]) -> bytes:
         if message.snapshot is not None:
             snap = message.snapshot
             header.snapshot.CopyFrom(
-                raft_pb2.SnapshotMeta(index=snap.index, term=snap.term, voters=list(snap.voters)))
+                _snapshot_meta_to_proto(snap))
         body: list[bytes] = [header.SerializeToString()]
         for entry in message.entries:
             entry_header = raft_pb2.Entry(
@@ -380,12 +391,40 @@ class Transport:
                          for pid, addr in peers.items()}
         self._bulk = {pid: PeerSender(node_id, pid, addr, lane="bulk")
                       for pid, addr in peers.items()}
+        self._started = False
+        self._closing: set[asyncio.Future[None]] = set()
 
     @property
     def senders(self) -> list[PeerSender]:
         return [*self._control.values(), *self._bulk.values()]
 
+    def peer_address(self, peer_id: NodeId) -> str | None:
+        sender = self._control.get(peer_id)
+        return sender.address if sender is not None else None
+
+    def set_peer(self, peer_id: NodeId, address: str) -> None:
+        """Reach `peer_id` at `address` from now on (a member added by a membership
+        change, or one whose address changed): new lanes, started at once."""
+        if self.peer_address(peer_id) == address:
+            return
+        self.remove_peer(peer_id)
+        self._control[peer_id] = PeerSender(self.node_id, peer_id, address, lane="control")
+        self._bulk[peer_id] = PeerSender(self.node_id, peer_id, address, lane="bulk")
+        if self._started:
+            self._control[peer_id].start()
+            self._bulk[peer_id].start()
+
+    def remove_peer(self, peer_id: NodeId) -> None:
+        """Stop sending to `peer_id` (removed from the membership)."""
+        for lanes in (self._control, self._bulk):
+            sender = lanes.pop(peer_id, None)
+            if sender is not None:
+                task = asyncio.ensure_future(sender.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+
     def start(self) -> None:
+        self._started = True
         for sender in self.senders:
             sender.start()
 
@@ -402,16 +441,20 @@ class Transport:
         return {f"{s.peer_id}/{s.lane}": s.dropped_messages for s in self.senders}
 
     async def close(self) -> None:
-        await asyncio.gather(*(s.close() for s in self.senders))
+        await asyncio.gather(*(s.close() for s in self.senders), *self._closing)
 
 
 class PeerService(raft_pb2_grpc.RaftPeerServicer):
     """Receives batches from peers and hands each message to `deliver`."""
 
-    def __init__(self, node_id: NodeId, known_peers: Iterable[NodeId],
+    def __init__(self, node_id: NodeId, known_peers: Iterable[NodeId] | Callable[[str], bool],
                  deliver: Callable[[list[Message]], None]) -> None:
         self._node_id = node_id
-        self._known = frozenset(known_peers)
+        if callable(known_peers):
+            self._is_known: Callable[[str], bool] = known_peers
+        else:
+            known = frozenset(known_peers)
+            self._is_known = known.__contains__
         self._deliver = deliver
 
     async def Send(self, request: raft_pb2.MessageBatch, context: grpc.aio.ServicerContext
@@ -427,7 +470,7 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
 
     async def _receive(self, request: raft_pb2.MessageBatch,
                        context: grpc.aio.ServicerContext) -> None:
-        if request.src not in self._known:
+        if not self._is_known(request.src):
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"node {self._node_id} does not know peer {request.src!r}; check --peers",

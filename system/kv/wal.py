@@ -14,17 +14,26 @@ field is detected as damage instead of being mistaken for a record cut short by 
 Payloads:
     SEGMENT_HEADER  b"KVWAL", u16 format version, u64 segment sequence number
                     (always the first record of a segment)
-    HARD_STATE      u64 term, u64 commit, u8 has_vote, u16 vote length, vote (UTF-8)
+    HARD_STATE      u64 term, u64 commit, u8 has_vote, u16 vote length, vote (UTF-8),
+                    then (optional, absent in files written before it existed) u64
+                    catch_up_to (HardState.catch_up_to)
                     (re-recorded as the second record of every new segment and at every
                     open, so deleting older segments never loses it)
-    ENTRY           u64 term, u64 index, u8 kind (0 normal, 1 noop), data
+    ENTRY           u64 term, u64 index, u8 kind (0 normal, 1 noop, 2 config), data
     TRUNCATE        u64 index: entries with index >= this are dropped
+    NEXT_SEGMENT    u64 sequence of the segment that follows (the last record of a full
+                    segment, synced before the next one is created, so a missing newest
+                    segment is detected instead of the log silently ending early)
 
-Damage rules (`scan_segment`): a record that is cut short, or whose payload checksum fails
-while it ends exactly at the end of the file, or a zero-filled tail, is a TORN last record
-when it is in the LAST segment: the writer was killed while appending it, so it was never
+Damage rules (`scan_segment`): a record that is cut short (its header or payload extends
+past the end of the file), a zero-filled tail, or a last record whose payload checksum
+fails and whose bytes are zero from a 4096-byte block boundary to the end of the file (a
+block the file system never wrote before a power cut), is a TORN last record when it is
+in the LAST segment: the writer was killed while appending it, so it was never
 synced nor acknowledged, and the caller truncates it. Anything else (a bad header checksum
-followed by non-zero bytes, a bad payload checksum with data after it, an unknown record
+followed by non-zero bytes, a COMPLETE record whose payload checksum fails, even the last
+one: its bytes are all there and wrong, and it may have been synced and acknowledged; a
+bad payload checksum with data after it, an unknown record
 type, a malformed payload, or any damage in a segment that is not the last) is corruption:
 `CorruptStorage` naming the file and offset.
 
@@ -56,10 +65,11 @@ RECORD_HEADER_BYTES = _HEADER_BODY.size + _HEADER_CRC.size  # 13
 _ENTRY_PREFIX = struct.Struct("<QQB")  # term, index, kind
 _HARD_STATE_PREFIX = struct.Struct("<QQBH")  # term, commit, has_vote, vote length
 _TRUNCATE = struct.Struct("<Q")
+_CATCH_UP = struct.Struct("<Q")
 _SEGMENT_HEADER = struct.Struct("<5sHQ")
 MAX_PAYLOAD_BYTES = 2**32 - 1
 
-_KIND_CODES = {EntryKind.NORMAL: 0, EntryKind.NOOP: 1}
+_KIND_CODES = {EntryKind.NORMAL: 0, EntryKind.NOOP: 1, EntryKind.CONFIG: 2}
 _KINDS_BY_CODE = {code: kind for kind, code in _KIND_CODES.items()}
 
 
@@ -68,6 +78,7 @@ class RecordType(Enum):
     HARD_STATE = 2
     ENTRY = 3
     TRUNCATE = 4
+    NEXT_SEGMENT = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +92,12 @@ class Truncate:
     index: int  # entries with index >= this are dropped
 
 
-Record = SegmentHeader | HardState | Entry | Truncate
+@dataclass(frozen=True, slots=True)
+class NextSegment:
+    sequence: int  # the segment that continues this one
+
+
+Record = SegmentHeader | HardState | Entry | Truncate | NextSegment
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +145,16 @@ def encode_hard_state(hard_state: HardState) -> list[bytes]:
     prefix = _HARD_STATE_PREFIX.pack(
         hard_state.term, hard_state.commit, hard_state.vote is not None, len(vote)
     )
-    return _record(RecordType.HARD_STATE, (prefix + vote,))
+    suffix = _CATCH_UP.pack(hard_state.catch_up_to) if hard_state.catch_up_to else b""
+    return _record(RecordType.HARD_STATE, (prefix + vote + suffix,))
 
 
 def encode_truncate(index: int) -> list[bytes]:
     return _record(RecordType.TRUNCATE, (_TRUNCATE.pack(index),))
+
+
+def encode_next_segment(sequence: int) -> list[bytes]:
+    return _record(RecordType.NEXT_SEGMENT, (_TRUNCATE.pack(sequence),))
 
 
 def encode_segment_header(sequence: int) -> list[bytes]:
@@ -201,6 +222,19 @@ def _rest_is_zero(file: BinaryIO, offset: int, size: int) -> bool:
     return True
 
 
+_BLOCK_BYTES = 4096
+
+
+def _ends_in_unwritten_block(file: BinaryIO, offset: int, size: int) -> bool:
+    """Whether the record at `offset`, the last of the file, ends in zero bytes from a
+    file-system block boundary on: after a power cut the file's size may cover blocks
+    whose data never reached the disk. A complete record whose checksum fails otherwise
+    (its bytes are all there, and wrong) is corruption, even at the tail: it may have been
+    synced and acknowledged, and dropping it would lose an acknowledged entry."""
+    boundary = -(-(offset + 1) // _BLOCK_BYTES) * _BLOCK_BYTES  # first boundary inside it
+    return boundary < size and _rest_is_zero(file, boundary, size)
+
+
 def _read_one(
     file: BinaryIO, path: Path, offset: int, size: int, is_last: bool
 ) -> TornTail | tuple[Record, int]:
@@ -243,15 +277,12 @@ def _read_one(
         data = b""
         actual_crc = crc32c.crc32c(payload)
     if actual_crc != payload_crc:
-        if end == size:
-            return _damaged(
-                path, offset, "payload checksum mismatch in the last record",
-                torn_if_last=True, is_last=is_last,
-            )
+        if end == size and is_last and _ends_in_unwritten_block(file, offset, size):
+            return TornTail(offset, "last record ends in a zero-filled (never written) block")
         raise CorruptStorage(
             path, offset,
             f"payload checksum mismatch (stored 0x{payload_crc:08x}, computed "
-            f"0x{actual_crc:08x}) in a record followed by {size - end} more bytes",
+            f"0x{actual_crc:08x}) in a complete record followed by {size - end} more bytes",
         )
     return _parse(path, offset, record_type, payload, data), end - offset
 
@@ -269,15 +300,22 @@ def _parse(path: Path, offset: int, record_type: RecordType, payload: bytes,
             return Entry(term=term, index=index, data=data, kind=kind)
         if record_type is RecordType.HARD_STATE:
             term, commit, has_vote, vote_length = _HARD_STATE_PREFIX.unpack_from(payload)
-            if len(payload) != _HARD_STATE_PREFIX.size + vote_length:
+            vote_end = _HARD_STATE_PREFIX.size + vote_length
+            if len(payload) not in (vote_end, vote_end + _CATCH_UP.size):
                 raise ValueError("hard state length does not match its vote length")
-            vote = payload[_HARD_STATE_PREFIX.size :].decode("utf-8") if has_vote else None
-            return HardState(term=term, vote=vote, commit=commit)
+            vote = payload[_HARD_STATE_PREFIX.size : vote_end].decode("utf-8") if has_vote else None
+            catch_up_to = 0
+            if len(payload) > vote_end:
+                (catch_up_to,) = _CATCH_UP.unpack_from(payload, vote_end)
+            return HardState(term=term, vote=vote, commit=commit, catch_up_to=catch_up_to)
         if record_type is RecordType.TRUNCATE:
             (index,) = _TRUNCATE.unpack(payload)
             if index < 1:
                 raise ValueError(f"truncation at index {index}; indexes start at 1")
             return Truncate(index)
+        if record_type is RecordType.NEXT_SEGMENT:
+            (sequence,) = _TRUNCATE.unpack(payload)
+            return NextSegment(sequence)
         magic, version, sequence = _SEGMENT_HEADER.unpack(payload)
         if magic != SEGMENT_MAGIC:
             raise ValueError(f"segment header magic {magic!r} is not {SEGMENT_MAGIC!r}")

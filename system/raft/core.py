@@ -50,7 +50,13 @@ follower: batching falls out of the Ready cycle.
 Local invariants (commit never decreases, applied <= commit, a leader holds its own vote,
 ...) are asserted after every input by `check_invariants`.
 
-Membership changes are not implemented: the voter set is fixed by the configuration.
+- membership (thesis §4.1): `change_membership` appends a CONFIG entry (one server
+  added as a learner, promoted or removed; `membership_change_problem` allows one change
+  at a time, after an entry of the leader's term is committed); a membership takes effect
+  when appended (`configuration_in_effect`); majorities count voters only;
+- lost durable state: `verify_follower_match` / `follower_log_went_backwards` (a follower
+  whose log went backwards is caught up again) and `lost_entries_forbid_vote` (it does not
+  vote until it has).
 This module must never do I/O, read a clock or use global randomness.
 """
 
@@ -64,11 +70,44 @@ from system.raft.log import RaftLog
 from system.raft.messages import Message, MessageType
 from system.raft.progress import Progress, ProgressState
 from system.raft.read_only import ReadIndexQueue, ReadState, decode_round
-from system.raft.types import Entry, EntryKind, HardState, NodeId, PersistentState, SnapshotMeta
+from system.raft.types import (
+    Entry,
+    EntryKind,
+    HardState,
+    Membership,
+    NodeId,
+    PersistentState,
+    SnapshotMeta,
+)
 
 # VOTE.context of a campaign started by TIMEOUT_NOW: voters must not ignore it on account
 # of their leader lease, since the leader itself asked for it (thesis §3.10).
 TRANSFER_CONTEXT = b"leader-transfer"
+
+# APPEND.context to a follower that lost entries it had acknowledged: b"catch-up:" + the
+# 8-byte big-endian index it must reach again before it may vote (docs/raft.md).
+CATCH_UP_PREFIX = b"catch-up:"
+
+
+def encode_catch_up(index: int) -> bytes:
+    return CATCH_UP_PREFIX + index.to_bytes(8, "big")
+
+
+# APPEND.context of a probe at the index a follower had acknowledged, sent when its
+# rejection suggests it lost entries (a rejection can also be a stale duplicate): the
+# follower echoes it in its APPEND_RESPONSE, so only a FRESH rejection confirms the loss.
+VERIFY_PREFIX = b"verify:"
+
+
+def encode_verify(nonce: int) -> bytes:
+    return VERIFY_PREFIX + nonce.to_bytes(8, "big")
+
+
+def decode_catch_up(context: bytes) -> int:
+    """The catch-up index an APPEND's context carries; 0 if it carries none."""
+    if len(context) == len(CATCH_UP_PREFIX) + 8 and context.startswith(CATCH_UP_PREFIX):
+        return int.from_bytes(context[len(CATCH_UP_PREFIX) :], "big")
+    return 0
 
 _MT = MessageType  # short local alias for the dispatch tables below
 
@@ -83,7 +122,10 @@ class RaftConfig:
     """Static configuration of one node. Validated on construction (ValueError)."""
 
     node_id: NodeId
-    voters: tuple[NodeId, ...]  # every member, including node_id; fixed for the cluster's life
+    # The bootstrap membership: used until the log (or a snapshot) holds a CONFIG entry,
+    # which then wins. node_id is among voters or learners (a node joining an existing
+    # cluster starts as a learner of it).
+    voters: tuple[NodeId, ...]
     election_timeout_ticks: int = 10  # T: each election timeout is drawn from [T, 2T)
     heartbeat_interval_ticks: int = 1  # leader heartbeat period; < election_timeout_ticks
     pre_vote: bool = True  # run a PreVote round before bumping the term (thesis §9.6)
@@ -92,6 +134,7 @@ class RaftConfig:
     max_append_bytes: int = 1 << 20  # at most this many payload bytes per APPEND (>= 1 entry)
     max_inflight_appends: int = 32  # unacknowledged APPENDs per follower in REPLICATE state
     snapshot_chunk_bytes: int = 64 * 1024  # payload bytes per InstallSnapshot chunk
+    learners: tuple[NodeId, ...] = ()  # bootstrap learners (non-voting members)
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -110,7 +153,16 @@ class RaftConfig:
                 problems.append(f"every voter must be a non-empty string, got {self.voters!r}")
             if len(set(self.voters)) != len(self.voters):
                 problems.append(f"voters contains duplicates: {self.voters!r}")
-            if self.node_id not in self.voters:
+            learners = self.learners if isinstance(self.learners, tuple) else ()
+            if not isinstance(self.learners, tuple) or any(
+                not isinstance(v, str) or not v for v in self.learners
+            ):
+                problems.append(f"learners must be a tuple of node ids, got {self.learners!r}")
+            elif set(self.learners) & set(self.voters):
+                problems.append(
+                    f"{sorted(set(self.learners) & set(self.voters))} listed as both voter "
+                    "and learner")
+            if self.node_id not in self.voters and self.node_id not in learners:
                 problems.append(f"node_id {self.node_id!r} is not among voters {self.voters!r}")
         for name in (
             "election_timeout_ticks",
@@ -191,6 +243,9 @@ class Ready:
     committed_entries: tuple[Entry, ...] = ()  # apply in order (after restoring `snapshot`)
     read_states: tuple[ReadState, ...] = ()  # serve once applied >= index
     dropped_reads: tuple[bytes, ...] = ()  # answer "not leader" to these read contexts
+    # Things an operator must hear about (the shell logs each as a WARNING), e.g. a
+    # follower whose log went backwards.
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +260,22 @@ class Status:
     applied_index: int
     last_index: int
     snapshot_index: int
+    voters: tuple[NodeId, ...] = ()  # the membership in effect on this node
+    learners: tuple[NodeId, ...] = ()
+
+
+class MembershipChangeKind(Enum):
+    """One server at a time (thesis §4.1): any two majorities of the old and the new
+    membership overlap, so no two leaders can be elected across a change."""
+
+    ADD_LEARNER = "add-learner"  # a new, non-voting member that receives the log
+    PROMOTE = "promote"  # a caught-up learner becomes a voter
+    REMOVE = "remove"  # a voter or a learner leaves
+
+
+class MembershipChangeRefused(ValueError):
+    """The leader will not append this membership change now; the message says why and
+    what to do (wait for the change in progress, catch the learner up, ...)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -230,9 +301,18 @@ class RaftCore:
         self.config = config
         self.id: NodeId = config.node_id
         self.rng = rng
-        self.peers: tuple[NodeId, ...] = tuple(v for v in config.voters if v != config.node_id)
-        self._voter_set = frozenset(config.voters)
-        self.quorum: int = len(config.voters) // 2 + 1  # majority size
+        self._bootstrap = Membership(config.voters, config.learners)
+        # The membership in effect (derived from `configuration_in_effect()`): every other
+        # member (replication targets, learners included), the voters, the majority size.
+        self.membership: Membership = self._bootstrap
+        self.peers: tuple[NodeId, ...] = ()
+        self._voter_peers: tuple[NodeId, ...] = ()
+        self._voter_set: frozenset[NodeId] = frozenset()
+        self.quorum: int = 1
+        # The latest membership in our log (its CONFIG entry at _config_index; 0 = from the
+        # snapshot or the bootstrap configuration). Thesis §4.1: it takes effect at once.
+        self._latest_membership: Membership = self._bootstrap
+        self._config_index: int = 0
 
         hard = restored.hard_state if restored else HardState()
         snapshot = restored.snapshot if restored else None
@@ -240,6 +320,12 @@ class RaftCore:
             snapshot = None
         self._term: int = hard.term  # current term; never decreases
         self._vote: NodeId | None = hard.vote  # whom we voted for in _term; set at most once
+        # We lost entries we had acknowledged (a leader told us); no vote until our commit
+        # index reaches this again. 0 = nothing lost. Durable (HardState.catch_up_to).
+        self._catch_up_to: int = hard.catch_up_to
+        # Set by the shell (`withhold_vote`): why this node may not vote or campaign now
+        # (e.g. its data directory is new while the cluster knows it as a voter). "" = may.
+        self._vote_withheld: str = ""
         stored = restored.entries if restored else ()
         if snapshot is not None and stored and stored[0].index <= snapshot.index:
             # Entries the snapshot covers are redundant (a shell may keep them): skip.
@@ -259,6 +345,7 @@ class RaftCore:
         self._snapshot_data: bytes = restored.snapshot_data if (restored and snapshot) else b""
 
         self._role: Role = Role.FOLLOWER
+        self.progress: dict[NodeId, Progress] = {}  # leader: one per peer
         self._leader_id: NodeId | None = None
         # Ticks since we last heard from a valid leader (follower/candidate) or since the
         # last CheckQuorum check (leader). 0 <= election_elapsed.
@@ -267,7 +354,6 @@ class RaftCore:
         # This term's election timeout in ticks, in [T, 2T); redrawn on every role change.
         self.randomized_election_timeout: int = config.election_timeout_ticks
         self._votes: dict[NodeId, bool] = {}  # (pre-)candidate: answers received, incl. self
-        self.progress: dict[NodeId, Progress] = {}  # leader: one per peer
         self.lead_transferee: NodeId | None = None  # leader: transfer target in progress
 
         # ReadIndex state (leader only).
@@ -282,9 +368,13 @@ class RaftCore:
         self._messages: list[Message] = []
         self._read_states: list[ReadState] = []
         self._dropped_reads: list[bytes] = []
+        self._warnings: list[str] = []
+        self._verify_counter: int = 0  # nonces of verify probes (verify_follower_match)
         self._received_snapshot: SnapshotMeta | None = None  # to persist + restore
         self._needs_broadcast: bool = False  # leader: new entries/commit to send at Ready
-        self._last_hard_state: HardState = HardState(hard.term, hard.vote, self.log.committed)
+        self._last_hard_state: HardState = HardState(
+            hard.term, hard.vote, self.log.committed, hard.catch_up_to
+        )
         # Every entry at or below this index is durable on this node (a shell finished the
         # Ready that carried it: `advance`) AND is the entry our log holds there. A leader
         # counts its own copy towards a commit quorum only up to here (`quorum_match_index`),
@@ -295,6 +385,8 @@ class RaftCore:
         self.ignored_message_count: int = 0
         self.last_ignored_reason: str = ""
 
+        self._rescan_membership()
+        self._apply_membership(self.configuration_in_effect())
         self.become_follower(self._term, None)
 
     # -- read-only views ---------------------------------------------------------------
@@ -341,6 +433,8 @@ class RaftCore:
             applied_index=self.log.applied,
             last_index=self.log.last_index(),
             snapshot_index=self.log.snapshot_index,
+            voters=self.membership.voters,
+            learners=self.membership.learners,
         )
 
     def __repr__(self) -> str:
@@ -349,6 +443,204 @@ class RaftCore:
             f"leader={self._leader_id}, commit={self.log.committed}, "
             f"last={self.log.last_index()})"
         )
+
+    # -- membership (thesis §4.1) --------------------------------------------------------
+
+    def configuration_in_effect(self) -> Membership:
+        """The membership this node acts on: the latest one in its log, committed or not
+        (thesis §4.1). Overridable so a test can break exactly this rule."""
+        return self._latest_membership
+
+    def membership_at(self, index: int) -> Membership:
+        """The membership as of log index `index` (for a snapshot at that index)."""
+        if index >= self._config_index:
+            return self._latest_membership
+        for entry in reversed(self.log.slice(self.log.snapshot_index + 1, index + 1)):
+            if entry.kind is EntryKind.CONFIG:
+                return self._decode_membership(entry) or self._latest_membership
+        return self._snapshot_membership()
+
+    def _snapshot_membership(self) -> Membership:
+        snapshot = self._snapshot if hasattr(self, "_snapshot") else None
+        if snapshot is not None and snapshot.voters:
+            return snapshot.membership
+        return self._bootstrap
+
+    def _decode_membership(self, entry: Entry) -> Membership | None:
+        try:
+            return Membership.decode(entry.data)
+        except ValueError as error:
+            self.ignored_message_count += 1
+            self.last_ignored_reason = f"CONFIG entry {entry.index} is unreadable: {error}"
+            return None
+
+    def _rescan_membership(self) -> None:
+        """Find the latest membership in the log, else the snapshot's, else bootstrap."""
+        for entry in reversed(self.log.entries):
+            if entry.kind is EntryKind.CONFIG:
+                membership = self._decode_membership(entry)
+                if membership is not None:
+                    self._latest_membership, self._config_index = membership, entry.index
+                    return
+        self._latest_membership = self._snapshot_membership()
+        self._config_index = self.log.snapshot_index if self._snapshot_membership() is not self._bootstrap else 0
+
+    def _note_log_change(self, first_changed: int, new_entries: tuple[Entry, ...] | list[Entry]) -> None:
+        """Entries from `first_changed` on were replaced by `new_entries`: keep the latest
+        membership of the log current."""
+        if first_changed <= self._config_index:
+            self._rescan_membership()  # the entry holding it was truncated
+            return
+        for entry in reversed(new_entries):
+            if entry.kind is EntryKind.CONFIG:
+                membership = self._decode_membership(entry)
+                if membership is not None:
+                    self._latest_membership, self._config_index = membership, entry.index
+                return
+
+    def _refresh_membership(self) -> None:
+        membership = self.configuration_in_effect()
+        if membership != self.membership:
+            self._apply_membership(membership)
+        self.maybe_step_down_after_removal()
+
+    def _apply_membership(self, membership: Membership) -> None:
+        self.membership = membership
+        self._voter_set = frozenset(membership.voters)
+        self.quorum = len(membership.voters) // 2 + 1
+        self.peers = tuple(m for m in membership.members() if m != self.id)
+        self._voter_peers = tuple(v for v in membership.voters if v != self.id)
+        if self._role is Role.LEADER:
+            last = self.log.last_index()
+            for peer in self.peers:
+                if peer not in self.progress:
+                    progress = Progress(last + 1, self.config.max_inflight_appends)
+                    progress.recent_active = True  # a new member: give it a period
+                    self.progress[peer] = progress
+            for peer in list(self.progress):
+                if peer not in self.peers:
+                    del self.progress[peer]
+            self._needs_broadcast = True
+        if self.lead_transferee is not None and self.lead_transferee not in self._voter_set:
+            self.lead_transferee = None
+
+    def withhold_vote(self, reason: str) -> None:
+        """The shell knows something the log cannot say: this node may have lost what it
+        acknowledged (a new data directory under a known voter's id). Until `allow_vote`,
+        it grants no vote or pre-vote and never campaigns; it still follows a leader."""
+        self._vote_withheld = reason or "vote withheld by the shell"
+
+    def allow_vote(self) -> None:
+        self._vote_withheld = ""
+
+    @property
+    def vote_withheld(self) -> str:
+        return self._vote_withheld
+
+    def is_voter(self) -> bool:
+        return self.id in self._voter_set
+
+    def maybe_step_down_after_removal(self) -> bool:
+        """Thesis §4.2.2: a leader that is not a voter of the membership in effect (it
+        removed itself, or was demoted) keeps managing the cluster until that membership
+        is committed, without counting itself, then steps down."""
+        if (
+            self._role is Role.LEADER
+            and not self.is_voter()
+            and self.log.committed >= self._config_index
+        ):
+            self.broadcast_append()  # the remaining members learn the commit first
+            self.become_follower(self._term, None)
+            return True
+        return False
+
+    def change_membership(
+        self, kind: MembershipChangeKind, node: NodeId, info: str = ""
+    ) -> tuple[int, int]:
+        """Append a membership change of one server (thesis §4.1); returns its (index,
+        term) like `propose`. It takes effect at once, on the leader now and on each
+        follower when the entry reaches its log. `info` is what the shell attaches to a
+        new member (the KV node: its address). NotLeader, ProposalDropped during a leader
+        transfer, MembershipChangeRefused when it is not allowed now."""
+        if self._role is not Role.LEADER:
+            raise NotLeader(self._leader_id)
+        if self.lead_transferee is not None:
+            raise ProposalDropped(
+                f"leadership is being transferred to {self.lead_transferee}; retry there"
+            )
+        if not isinstance(kind, MembershipChangeKind):
+            raise TypeError(f"kind must be a MembershipChangeKind, got {kind!r}")
+        if not isinstance(node, str) or not node:
+            raise MembershipChangeRefused(f"node id must be a non-empty string, got {node!r}")
+        problem = self.membership_change_problem()
+        if problem:
+            raise MembershipChangeRefused(problem)
+        current = self._latest_membership
+        voters, learners = list(current.voters), list(current.learners)
+        info_map = dict(current.member_info)
+        if kind is MembershipChangeKind.ADD_LEARNER:
+            if node in current.members():
+                raise MembershipChangeRefused(f"{node} is already a member of {current.members()}")
+            learners.append(node)
+            info_map[node] = info
+        elif kind is MembershipChangeKind.PROMOTE:
+            if node not in learners:
+                raise MembershipChangeRefused(
+                    f"{node} is not a learner (learners: {current.learners}); add it as a "
+                    "learner first")
+            lag = self.learner_lag(node)
+            if lag:
+                raise MembershipChangeRefused(
+                    f"learner {node} is not caught up: {lag}; promote it once it has caught up")
+            learners.remove(node)
+            voters.append(node)
+        else:
+            if node not in current.members():
+                raise MembershipChangeRefused(f"{node} is not a member of {current.members()}")
+            if current.voters == (node,):
+                raise MembershipChangeRefused(f"{node} is the last voter; it cannot be removed")
+            if node in voters:
+                voters.remove(node)
+            else:
+                learners.remove(node)
+            info_map.pop(node, None)
+        membership = Membership(
+            tuple(voters), tuple(learners),
+            tuple(sorted((k, v) for k, v in info_map.items() if k in voters or k in learners)),
+        )
+        index = self.append_entry(membership.encode(), EntryKind.CONFIG)
+        self._latest_membership, self._config_index = membership, index
+        self._refresh_membership()
+        self._needs_broadcast = True
+        return index, self._term
+
+    def membership_change_problem(self) -> str:
+        """Why the leader may not append a membership change now ("" if it may).
+
+        One change at a time: the previous one must be committed, else two changes in
+        flight can yield two memberships with disjoint majorities. And the leader must
+        have committed an entry of its own term first: otherwise a change by an earlier
+        leader that it never saw can combine with its own into disjoint majorities
+        (Ongaro, raft-dev 2015, "bug in single-server membership changes")."""
+        if self._config_index > self.log.committed:
+            return (
+                f"a membership change is in progress (log entry {self._config_index}, not yet "
+                f"committed; commit index {self.log.committed}); retry when it is committed"
+            )
+        if not self._committed_in_term:
+            return (
+                "this leader has not yet committed an entry of its term; retry in a moment"
+            )
+        return ""
+
+    def learner_lag(self, node: NodeId) -> str:
+        """"" if learner `node` is caught up (holds everything committed), else how far
+        behind it is."""
+        progress = self.progress.get(node)
+        match = progress.match if progress is not None else 0
+        if match >= self.log.committed:
+            return ""
+        return f"it holds entries up to {match}, the commit index is {self.log.committed}"
 
     # -- role transitions ----------------------------------------------------------------
 
@@ -417,9 +709,13 @@ class RaftCore:
             self._tick_leader()
         else:
             self._tick_election()
+        self._refresh_membership()
         self.check_invariants()
 
     def _tick_election(self) -> None:
+        if not self.is_voter():
+            self.election_elapsed = min(self.election_elapsed + 1, 1 << 30)
+            return  # a learner (or a removed server) never campaigns
         self.election_elapsed += 1
         if self.election_elapsed >= self.randomized_election_timeout:
             self.election_elapsed = 0
@@ -449,9 +745,10 @@ class RaftCore:
         """CheckQuorum (thesis §6.2): a leader that has not heard from a majority within
         an election timeout steps down, so a partitioned leader stops serving. Returns
         whether it stepped down. Resets every peer's recent_active for the next period."""
-        active = 1  # ourselves
-        for progress in self.progress.values():
-            if progress.recent_active:
+        active = 1 if self.is_voter() else 0  # ourselves
+        voters = self._voter_set
+        for peer, progress in self.progress.items():
+            if progress.recent_active and peer in voters:
                 active += 1
             progress.recent_active = False
         if active >= self.quorum:
@@ -480,7 +777,7 @@ class RaftCore:
     def append_entry(self, data: bytes, kind: EntryKind) -> int:
         """Leader: append one entry of the current term to our own log."""
         index = self.log.append_new(self._term, data, kind)
-        if not self.peers:
+        if not self._voter_peers:
             # A single-node cluster is its own majority; it commits once the entry is
             # durable (`advance_durable`), and this call commits nothing new before that.
             self.maybe_commit()
@@ -508,7 +805,8 @@ class RaftCore:
     def read_round_confirmed(self, acks: set[NodeId]) -> bool:
         """ReadIndex rule 2: a majority (including us) acknowledged the heartbeat round,
         so no other leader with a newer term had been elected when it started."""
-        return len(acks) + 1 >= self.quorum
+        voters = self._voter_set
+        return sum(1 for node in acks if node in voters) + self.is_voter() >= self.quorum
 
     def _start_read_round(self, contexts: list[bytes]) -> None:
         round_id = self.reads.start_round(contexts, self.log.committed)
@@ -534,6 +832,8 @@ class RaftCore:
             raise NotLeader(self._leader_id)
         if target not in self._voter_set:
             raise ValueError(f"cannot transfer leadership to {target!r}: not a voter")
+        if target != self.id and target not in self.progress:
+            raise ValueError(f"cannot transfer leadership to {target!r}: not a peer")
         if self.lead_transferee == target:
             return  # already in progress
         if target == self.id:
@@ -566,7 +866,10 @@ class RaftCore:
         term = self.log.term(index)
         assert term is not None
         self.log.compact(index)
-        self._snapshot = SnapshotMeta(index, term, self.config.voters)
+        membership = self.membership_at(index)
+        self._snapshot = SnapshotMeta(
+            index, term, membership.voters, membership.learners, membership.member_info
+        )
         self._snapshot_data = data
 
     # -- inputs: messages ----------------------------------------------------------------------
@@ -614,6 +917,9 @@ class RaftCore:
             self.step_follower(m)
         else:
             self.step_candidate(m)
+        if self._catch_up_to and self.log.committed >= self._catch_up_to:
+            self._catch_up_to = 0  # caught up: our log holds what we had lost again
+        self._refresh_membership()
         self.check_invariants()
 
     def malformed(self, m: Message) -> str:
@@ -629,8 +935,10 @@ class RaftCore:
             return "message type or a numeric field has the wrong type (a transport bug?)"
         if m.dst != self.id:
             return f"addressed to {m.dst!r}, not to {self.id!r}"
-        if m.src not in self._voter_set or m.src == self.id:
-            return f"from {m.src!r}, which is not a peer of {self.id!r}"
+        # Thesis §4.1: messages from servers outside our latest membership are accepted
+        # (a leader added after our log's end must reach us); only nonsense is refused.
+        if not isinstance(m.src, str) or not m.src or m.src == self.id:
+            return f"from {m.src!r}, which cannot be a peer of {self.id!r}"
         if m.term < 0 or m.index < 0 or m.log_term < 0 or m.commit < 0:
             return f"negative term or index in {m.type.value} from {m.src}"
         if m.term == 0 and m.type in _REQUESTS:
@@ -698,7 +1006,18 @@ class RaftCore:
         )
         if m.type is _MT.PRE_VOTE and self.heard_from_leader_recently():
             can_vote = False
+        if self.lost_entries_forbid_vote() or self._vote_withheld:
+            can_vote = False
         return can_vote and self.log_is_up_to_date(m.index, m.log_term)
+
+    def lost_entries_forbid_vote(self) -> bool:
+        """A voter that lost entries it had acknowledged (a leader told us: our log went
+        backwards) grants no vote and no pre-vote, and stands for no election, until its
+        commit index is back at the index it lost. Otherwise its shortened log would let it judge a candidate that
+        lacks a committed entry "up to date" (§5.4.1 assumes a voter's log never loses
+        what it acknowledged), and its vote could complete a majority that elects a
+        leader without that entry (docs/raft.md)."""
+        return self._catch_up_to > self.log.committed
 
     def log_is_up_to_date(self, last_index: int, last_term: int) -> bool:
         """Raft §5.4.1 election restriction."""
@@ -709,6 +1028,12 @@ class RaftCore:
     def campaign(self, kind: CampaignKind) -> None:
         """Start an election of the given kind (see CampaignKind)."""
         if self._role is Role.LEADER:
+            return
+        if not self.is_voter():
+            return  # learners and removed servers never stand for election
+        if self.lost_entries_forbid_vote() or self._vote_withheld:
+            # We know (or the shell knows) our log lacks entries a majority acknowledged: we could only win
+            # with voters that lack them too, and then lose them (docs/raft.md).
             return
         if kind is CampaignKind.PRE_ELECTION:
             self.become_pre_candidate()
@@ -724,7 +1049,7 @@ class RaftCore:
             return
         context = TRANSFER_CONTEXT if kind is CampaignKind.TRANSFER else b""
         last_index, last_term = self.log.last_index(), self.log.last_term()
-        for peer in self.peers:
+        for peer in self._voter_peers:
             self._send(
                 Message(
                     vote_type,
@@ -739,10 +1064,12 @@ class RaftCore:
 
     def _tally(self) -> bool | None:
         """True: a majority granted; False: a majority refused; None: undecided."""
-        granted = sum(1 for v in self._votes.values() if v)
+        voters = self._voter_set
+        granted = sum(1 for node, v in self._votes.items() if v and node in voters)
+        refused = sum(1 for node, v in self._votes.items() if not v and node in voters)
         if granted >= self.quorum:
             return True
-        if len(self._votes) - granted >= self.quorum:
+        if refused >= self.quorum:
             return False
         return None
 
@@ -788,15 +1115,23 @@ class RaftCore:
                 self.handle_snapshot(m)
         elif mtype is _MT.TIMEOUT_NOW:
             # Leader transfer: campaign now, skipping PreVote (the leader asked for it).
+            # (A learner or removed server ignores it: campaign() refuses.)
             self.campaign(CampaignKind.TRANSFER)
 
     def handle_append(self, m: Message) -> None:
         log = self.log
+        if m.context:
+            lost = decode_catch_up(m.context)
+            if lost > self._catch_up_to and lost > log.committed:
+                self._catch_up_to = lost
         if m.index < log.committed:
             # Everything up to our commit index matches the leader's log (§5.4); tell it
             # where we are so it skips ahead.
             self._send(
-                Message(_MT.APPEND_RESPONSE, self.id, m.src, self._term, index=log.committed)
+                Message(
+                    _MT.APPEND_RESPONSE, self.id, m.src, self._term, index=log.committed,
+                    context=_echo(m.context),
+                )
             )
             return
         if log.match_term(m.index, m.log_term):
@@ -810,10 +1145,17 @@ class RaftCore:
                 if conflict <= self.durable_index:
                     # The durable suffix from `conflict` on is about to be replaced.
                     self.durable_index = conflict - 1
-                log.append(entries[conflict - m.index - 1 :])
+                new_entries = entries[conflict - m.index - 1 :]
+                log.append(new_entries)
+                self._note_log_change(conflict, new_entries)
             # Raft Figure 2: commit = min(leaderCommit, index of last new entry).
             log.commit_to(min(m.commit, last_new))
-            self._send(Message(_MT.APPEND_RESPONSE, self.id, m.src, self._term, index=last_new))
+            self._send(
+                Message(
+                    _MT.APPEND_RESPONSE, self.id, m.src, self._term, index=last_new,
+                    context=_echo(m.context),
+                )
+            )
             return
         # Log inconsistency (§5.3): reject, with a hint that skips a whole term at once.
         hint_index = log.find_conflict_by_term(min(m.index, log.last_index()), m.log_term)
@@ -828,6 +1170,7 @@ class RaftCore:
                 reject=True,
                 reject_hint=hint_index,
                 reject_term=hint_term,
+                context=_echo(m.context),
             )
         )
 
@@ -916,6 +1259,7 @@ class RaftCore:
         self._snapshot = meta
         self._snapshot_data = data
         self._received_snapshot = meta
+        self._rescan_membership()
 
     # -- leader ----------------------------------------------------------------------------------
 
@@ -937,6 +1281,20 @@ class RaftCore:
         # stray APPEND) carries no information for a leader: ignore it.
 
     def handle_append_response(self, m: Message, progress: Progress) -> None:
+        if m.context.startswith(VERIFY_PREFIX):
+            if not progress.verify_nonce or m.context != encode_verify(progress.verify_nonce):
+                return  # the answer to an older verify probe: superseded, ignore
+            progress.verify_nonce = 0
+            if m.reject:
+                # A fresh refusal of the very entry it had acknowledged: it lost entries.
+                self.follower_log_went_backwards(m.src, progress, m.reject_hint)
+                return
+        elif m.reject and m.index >= progress.match > m.reject_hint:
+            # The follower rejects an APPEND at or after what it had acknowledged, and its
+            # log ends (reject_hint <= its last index) below that: it lost entries -- or
+            # this is a stale duplicate of an older rejection. Ask again, at `match`.
+            self.verify_follower_match(m.src, progress, m.reject_hint)
+            return
         if m.reject:
             # Fast back-tracking: jump to the follower's hint, refined by our own log so
             # that a whole term of conflicting entries is skipped in one round trip.
@@ -1008,6 +1366,49 @@ class RaftCore:
         progress.snapshot_offset = min(m.offset, len(self._snapshot_data))
         self.send_snapshot(m.src, progress)
 
+    def verify_follower_match(self, peer: NodeId, progress: Progress, hint: int) -> None:
+        """Probe `peer` at the index it acknowledged (with the entry's term), marked with
+        a fresh nonce it echoes: its answer tells a real loss from a stale rejection."""
+        term = self.log.term(progress.match)
+        if term is None:
+            # That entry is compacted away: no probe can name it. Restart the follower's
+            # replication from its hint (a snapshot, if needed) without concluding anything.
+            progress.match, progress.next = 0, max(hint, 0) + 1
+            progress.state = ProgressState.PROBE
+            progress.probe_sent = False
+            progress.inflight.clear()
+            self.maybe_send_append(peer, send_if_empty=True)
+            return
+        self._verify_counter += 1
+        progress.verify_nonce = self._verify_counter
+        self._send(
+            Message(
+                _MT.APPEND,
+                self.id,
+                peer,
+                self._term,
+                log_term=term,
+                index=progress.match,
+                commit=min(self.log.committed, progress.match),
+                context=encode_verify(progress.verify_nonce),
+            )
+        )
+
+    def follower_log_went_backwards(self, peer: NodeId, progress: Progress, last: int) -> None:
+        """A follower whose log lost entries it had acknowledged (wiped, restored from an
+        older copy): say so, forget its progress, and bring it back from where its log
+        really ends (entries, or a snapshot if those were compacted). Without this the
+        leader keeps probing at match + 1 forever: a rejection at or below `match` looks
+        stale to the flow control (progress.maybe_decrease_to)."""
+        self._warnings.append(
+            f"follower {peer}'s log went backwards: it rejected an APPEND after index "
+            f"{progress.match}, which it had acknowledged, and its log ends at or below "
+            f"{last}; resetting its progress and sending it the missing entries; it will "
+            f"not vote until it has caught up to {max(progress.match, progress.catch_up_to)}"
+        )
+        progress.reset_after_lost_entries(last)
+        self.maybe_send_append(peer, send_if_empty=True)
+
     def maybe_commit(self) -> bool:
         """Advance the commit index to the highest index a majority holds, if that entry
         is of the current term. Returns whether the commit index moved."""
@@ -1026,9 +1427,13 @@ class RaftCore:
         """The highest index stored durably on a majority, counting ourselves only up to
         our durable index: the shell may send APPENDs before its own fsync (thesis
         §10.2.1), so entries merely in our memory are not yet a replica."""
-        matches = [p.match for p in self.progress.values()]
-        matches.append(min(self.durable_index, self.log.last_index()))
+        voters = self._voter_set
+        matches = [p.match for peer, p in self.progress.items() if peer in voters]
+        if self.id in voters:
+            matches.append(min(self.durable_index, self.log.last_index()))
         matches.sort(reverse=True)
+        if len(matches) < self.quorum:
+            return 0  # a voter has no progress yet (cannot happen on a leader)
         return matches[self.quorum - 1]
 
     def may_commit_at(self, index: int) -> bool:
@@ -1069,6 +1474,12 @@ class RaftCore:
                     del batch[count:]
                     break
             entries = tuple(batch)
+        context = b""
+        if progress.catch_up_to:
+            if progress.match >= progress.catch_up_to:
+                progress.catch_up_to = 0
+            else:
+                context = encode_catch_up(progress.catch_up_to)
         self._send(
             Message(
                 _MT.APPEND,
@@ -1079,6 +1490,7 @@ class RaftCore:
                 index=prev_index,
                 entries=entries,
                 commit=committed,
+                context=context,
             )
         )
         progress.sent_commit = committed
@@ -1152,7 +1564,10 @@ class RaftCore:
     def _hard_state_changed(self) -> bool:
         last = self._last_hard_state
         return (
-            last.term != self._term or last.vote != self._vote or last.commit != self.log.committed
+            last.term != self._term
+            or last.vote != self._vote
+            or last.commit != self.log.committed
+            or last.catch_up_to != self._catch_up_to
         )
 
     def has_ready(self) -> bool:
@@ -1164,6 +1579,7 @@ class RaftCore:
             or self._received_snapshot is not None
             or self._read_states
             or self._dropped_reads
+            or self._warnings
             or self._hard_state_changed()
         )
 
@@ -1178,8 +1594,12 @@ class RaftCore:
         must_sync = False
         if self._hard_state_changed():
             last = self._last_hard_state
-            must_sync = last.term != self._term or last.vote != self._vote
-            hard_state = HardState(self._term, self._vote, log.committed)
+            must_sync = (
+                last.term != self._term
+                or last.vote != self._vote
+                or last.catch_up_to != self._catch_up_to
+            )
+            hard_state = HardState(self._term, self._vote, log.committed, self._catch_up_to)
             self._last_hard_state = hard_state
         # (Readies are carried out one at a time, so every earlier Ready is durable now.)
         term_or_vote_changed = must_sync
@@ -1212,10 +1632,12 @@ class RaftCore:
             committed_entries=committed,
             read_states=tuple(self._read_states),
             dropped_reads=tuple(self._dropped_reads),
+            warnings=tuple(self._warnings),
         )
         self._messages = []
         self._read_states = []
         self._dropped_reads = []
+        self._warnings = []
         self.check_invariants()
         return ready
 
@@ -1258,6 +1680,7 @@ class RaftCore:
         if applied > log.applied:
             log.applied_to(applied)
         self.advance_durable(ready)
+        self._refresh_membership()
         self.check_invariants()
 
     def advance_durable(self, ready: Ready) -> None:
@@ -1303,6 +1726,11 @@ class RaftCore:
             assert self._leader_id == self.id and self._vote == self.id, (
                 f"{self.id}: leader of term {self._term} without its own vote"
             )
+
+
+def _echo(context: bytes) -> bytes:
+    """What an APPEND_RESPONSE echoes of its APPEND's context: a verify nonce only."""
+    return context if context.startswith(VERIFY_PREFIX) else b""
 
 
 _FROM_LEADER = frozenset({MessageType.APPEND, MessageType.HEARTBEAT, MessageType.SNAPSHOT})

@@ -27,6 +27,7 @@ What it must never do: influence the run. It only reads what it is told and reco
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -108,6 +109,9 @@ class SafetyMonitor:
         self._role_term: dict[NodeId, tuple[str, int]] = {}
         self._pre_vote_grants: dict[NodeId, dict[int, set[NodeId]]] = {n: {} for n in voters}
         self._told_to_campaign: dict[NodeId, bool] = {n: False for n in voters}
+        # The voters a node's membership counts when it campaigns (membership changes);
+        # the simulator replaces it. Default: the fixed voter set.
+        self.voters_of: Callable[[NodeId], tuple[NodeId, ...]] = lambda node: self.voters
 
     # -- recording ---------------------------------------------------------------------
 
@@ -353,10 +357,12 @@ class SafetyMonitor:
         if self._told_to_campaign[node]:
             self._told_to_campaign[node] = False
             return
-        grants = self._pre_vote_grants[node].get(term, set()) | {node}
-        if len(grants) < self.quorum:
+        voters = self.voters_of(node)
+        quorum = len(voters) // 2 + 1
+        grants = (self._pre_vote_grants[node].get(term, set()) | {node}) & set(voters)
+        if len(grants) < quorum:
             self.violate(
                 Rule.PRE_VOTE,
                 f"{node} started an election for term {term} with pre-votes only from "
-                f"{sorted(grants)} (needs {self.quorum} of {len(self.voters)})",
+                f"{sorted(grants)} (needs {quorum} of {len(voters)})",
             )

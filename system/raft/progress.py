@@ -40,10 +40,14 @@ class Progress:
         "pending_snapshot",
         "snapshot_offset",
         "snapshot_idle_ticks",
+        "catch_up_to",
+        "verify_nonce",
     )
 
     def __init__(self, next_index: int, max_inflight: int) -> None:
-        self.match: int = 0  # highest index known replicated on the follower; never decreases
+        # Highest index known replicated on the follower. Never decreases, except when the
+        # follower proves it lost entries it had acknowledged (`reset_after_lost_entries`).
+        self.match: int = 0
         self.next: int = next_index  # next index to send; match < next
         self.state: ProgressState = ProgressState.PROBE
         self.probe_sent: bool = False  # PROBE/SNAPSHOT: a message is out, wait for its answer
@@ -56,6 +60,11 @@ class Progress:
         self.pending_snapshot: int = 0  # SNAPSHOT: index of the snapshot being sent
         self.snapshot_offset: int = 0  # SNAPSHOT: offset of the next chunk to send, in bytes
         self.snapshot_idle_ticks: int = 0  # SNAPSHOT: ticks since a chunk was sent or answered
+        # The follower lost acknowledged entries up to here (0 = none): every APPEND tells
+        # it so until `match` reaches this index again.
+        self.catch_up_to: int = 0
+        # A verify probe is out (core.verify_follower_match): its nonce, 0 = none.
+        self.verify_nonce: int = 0
 
     def __repr__(self) -> str:
         return (
@@ -120,6 +129,18 @@ class Progress:
         while inflight and inflight[0] <= index:
             inflight.popleft()
         return updated
+
+    def reset_after_lost_entries(self, last_index: int) -> None:
+        """The follower's log ends at `last_index`, below `match`: it lost entries it had
+        acknowledged. Forget what we believed and probe from its real end."""
+        self.catch_up_to = max(self.catch_up_to, self.match)
+        self.match = 0
+        self.next = last_index + 1
+        self.state = ProgressState.PROBE
+        self.probe_sent = False
+        self.inflight.clear()
+        self.pending_snapshot = 0
+        self.snapshot_offset = 0
 
     def maybe_decrease_to(self, rejected: int, hint: int) -> bool:
         """The follower rejected the APPEND whose previous index was `rejected`, and

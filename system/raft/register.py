@@ -129,7 +129,7 @@ class Register:
 
     def apply(self, entry: Entry) -> WriteResult | None:
         """Apply one committed entry. NOOP entries return None and change nothing."""
-        if entry.kind is EntryKind.NOOP:
+        if entry.kind is not EntryKind.NORMAL:  # NOOP, CONFIG
             return None
         try:
             command = decode_command(entry.data)

@@ -371,6 +371,8 @@ class NodeShell:
 
     def handle_ready(self, ready: Ready) -> None:
         self.persist(ready)
+        for warning in ready.warnings:
+            self.sim.record(f"warning {self.node_id}: {warning}")
         for message in ready.messages:
             self.sim.send(message)
         if ready.snapshot is not None:
@@ -476,7 +478,11 @@ class NodeShell:
             return
         if core.applied_index < self.applied_index:
             return  # the core has not been told yet (advance comes first)
-        meta = SnapshotMeta(self.applied_index, self.applied_term, self.config.voters)
+        membership = core.membership_at(self.applied_index)
+        meta = SnapshotMeta(
+            self.applied_index, self.applied_term, membership.voters, membership.learners,
+            membership.member_info,
+        )
         data = self.register.snapshot()
         self.disk.save_snapshot(meta, data)
         core.compact(self.applied_index, data)
@@ -559,6 +565,7 @@ class Simulation:
         variant: SimVariant | None = None,
         compact_every_entries: int = 0,
         record_trace: bool = True,
+        spare_nodes: int = 0,
         **config: object,
     ) -> None:
         if node_count < 1:
@@ -567,7 +574,12 @@ class Simulation:
         self.variant = variant or SimVariant()
         self.compact_every_entries = compact_every_entries  # 0: never snapshot
         self.record_trace = record_trace
-        self.node_ids: tuple[NodeId, ...] = tuple(f"n{i}" for i in range(1, node_count + 1))
+        # n1..n{node_count} are the bootstrap voters; the spare nodes after them run from
+        # the start but are not members until a membership change adds them (each knows
+        # the bootstrap voters and itself as a learner, as a node started to join does).
+        members = tuple(f"n{i}" for i in range(1, node_count + 1))
+        spares = tuple(f"n{i}" for i in range(node_count + 1, node_count + spare_nodes + 1))
+        self.node_ids: tuple[NodeId, ...] = members + spares
         self.rng = random.Random(f"raft-sim:{seed}:simulation")
         self.step_count = 0
         self.trace: list[str] = []
@@ -576,12 +588,18 @@ class Simulation:
         self.network = FakeNetwork()
         self.entries_applied = 0
         self.faults: dict[str, int] = {}
-        base = RaftConfig(node_id=self.node_ids[0], voters=self.node_ids, **config)  # type: ignore[arg-type]
+        base = RaftConfig(node_id=self.node_ids[0], voters=members, **config)  # type: ignore[arg-type]
         self.monitor = SafetyMonitor(self.node_ids, pre_vote=base.pre_vote)
+        self.monitor.voters = members
+        self.monitor.quorum = len(members) // 2 + 1
+        self.monitor.voters_of = self._voters_of
         shell_class = self.variant.shell_class or NodeShell
         self.nodes: dict[NodeId, NodeShell] = {}
         for node_id in self.node_ids:
-            node_config = RaftConfig(node_id=node_id, voters=self.node_ids, **config)  # type: ignore[arg-type]
+            learners = (node_id,) if node_id in spares else ()
+            node_config = RaftConfig(
+                node_id=node_id, voters=members, learners=learners, **config  # type: ignore[arg-type]
+            )
             self.nodes[node_id] = shell_class(self, node_id, node_config)
         self._next_process = 0
         self.acknowledged_writes: list[ClientOp] = []
@@ -616,6 +634,39 @@ class Simulation:
         if core is None:
             raise LookupError(f"{node} is crashed; restart it first")
         return core
+
+    def _voters_of(self, node: NodeId) -> tuple[NodeId, ...]:
+        shell = self.nodes[node]
+        return shell.core.membership.voters if shell.core is not None else self.monitor.voters
+
+    def members(self) -> tuple[NodeId, ...]:
+        """The members (voters and learners) in the latest membership any live node holds
+        at the highest index: the nodes a healthy cluster must keep up to date."""
+        best = None
+        for node in self.alive():
+            core = self.core(node)
+            key = (core.log.last_index(), core.term)
+            if core.role is Role.LEADER:
+                key = (1 << 62, core.term)
+            if best is None or key > best[0]:
+                best = (key, core.membership.members())
+        return best[1] if best else self.node_ids
+
+    def change_membership(self, node: NodeId, kind: object, target: NodeId,
+                          wait: bool = True, max_steps: int = 2_000) -> tuple[int, int]:
+        """Ask leader `node` for a membership change of `target` (MembershipChangeKind);
+        with `wait`, run until the change is committed (and applied) on the leader."""
+        self._begin_step()
+        self.record(f"membership {getattr(kind, 'value', kind)} {target} via {node}")
+        self.count_fault(f"membership {getattr(kind, 'value', kind)}")
+        index, term = self.core(node).change_membership(kind, target)  # type: ignore[arg-type]
+        self.nodes[node].after_input()
+        if wait:
+            self.run_until(
+                lambda: node in self.alive() and self.nodes[node].applied_index >= index,
+                max_steps, f"membership change at {index} applied on {node}",
+            )
+        return index, term
 
     def register(self, node: NodeId) -> Register:
         return self.nodes[node].register
@@ -861,6 +912,28 @@ class Simulation:
         self.record(f"crash {node}{' losing unsynced writes' if lose_unsynced else ''}")
         self.count_fault("crash losing unsynced writes" if lose_unsynced else "crash")
         shell.crash(lose_unsynced)
+
+    def shorten_log(self, node: NodeId, keep_through: int) -> None:
+        """The crashed `node`'s disk comes back holding only its entries up to
+        `keep_through` (restored from an older copy, or wiped with keep_through=0, the
+        hard state's term and vote kept): a fault outside Raft's model, which assumes
+        stable storage never loses what it acknowledged."""
+        self._check_nodes([node])
+        shell = self.nodes[node]
+        if shell.alive:
+            raise ValueError(f"{node} is running; crash it first")
+        self._begin_step()
+        self.record(f"shorten log {node} to {keep_through}")
+        self.count_fault("log shortened")
+        for image in (shell.disk.current, shell.disk.durable):
+            base = image.snapshot.index if image.snapshot else 0
+            if keep_through < base:
+                image.snapshot, image.snapshot_data, base = None, b"", 0
+            image.entries = [e for e in image.entries if e.index <= keep_through]
+            hard = image.hard_state
+            image.hard_state = HardState(
+                hard.term, hard.vote, min(hard.commit, image.last_index()), hard.catch_up_to
+            )
 
     def restart(self, node: NodeId) -> None:
         """Boot a crashed node from its disk (snapshot + log + hard state)."""

@@ -28,6 +28,12 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from system.raft.core import (
+    MembershipChangeKind,
+    MembershipChangeRefused,
+    NotLeader,
+    ProposalDropped,
+)
 from system.raft.history import Function
 from system.raft.invariants import Rule, Violation
 from system.raft.sim import AttemptState, ClientOp, InFlight, OpStatus, Simulation, SimVariant
@@ -75,6 +81,12 @@ class Swarm:
     cas_fraction: float  # of writes
     op_timeout_steps: int
     max_attempts: int
+    # Membership changes (drawn from their own rng so the other settings of a seed are
+    # what they were before membership faults existed): spare nodes that are not members
+    # at the start, and the rate at which the leader is asked to add a learner, promote a
+    # caught-up learner or remove a member (the leader itself sometimes).
+    spare_nodes: int = 0
+    membership_probability: float = 0.0
 
     def line(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
@@ -87,7 +99,11 @@ def draw_swarm(seed: int) -> Swarm:
     def maybe(probability: float, low: float, high: float) -> float:
         return rng.uniform(low, high) if rng.random() < probability else 0.0
 
+    membership_rng = random.Random(f"raft-sim:{seed}:membership")
+    membership_on = membership_rng.random() < 0.4
     return Swarm(
+        spare_nodes=membership_rng.choice((1, 2)) if membership_on else 0,
+        membership_probability=membership_rng.uniform(0.002, 0.02) if membership_on else 0.0,
         node_count=rng.choice((3, 3, 3, 5)),
         election_timeout_ticks=rng.choice((4, 6, 10)),
         max_append_entries=rng.choice((1, 2, 4, 64)),
@@ -171,6 +187,7 @@ class SwarmRun:
             max_append_entries=swarm.max_append_entries,
             max_inflight_appends=swarm.max_inflight_appends,
             snapshot_chunk_bytes=swarm.snapshot_chunk_bytes,
+            spare_nodes=swarm.spare_nodes,
         )
         self.sim.record(f"swarm {swarm.line()}")
         self.clients = [_Client(self.sim.new_process()) for _ in range(swarm.clients)]
@@ -251,13 +268,15 @@ class SwarmRun:
                 f"{client.op.error})\n{sim.describe_cluster()}",
             )
             return
-        # Convergence: every node applies everything, so the end checks compare all.
-        self.run_quietly(
-            lambda: len({sim.nodes[n].applied_index for n in sim.node_ids}) == 1
-            and sim.nodes[sim.node_ids[0]].applied_index >= sim.monitor.max_committed,
-            "all nodes applied the same index",
-            budget=CONVERGENCE_STEPS,
-        )
+        # Convergence: every member applies everything, so the end checks compare all
+        # (removed and never-added nodes are not kept up to date by anyone).
+        def converged() -> bool:
+            members = sim.members()
+            applied = {sim.nodes[n].applied_index for n in members}
+            return len(applied) == 1 and min(applied) >= sim.monitor.max_committed
+
+        self.run_quietly(converged, "all members applied the same index",
+                         budget=CONVERGENCE_STEPS)
 
     def final_reads(self) -> None:
         """Read every key back linearizably (Jepsen's final read): lost writes show up."""
@@ -292,6 +311,7 @@ class SwarmRun:
             fault_budget = (
                 swarm.partition_probability + swarm.heal_probability
                 + swarm.crash_probability + swarm.restart_probability
+                + swarm.membership_probability
             )
             if roll < fault_budget:
                 self.inject_fault(roll)
@@ -324,7 +344,9 @@ class SwarmRun:
             sim.restart(node)
             return
         rates = swarm.clock_rates
-        ticking = [n for n in alive if rng.random() < rates[sim.node_ids.index(n)]]
+        ticking = [
+            n for n in alive if rng.random() < rates[sim.node_ids.index(n) % len(rates)]
+        ]
         if ticking:
             sim.tick_nodes(ticking)
 
@@ -373,9 +395,38 @@ class SwarmRun:
                 node = leader if leader and rng.random() < 0.5 else rng.choice(alive)
                 sim.crash(node, lose_unsynced=rng.random() < swarm.lose_unsynced_fraction)
             return
-        crashed = [n for n in sim.node_ids if not sim.nodes[n].alive]
-        if crashed:
-            sim.restart(rng.choice(crashed))
+        roll -= swarm.crash_probability
+        if roll < swarm.restart_probability:
+            crashed = [n for n in sim.node_ids if not sim.nodes[n].alive]
+            if crashed:
+                sim.restart(rng.choice(crashed))
+            return
+        self.change_membership()
+
+    def change_membership(self) -> None:
+        """Ask the leader for one membership change: add a non-member as a learner,
+        promote a learner, or remove a learner or a voter (itself now and then). The
+        leader may refuse (a change in flight, not caught up, ...): that is its right."""
+        sim, rng = self.sim, self.rng
+        leader = sim.leader()
+        if leader is None:
+            return
+        core = sim.core(leader)
+        membership = core.membership
+        choices: list[tuple[MembershipChangeKind, str]] = []
+        choices += [(MembershipChangeKind.ADD_LEARNER, n) for n in sim.node_ids
+                    if n not in membership.members()]
+        choices += [(MembershipChangeKind.PROMOTE, n) for n in membership.learners]
+        choices += [(MembershipChangeKind.REMOVE, n) for n in membership.learners]
+        if len(membership.voters) >= 3:
+            choices += [(MembershipChangeKind.REMOVE, n) for n in membership.voters]
+        if not choices:
+            return
+        kind, target = rng.choice(choices)
+        try:
+            sim.change_membership(leader, kind, target, wait=False)
+        except (MembershipChangeRefused, NotLeader, ProposalDropped) as error:
+            sim.record(f"membership change refused: {error}")
 
     # -- clients -------------------------------------------------------------------------
 

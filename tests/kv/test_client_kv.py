@@ -6,6 +6,7 @@ id, and outcomes that tell "certainly not applied" (Unavailable) from "maybe app
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 
@@ -15,6 +16,7 @@ import pytest
 from nemesis.platforms.local_cluster import free_ports
 from system.kv.client import (
     CasMismatch,
+    DeleteVersionMismatch,
     Indeterminate,
     InvalidArgument,
     KVClient,
@@ -169,3 +171,80 @@ def test_typed_errors_are_distinct() -> None:
     assert not issubclass(Indeterminate, Unavailable)
     assert not issubclass(Unavailable, Indeterminate)
     assert not issubclass(NotFound, (Unavailable, Indeterminate, CasMismatch))
+
+
+# --- arguments checked before sending; attempts with their own timeout ---------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "field"),
+    [
+        (lambda kv: kv.put("k", None), "value is None"),
+        (lambda kv: kv.put("k", "text"), "value must be bytes"),
+        (lambda kv: kv.put("k", bytearray(b"v")), "value must be bytes"),
+        (lambda kv: kv.put(7, b"v"), "key must be a str"),
+        (lambda kv: kv.put("", b"v"), "key is empty"),
+        (lambda kv: kv.put("k" * 1025, b"v"), "key is 1025 bytes"),
+        (lambda kv: kv.put("k", b"v", expected_version=-1), "expected_version must be in"),
+        (lambda kv: kv.put("k", b"v", expected_version=2**64), "expected_version must be in"),
+        (lambda kv: kv.put("k", b"v", expected_version=True), "expected_version must be an int"),
+        (lambda kv: kv.put("k", b"v", expected_version="3"), "expected_version must be an int"),
+        (lambda kv: kv.put("k", b"v", request_id=""), "request_id must be"),
+        (lambda kv: kv.put("k", b"v", request_id="r" * 257), "request_id is longer"),
+        (lambda kv: kv.put("k", b"v", timeout_s=0), "timeout_s must be"),
+        (lambda kv: kv.delete(None), "key must be a str"),
+        (lambda kv: kv.delete("k", expected_version=-2), "expected_version must be in"),
+        (lambda kv: kv.get(b"k"), "key must be a str"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_is_sent(nodes, call, field: str) -> None:
+    node = nodes(ok())
+    with KVClient([node.address], timeout_s=5) as kv, pytest.raises(InvalidArgument, match=field):
+        call(kv)
+    assert node.request_ids == []
+
+
+def test_a_paused_node_costs_one_attempt_and_the_retry_goes_to_the_next_node(nodes) -> None:
+    """The leader stops answering (SIGSTOP, partition): after one attempt's timeout, far
+    shorter than the call's deadline, the retry with the SAME request id goes to another
+    node -- and a follower's hint naming the silent node is not followed back to it."""
+    def hold(request, context):  # noqa: ANN001, ANN202
+        paused.release.wait(timeout=10)  # released by the fixture; bounded
+        return ok()(request, context)
+
+    paused = nodes(hold)
+    new_leader = nodes(ok(version=3))
+    stale_follower = nodes(fail(grpc.StatusCode.UNAVAILABLE, "not-applied", paused.address))
+    addresses = [paused.address, stale_follower.address, new_leader.address]
+    with KVClient(addresses, timeout_s=10, attempt_timeout_s=0.3) as kv:
+        kv._leader = paused.address  # it was the leader
+        started = time.monotonic()
+        result = kv.put("k", b"v")
+        elapsed = time.monotonic() - started
+    assert result.version == 3
+    assert elapsed < 1.5, f"the paused node cost {elapsed:.2f}s"
+    assert paused.request_ids == [result.request_id]  # tried once, never again
+    assert new_leader.request_ids == [result.request_id]
+
+
+def test_the_default_attempt_timeout_is_shorter_than_the_deadline(nodes) -> None:
+    def hold(request, context):  # noqa: ANN001, ANN202
+        paused.release.wait(timeout=10)
+        return ok()(request, context)
+
+    paused = nodes(hold)
+    other = nodes(ok(version=4))
+    with KVClient([paused.address, other.address], timeout_s=5) as kv:
+        kv._leader = paused.address
+        started = time.monotonic()
+        assert kv.put("k", b"v").version == 4
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_delete_whose_version_does_not_match_says_so_in_its_own_words() -> None:
+    err = DeleteVersionMismatch("k", 3, 5)
+    assert isinstance(err, CasMismatch)
+    assert str(err) == ("delete of 'k' refused: expected version 3, but the key is at "
+                        "version 5; nothing was deleted")
+    assert "does not exist" in str(DeleteVersionMismatch("k", 3, 0))
+    assert "compare-and-swap" not in str(err)

@@ -196,6 +196,31 @@ def test_a_request_id_reused_for_another_command_is_rejected_without_change() ->
     assert (d.machine.get("k"), d.machine.get("other")) == before
 
 
+def test_a_request_id_reused_with_another_value_or_expected_version_is_rejected() -> None:
+    """Same key and operation, different payload: not a retry but a second request under
+    the first one's id. Rejected (naming the id and the entry) instead of silently
+    answering with the first result; nothing changes. A true retry still dedups."""
+    d = driver()
+    first = d.put("k", b"a", request_id="req")
+    rejected = d.put("k", b"b", request_id="req")
+    assert isinstance(rejected, CommandRejected)
+    assert "'req'" in rejected.reason and "different value or expected version" in rejected.reason
+    assert isinstance(d.put("k", b"a", expected_version=1, request_id="req"), CommandRejected)
+    d.delete("gone", expected_version=3, request_id="del")
+    assert isinstance(d.delete("gone", expected_version=4, request_id="del"), CommandRejected)
+    assert d.machine.get("k") == (b"a", 1)
+    assert d.put("k", b"a", request_id="req") == first
+
+
+def test_the_payload_check_survives_snapshot_and_restore() -> None:
+    d = driver()
+    d.put("k", b"a", request_id="req")
+    restored = KVStateMachine.restore(d.machine.snapshot())
+    index = restored.applied_index + 1
+    assert isinstance(restored.apply(index, encode_put("k", b"b", request_id="req")),
+                      CommandRejected)
+
+
 def test_requests_without_id_are_never_deduplicated() -> None:
     d = driver()
     d.put("k", b"a")

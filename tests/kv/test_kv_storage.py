@@ -571,3 +571,80 @@ def test_64_mib_entries_round_trip_and_rotate_segments(data_dir: Path) -> None:
         del state
         store.save_snapshot(SnapshotMeta(2, 1, ("n1",)), b"s")
     assert len(segments(data_dir)) == 1
+
+
+# --- complete records and missing files (issue: membership, point 3 and 4) ---------------
+
+
+def test_a_complete_last_record_that_fails_its_checksum_is_corruption(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    """Every byte of the last record is there, and one is wrong: that record may have
+    been synced and acknowledged, so it is corruption naming file and offset, not a torn
+    write to drop (the rule before: any checksum failure at the tail was 'torn')."""
+    write_log(data_dir)
+    [segment] = segments(data_dir)
+    last_offset = record_offsets(segment)[-1]
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0x40  # a data byte of the last record
+    segment.write_bytes(bytes(data))
+    with pytest.raises(CorruptStorage) as caught:
+        reopen(data_dir)
+    assert caught.value.path == segment and caught.value.offset == last_offset
+
+
+def test_a_last_record_ending_in_a_never_written_block_is_torn(data_dir: Path, caplog) -> None:
+    """After a power cut the file's size may cover a block that never reached the disk:
+    its bytes read as zeros. That last record was never synced, so it is torn."""
+    written = write_log(data_dir)
+    with reopen(data_dir) as store:
+        store.append([Entry(term=1, index=11, data=b"z" * 9000)])
+    [segment] = segments(data_dir)
+    last_offset = record_offsets(segment)[-1]
+    data = bytearray(segment.read_bytes())
+    boundary = -(-(last_offset + 1) // 4096) * 4096
+    data[boundary:] = bytes(len(data) - boundary)
+    segment.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING), reopen(data_dir) as store:
+        assert store.load().entries == tuple(written)
+    assert "zero-filled" in caplog.text
+
+
+def test_a_missing_newest_segment_is_reported_as_missing(data_dir: Path) -> None:
+    with reopen(data_dir) as store:
+        store.append(entries(1, 200, size=100))
+    files = segments(data_dir)
+    assert len(files) > 2
+    files[-1].unlink()
+    with pytest.raises(CorruptStorage, match="newest WAL segment is missing") as caught:
+        reopen(data_dir)
+    assert caught.value.path == files[-1]
+
+
+def test_a_missing_snapshot_file_is_reported_as_missing(data_dir: Path) -> None:
+    with reopen(data_dir) as store:
+        store.append(entries(1, 200, size=100))
+        store.save_snapshot(SnapshotMeta(150, 1, ("n1",)), b"state")
+    [snapshot] = (data_dir / "snapshots").iterdir()
+    snapshot.unlink()
+    with pytest.raises(CorruptStorage, match="snapshot file is missing"):
+        reopen(data_dir)
+
+
+def test_a_missing_wal_beside_a_snapshot_is_reported_as_missing(data_dir: Path) -> None:
+    with reopen(data_dir) as store:
+        store.append(entries(1, 200, size=100))
+        store.save_snapshot(SnapshotMeta(150, 1, ("n1",)), b"state")
+    for path in segments(data_dir):
+        path.unlink()
+    with pytest.raises(CorruptStorage, match="WAL is missing"):
+        reopen(data_dir)
+
+
+def test_the_catch_up_index_of_a_voter_that_lost_entries_survives_reopen(data_dir: Path) -> None:
+    """HardState.catch_up_to (no vote until caught up) must outlive a crash, or a voter
+    that lost entries and then restarts would vote again on its shortened log."""
+    with reopen(data_dir) as store:
+        store.set_hard_state(HardState(term=3, vote="n2", commit=0, catch_up_to=300))
+    with reopen(data_dir) as store:
+        assert store.load().hard_state == HardState(term=3, vote="n2", commit=0, catch_up_to=300)

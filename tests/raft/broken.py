@@ -197,3 +197,77 @@ ALL = {
     "SKIPS_FSYNC": SKIPS_FSYNC,
     "IGNORES_REQUEST_IDS": IGNORES_REQUEST_IDS,
 }
+
+
+# -- lost durable state (docs/raft.md, "A follower whose log went backwards") ------------
+
+
+class IgnoresFollowerLogWentBackwards(_WithoutLocalAssertions):
+    """The leader does not notice a follower whose log went backwards: a rejection at or
+    after the index the follower had acknowledged is treated like any other (stale, by
+    the flow control), so the leader probes at match + 1 forever."""
+
+    def verify_follower_match(self, peer, progress, hint) -> None:  # noqa: ANN001
+        progress.probe_sent = False  # as before: the same probe again, at match + 1
+
+
+class VotesAfterLosingEntries(_WithoutLocalAssertions):
+    """A voter told it lost entries it had acknowledged still votes, judging candidates
+    against its shortened log (Raft §5.4.1 assumes a voter never loses what it stored)."""
+
+    def lost_entries_forbid_vote(self) -> bool:
+        return False
+
+
+IGNORES_FOLLOWER_LOG_WENT_BACKWARDS = SimVariant(
+    "ignores-follower-log-went-backwards", core_class=IgnoresFollowerLogWentBackwards,
+    description=IgnoresFollowerLogWentBackwards.__doc__ or "",
+)
+VOTES_AFTER_LOSING_ENTRIES = SimVariant(
+    "votes-after-losing-entries", core_class=VotesAfterLosingEntries,
+    description=VotesAfterLosingEntries.__doc__ or "",
+)
+
+
+# -- membership changes (thesis §4.1) -----------------------------------------------------
+
+
+class AllowsTwoMembershipChangesInFlight(_WithoutLocalAssertions):
+    """One change at a time broken: the leader appends a membership change while the
+    previous one is not committed, so the memberships two steps apart (whose majorities
+    need not overlap) can both be in use."""
+
+    def membership_change_problem(self) -> str:
+        return ""
+
+
+class ChangesMembershipBeforeCommittingInTerm(_WithoutLocalAssertions):
+    """The leader appends a membership change before it has committed an entry of its
+    own term (the single-server change bug Ongaro reported on raft-dev in 2015): an
+    uncommitted change of an earlier leader, unseen by this one, can combine with its own
+    change into two memberships whose majorities do not overlap."""
+
+    def membership_change_problem(self) -> str:
+        if self._config_index > self.log.committed:
+            return super().membership_change_problem()
+        return ""
+
+
+ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT = SimVariant(
+    "allows-two-membership-changes-in-flight", core_class=AllowsTwoMembershipChangesInFlight,
+    description=AllowsTwoMembershipChangesInFlight.__doc__ or "",
+)
+CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM = SimVariant(
+    "changes-membership-before-committing-in-term",
+    core_class=ChangesMembershipBeforeCommittingInTerm,
+    description=ChangesMembershipBeforeCommittingInTerm.__doc__ or "",
+)
+
+# Variants the named interleavings catch; the randomized run is measured on them
+# separately (docs/raft-testing.md), since its faults rarely reach these rules.
+MEMBERSHIP_AND_LOST_STATE = {
+    "IGNORES_FOLLOWER_LOG_WENT_BACKWARDS": IGNORES_FOLLOWER_LOG_WENT_BACKWARDS,
+    "VOTES_AFTER_LOSING_ENTRIES": VOTES_AFTER_LOSING_ENTRIES,
+    "ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT": ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT,
+    "CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM": CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM,
+}

@@ -1136,7 +1136,7 @@ def test_leader_transfer_input_errors() -> None:
 @pytest.mark.parametrize(
     "bad",
     [
-        message(MT.APPEND, "zz", "a", 1),  # unknown sender
+        message(MT.APPEND, "", "a", 1),  # no sender
         message(MT.APPEND, "b", "zz", 1),  # addressed elsewhere
         message(MT.APPEND, "a", "a", 1),  # from itself
         message(MT.VOTE, "b", "a", -1),  # negative term
@@ -1155,6 +1155,14 @@ def test_malformed_or_misaddressed_messages_are_ignored(bad: Message) -> None:
     node.step(bad)
     assert (node.term, node.role, node.ignored_message_count) == (0, Role.FOLLOWER, 1)
     assert node.last_ignored_reason and not ready_messages(node)
+
+
+def test_a_leader_outside_our_membership_is_followed() -> None:
+    """Thesis §4.1: a server accepts AppendEntries from a leader that is not in its
+    latest membership (one added after the end of its log), or it could never catch up."""
+    node = core("a")
+    node.step(message(MT.HEARTBEAT, "zz", "a", 1))
+    assert (node.term, node.leader_id, node.ignored_message_count) == (1, "zz", 0)
 
 
 def test_stale_term_messages_are_ignored() -> None:

@@ -525,3 +525,115 @@ def test_snapshot_transfer_completes_on_a_network_that_reorders_but_never_loses(
     sim, steps = snapshot_under_reordering(order_seed=0)
     chunks_in_flight = len(sim.pending(type=SNAPSHOT))
     assert steps >= 0, f"not caught up after 5000 steps; {chunks_in_flight} chunks in flight"
+
+
+# ---------------------------------------------------------------------------------------
+# A follower whose log went backwards (lost durable state)
+# ---------------------------------------------------------------------------------------
+
+
+def follower_log_went_backwards(variant: SimVariant | None = None, keep_through: int = 0):  # noqa: ANN201
+    """n3 acknowledged every write; its disk then comes back shorter (wiped, or restored
+    from an older copy); the same leader must bring it back."""
+    sim = Simulation(3, seed=41, variant=variant)
+    sim.campaign("n1")
+    for i in range(5):
+        write = sim.put("n1", "x", f"v{i}")
+        sim.run_until(lambda write=write: write.done, 300, "write")
+    sim.settle()
+    term = sim.core("n1").term
+    acknowledged = sim.core("n1").progress["n3"].match
+    sim.crash("n3")
+    sim.shorten_log("n3", keep_through)
+    sim.restart("n3")
+    write = sim.put("n1", "x", "after")  # the next APPEND finds n3's log short
+    sim.run_until(lambda: write.done, 300, "write after the restart")
+    caught_up = sim.run_until(
+        lambda: sim.nodes["n3"].applied_index == sim.nodes["n1"].applied_index,
+        2_000, required=False,
+    ) >= 0
+    return sim, term, acknowledged, caught_up
+
+
+@pytest.mark.parametrize("keep_through", [0, 3])
+def test_follower_whose_log_went_backwards_is_caught_up_by_the_same_leader(keep_through: int) -> None:
+    """A follower that lost entries it had acknowledged (wiped: keep 0; restored from an
+    older copy: keep 3) rejects the next APPEND with a hint below its acknowledged match.
+    The same leader notices, warns naming the follower and the indexes, resets its
+    progress and sends it the entries again: n3 converges without an election."""
+    sim, term, acknowledged, caught_up = follower_log_went_backwards(keep_through=keep_through)
+    assert caught_up, f"n3 never caught up: {sim.core('n1').progress['n3']}"
+    assert sim.leader() == "n1" and sim.core("n1").term == term
+    warnings = [line for line in sim.trace if "log went backwards" in line]
+    assert warnings and "n3" in warnings[0] and f"index {acknowledged}" in warnings[0]
+    assert common_problems(sim) == []
+
+
+def test_follower_whose_log_went_backwards_stays_behind_when_the_leader_ignores_it() -> None:
+    sim, _, _, caught_up = follower_log_went_backwards(broken.IGNORES_FOLLOWER_LOG_WENT_BACKWARDS)
+    assert not caught_up
+    progress = sim.core("n1").progress["n3"]
+    assert progress.match > sim.nodes["n3"].applied_index  # the leader believes a lie
+
+
+def voter_lost_acknowledged_write(variant: SimVariant | None = None):  # noqa: ANN201
+    """The issue's data loss in Raft terms: a write is committed on n1 and n3 only; n3's
+    disk loses it; the leader tells n3 so (one entry per APPEND, so n3 is still short);
+    then n1 crashes and n2, which never had the write, asks n3 for its vote."""
+    sim = Simulation(3, seed=43, variant=variant, max_append_entries=1)
+    sim.campaign("n1")
+    sim.settle()
+    sim.cut("n1", "n2")  # n2 never receives the write
+    write = sim.put("n1", "x", "acknowledged", request_id="w1")
+    sim.run_until(lambda: write.done, 300, "write committed by n1 and n3")
+    assert write.ok
+    sim.crash("n3")
+    sim.shorten_log("n3", 0)  # n3's data directory is gone
+    sim.restart("n3")
+    probe = sim.put("n1", "y", "probe")  # n1's next APPEND finds n3's log empty
+    # n3 rejects (hint 0 < match); n1 probes at the acknowledged index with a nonce; n3's
+    # fresh rejection confirms the loss; n1 resets n3's progress and marks its APPENDs.
+    while not sim.core("n1").progress["n3"].catch_up_to:
+        flight = sim.pending(type=APPEND, src="n1", dst="n3", where=lambda m: not m.context
+                             or m.context.startswith(b"verify"))
+        flight = flight or sim.pending(type=APPEND_RESPONSE, src="n3", dst="n1")
+        sim.deliver(id=flight[0].id)
+    sim.deliver(type=APPEND, src="n1", dst="n3",
+                where=lambda m: m.context.startswith(b"catch-up"))
+    assert sim.core("n3").commit_index < 2  # entry 1 only, and told to catch up to 2
+    sim.crash("n1")
+    sim.give_up(probe)
+    sim.heal()
+    sim.drop()
+    for _ in range(200):  # n2 campaigns; only n3 can give it a majority
+        sim.tick_nodes(["n2", "n3"])
+        sim.settle()
+    sim.restart("n1")
+    converge(sim)
+    return sim, write
+
+
+def voter_lost_acknowledged_write_problems(sim: Simulation, write) -> list[str]:  # noqa: ANN001
+    value, _ = read_back(sim, sim.leader() or "n1", "x")
+    problems = common_problems(sim)
+    if value != "acknowledged":
+        problems.append(f"x reads {value!r}: the acknowledged write is lost")
+    return problems
+
+
+def test_voter_that_lost_acknowledged_entries_grants_no_vote_until_caught_up() -> None:
+    """n3 knows (from the leader) that it lost entries it had acknowledged, so it refuses
+    n2's (pre-)votes: n2 lacks the write and cannot be elected; once n1 is back, the write
+    is still there."""
+    sim, write = voter_lost_acknowledged_write()
+    assert sim.core("n3").term >= 1
+    assert voter_lost_acknowledged_write_problems(sim, write) == []
+
+
+def test_voter_that_lost_acknowledged_entries_elects_a_leader_without_them_when_it_votes() -> None:
+    sim, write = voter_lost_acknowledged_write(broken.VOTES_AFTER_LOSING_ENTRIES)
+    problems = voter_lost_acknowledged_write_problems(sim, write)
+    assert any("acknowledged write is lost" in p for p in problems)
+    assert Rule.ACKNOWLEDGED_WRITE_LOST in rules(sim) or any(
+        "not linearizable" in p for p in problems
+    )

@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -97,8 +97,15 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index")
+    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index", "cluster_id", "member_id", "voters", "learners", "vote_withheld", "member_addresses")
     class PeersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class MemberAddressesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +124,12 @@ class StatusResponse(_message.Message):
     SNAPSHOTS_INSTALLED_FIELD_NUMBER: _ClassVar[int]
     UNSAFE_MODE_FIELD_NUMBER: _ClassVar[int]
     LAST_SNAPSHOT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    VOTE_WITHHELD_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     term: int
@@ -129,4 +142,58 @@ class StatusResponse(_message.Message):
     snapshots_installed: int
     unsafe_mode: str
     last_snapshot_index: int
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ...) -> None: ...
+    cluster_id: str
+    member_id: str
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    vote_withheld: str
+    member_addresses: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., member_id: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., vote_withheld: _Optional[str] = ..., member_addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ChangeMembershipRequest(_message.Message):
+    __slots__ = ("change", "node_id", "address")
+    CHANGE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    change: str
+    node_id: str
+    address: str
+    def __init__(self, change: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class ChangeMembershipResponse(_message.Message):
+    __slots__ = ("index", "voters", "learners", "header")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    header: Header
+    def __init__(self, index: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., header: _Optional[_Union[Header, _Mapping]] = ...) -> None: ...
+
+class IntroduceRequest(_message.Message):
+    __slots__ = ("cluster_id", "node_id", "member_id")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    node_id: str
+    member_id: str
+    def __init__(self, cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+
+class IntroduceResponse(_message.Message):
+    __slots__ = ("verdict", "message", "is_voter", "is_learner", "last_index", "cluster_id")
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    IS_VOTER_FIELD_NUMBER: _ClassVar[int]
+    IS_LEARNER_FIELD_NUMBER: _ClassVar[int]
+    LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    verdict: str
+    message: str
+    is_voter: bool
+    is_learner: bool
+    last_index: int
+    cluster_id: str
+    def __init__(self, verdict: _Optional[str] = ..., message: _Optional[str] = ..., is_voter: _Optional[bool] = ..., is_learner: _Optional[bool] = ..., last_index: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...

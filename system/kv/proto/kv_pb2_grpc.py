@@ -54,6 +54,16 @@ class KVStub:
                 request_serializer=system_dot_kv_dot_proto_dot_kv__pb2.StatusRequest.SerializeToString,
                 response_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.ChangeMembership = channel.unary_unary(
+                '/manyasone.kv.KV/ChangeMembership',
+                request_serializer=system_dot_kv_dot_proto_dot_kv__pb2.ChangeMembershipRequest.SerializeToString,
+                response_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.ChangeMembershipResponse.FromString,
+                _registered_method=True)
+        self.Introduce = channel.unary_unary(
+                '/manyasone.kv.KV/Introduce',
+                request_serializer=system_dot_kv_dot_proto_dot_kv__pb2.IntroduceRequest.SerializeToString,
+                response_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.IntroduceResponse.FromString,
+                _registered_method=True)
 
 
 class KVServicer:
@@ -83,6 +93,24 @@ class KVServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChangeMembership(self, request, context):
+        """Membership (one server at a time, with learners): add a learner, promote a caught-up
+        learner, remove a member. Only the leader carries it out (UNAVAILABLE + leader hint
+        otherwise); answered once the change is committed and applied. FAILED_PRECONDITION
+        when the leader refuses now (a change in flight, the learner not caught up, ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Introduce(self, request, context):
+        """A node on a new data directory introduces itself to its peers before it may vote
+        (docs/kv.md, "Identity and rejoining").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +133,16 @@ def add_KVServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.StatusRequest.FromString,
                     response_serializer=system_dot_kv_dot_proto_dot_kv__pb2.StatusResponse.SerializeToString,
+            ),
+            'ChangeMembership': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeMembership,
+                    request_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.ChangeMembershipRequest.FromString,
+                    response_serializer=system_dot_kv_dot_proto_dot_kv__pb2.ChangeMembershipResponse.SerializeToString,
+            ),
+            'Introduce': grpc.unary_unary_rpc_method_handler(
+                    servicer.Introduce,
+                    request_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.IntroduceRequest.FromString,
+                    response_serializer=system_dot_kv_dot_proto_dot_kv__pb2.IntroduceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +253,60 @@ class KV:
             '/manyasone.kv.KV/Status',
             system_dot_kv_dot_proto_dot_kv__pb2.StatusRequest.SerializeToString,
             system_dot_kv_dot_proto_dot_kv__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeMembership(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/manyasone.kv.KV/ChangeMembership',
+            system_dot_kv_dot_proto_dot_kv__pb2.ChangeMembershipRequest.SerializeToString,
+            system_dot_kv_dot_proto_dot_kv__pb2.ChangeMembershipResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Introduce(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/manyasone.kv.KV/Introduce',
+            system_dot_kv_dot_proto_dot_kv__pb2.IntroduceRequest.SerializeToString,
+            system_dot_kv_dot_proto_dot_kv__pb2.IntroduceResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,6 +26,7 @@ class EntryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ENTRY_KIND_NORMAL: _ClassVar[EntryKind]
     ENTRY_KIND_NOOP: _ClassVar[EntryKind]
+    ENTRY_KIND_CONFIG: _ClassVar[EntryKind]
 MESSAGE_TYPE_UNSPECIFIED: MessageType
 PRE_VOTE: MessageType
 PRE_VOTE_RESPONSE: MessageType
@@ -40,6 +41,7 @@ SNAPSHOT_RESPONSE: MessageType
 TIMEOUT_NOW: MessageType
 ENTRY_KIND_NORMAL: EntryKind
 ENTRY_KIND_NOOP: EntryKind
+ENTRY_KIND_CONFIG: EntryKind
 
 class Entry(_message.Message):
     __slots__ = ("term", "index", "data", "kind")
@@ -54,14 +56,25 @@ class Entry(_message.Message):
     def __init__(self, term: _Optional[int] = ..., index: _Optional[int] = ..., data: _Optional[bytes] = ..., kind: _Optional[_Union[EntryKind, str]] = ...) -> None: ...
 
 class SnapshotMeta(_message.Message):
-    __slots__ = ("index", "term", "voters")
+    __slots__ = ("index", "term", "voters", "learners", "member_info")
+    class MemberInfoEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
+    LEARNERS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_INFO_FIELD_NUMBER: _ClassVar[int]
     index: int
     term: int
     voters: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ...) -> None: ...
+    learners: _containers.RepeatedScalarFieldContainer[str]
+    member_info: _containers.ScalarMap[str, str]
+    def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., member_info: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RaftMessage(_message.Message):
     __slots__ = ("type", "src", "dst", "term", "log_term", "index", "entries", "commit", "reject", "reject_hint", "reject_term", "context", "snapshot", "offset", "data", "done")
