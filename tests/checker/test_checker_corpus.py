@@ -31,9 +31,11 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_corpus_is_complete() -> None:
-    # Guards against an empty or half-copied corpus silently passing.
-    assert len([e for e in ENTRIES if e.corpus == "porcupine"]) == 56
-    assert len([e for e in ENTRIES if e.corpus == "knossos"]) == 60
+    # Guards against an empty or half-copied corpus silently passing. The published set may
+    # grow (it had 56 Porcupine histories when this was written, 58 later); never shrink.
+    assert len([e for e in ENTRIES if e.corpus == "porcupine"]) >= 56
+    assert len([e for e in ENTRIES if e.corpus == "knossos"]) >= 60
+    assert all(e.path.exists() for e in ENTRIES)
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[f"{e.corpus}/{e.file}" for e in ENTRIES])
