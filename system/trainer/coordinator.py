@@ -257,7 +257,9 @@ class Coordinator:
             raise SystemExit(EXIT_DEPOSED) from None
         self.head_meta = meta
         self._emit({"kind": "resume", "step": step, "version": version, "request_id": rid,
-                    "lease_version": self.lease.term, "outcome": "ok"})
+                    "lease_version": self.lease.term, "outcome": "ok",
+                    "from_version": latest.version if latest else 0,
+                    "from_request_id": latest.meta.request_id if latest else ""})
         with self.cond:
             self.core = CoordinatorCore(self.config, self.options.coordinator_id, self.lease.term,
                                         state, step, version, self.shard_rows,
@@ -308,6 +310,9 @@ class Coordinator:
                     self._writer.join(timeout=max(5.0, 2 * self.options.lease_s))
                 with self.cond:
                     self._drain()
+                if self.store.unsafe == "write-after-lease-loss":
+                    from system.trainer.unsafe import write_after_lease_loss
+                    write_after_lease_loss(self)
                 return EXIT_DEPOSED
             if params is not None:
                 self.loss = model.loss(params, dataset.x_test, dataset.y_test, self.config.l2)
