@@ -153,6 +153,10 @@ class CheckpointStore:
         if self.unsafe == "no-fencing":
             from system.trainer.unsafe import write_head_without_cas
             version = self._settle(rid, lambda: write_head_without_cas(self.kv, self.key, value, rid))
+        elif self.unsafe == "no-request-id":
+            from system.trainer.unsafe import cas_without_request_id
+            version = self._settle(rid, lambda: cas_without_request_id(self.kv, self.key, value,
+                                                                        expected_version))
         else:
             version = self._settle(rid, lambda: self.kv.cas(self.key, value, expected_version,
                                                             request_id=rid).version)
