@@ -154,6 +154,12 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
         return None
     times = {r.index: r.time for r in records}
     positions = []
+    if "trainer_summary" in results:  # checker/trainer.py names history indexes
+        for name in results.get("properties") or {}:
+            for anomaly in results[f"trainer-{name}"]["anomalies"]:
+                positions.extend(anomaly.get("indexes") or [])
+        stamps = [times[p] for p in positions if p in times and times[p] is not None]
+        return (min(stamps) - records[0].time) / 1e9 if stamps else None
     for counterexample in results["_lin"].counterexamples:
         op = counterexample.blocking
         positions.append(op.ret if op.ret is not None else op.call)
