@@ -91,14 +91,17 @@ def coordinator_process(cid: str) -> int:
 class _Run(TrainerRun):
     """TrainerRun whose coordinators reach the store through proxies the workload can cut."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(self, *args: Any, nodes: dict[str, str], **kw: Any) -> None:
+        super().__init__(*args, kv=list(nodes.values()), **kw)
+        self.nodes = nodes
         self.proxies: dict[str, list[TcpProxy]] = {}
 
     def coordinator_kv(self, cid: str) -> str:
-        proxies = [TcpProxy(address) for address in self.kv_addresses or []]
-        self.proxies[cid] = proxies
-        return ",".join(p.address for p in proxies)
+        # By node id: a follower's hint must lead through this coordinator's proxy to the
+        # leader, not to the leader's own address (which would bypass a cut).
+        proxies = {node: TcpProxy(address) for node, address in self.nodes.items()}
+        self.proxies[cid] = list(proxies.values())
+        return ",".join(f"{node}={p.address}" for node, p in proxies.items())
 
     def close_proxies(self) -> None:
         for proxies in self.proxies.values():
@@ -145,7 +148,7 @@ class TrainerWorkload(Workload):
         self._ctx = ctx
         self._rng = random.Random(f"trainer-targets:{ctx.seed}")
         run_dir = Path(ctx.history.path).parent / "trainer"
-        self.run = _Run(self.config, standbys=self.standbys, kv=list(ctx.addresses.values()),
+        self.run = _Run(self.config, standbys=self.standbys, nodes=dict(ctx.addresses),
                         run_dir=run_dir, lease_s=self.lease_s,
                         gradient_deadline_s=self.gradient_deadline_s)
         if self.unsafe:

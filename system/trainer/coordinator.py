@@ -46,7 +46,7 @@ GRPC_OPTIONS = [("grpc.max_send_message_length", 512 * 1024 * 1024),
 @dataclass
 class CoordinatorOptions:
     coordinator_id: str
-    kv_addresses: list[str]
+    kv_addresses: list[str] | dict[str, str]  # a mapping: node id -> address (hints by id)
     listen: str = "127.0.0.1:0"
     checkpoint_store: str = "inline"  # inline | object | <dir> | s3://bucket/prefix
     object_dir: str = ""  # default directory for "object"

@@ -123,8 +123,9 @@ class TrainerRun:
         return cid
 
     def coordinator_kv(self, cid: str) -> str:
-        """The store addresses coordinator `cid` is given (the nemesis workload overrides
-        this to put a proxy it can cut between each coordinator and the store)."""
+        """The store addresses coordinator `cid` is given, as `--kv` text (the nemesis
+        workload overrides this with `n1=proxy,...` to put a proxy it can cut between each
+        coordinator and each node)."""
         return ",".join(self.kv_addresses or [])
 
     def start_worker(self, worker: int) -> None:
