@@ -251,7 +251,11 @@ class Coordinator:
                               coordinator_id=self.options.coordinator_id,
                               lease_version=self.lease.term, request_id=rid, kind="resume")
         try:
-            version = self.store.rewrite_head(latest, latest.version if latest else 0, meta)
+            # No checkpoint yet: CAS on whatever head there is (a predecessor's empty
+            # takeover record), so a coordinator killed before its first checkpoint does not
+            # leave a head no successor can resume from.
+            version = self.store.rewrite_head(latest, latest.version if latest else self.store.head_version,
+                                              meta)
         except (CasMismatch, StopWriting) as exc:
             self._emit({"kind": "resume", "step": step, "outcome": "fail", "detail": str(exc)})
             raise SystemExit(EXIT_DEPOSED) from None
