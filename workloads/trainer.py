@@ -92,7 +92,7 @@ class _Run(TrainerRun):
     """TrainerRun whose coordinators reach the store through proxies the workload can cut."""
 
     def __init__(self, *args: Any, nodes: dict[str, str], **kw: Any) -> None:
-        super().__init__(*args, kv=list(nodes.values()), **kw)
+        super().__init__(*args, kv=dict(nodes), **kw)  # type: ignore[arg-type] - id -> address
         self.nodes = nodes
         self.proxies: dict[str, list[TcpProxy]] = {}
 

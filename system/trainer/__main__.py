@@ -48,7 +48,7 @@ def _worker(args: argparse.Namespace) -> int:
     from system.trainer.worker import Worker
 
     die_with_parent()
-    return Worker(TrainConfig.from_json(args.config), args.index, args.kv.split(",")).run()
+    return Worker(TrainConfig.from_json(args.config), args.index, parse_kv(args.kv)).run()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -95,7 +95,7 @@ class TrainerRun:
         try:
             read_lease(self.kv, self.config.job, consistency="stale", timeout_s=2.0)
         except KVError as exc:
-            raise ConfigError(f"cannot reach the store at {','.join(self.kv_addresses)}: "
+            raise ConfigError(f"cannot reach the store at {self.worker_kv()}: "
                               f"{str(exc).splitlines()[0][:160]}") from None
         self.started_at = time.monotonic()
         for _ in range(1 + self.standbys):
@@ -122,6 +122,13 @@ class TrainerRun:
              **self.coordinator_env} or None)
         return cid
 
+    def worker_kv(self) -> str:
+        """The store addresses workers are given, as `--kv` text (`n1=addr,...` when
+        TrainerRun was given a mapping node id -> address)."""
+        if isinstance(self.kv_addresses, dict):
+            return ",".join(f"{node}={address}" for node, address in self.kv_addresses.items())
+        return ",".join(self.kv_addresses or [])
+
     def coordinator_kv(self, cid: str) -> str:
         """The store addresses coordinator `cid` is given, as `--kv` text (the nemesis
         workload overrides this with `n1=proxy,...` to put a proxy it can cut between each
@@ -131,7 +138,7 @@ class TrainerRun:
     def start_worker(self, worker: int) -> None:
         name = f"w{worker}"
         self.procs[name] = spawn(["worker", "--index", str(worker), "--config", self.config.to_json(),
-                                  "--kv", ",".join(self.kv_addresses or [])],
+                                  "--kv", self.worker_kv()],
                                  self.run_dir / f"{name}.log")
         self.expected_exit.discard(name)
 
