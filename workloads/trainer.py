@@ -25,7 +25,8 @@ History (docs/histories.md). Every coordinator appends events to its event log
 `history.jsonl`, each batch in the coordinators' own time order:
 
 - a checkpoint write is a client operation of the coordinator's integer process
-  (`101` for c1, `102` for c2, ...): `invoke` (f `checkpoint`, key = the head key, value =
+  (`101` for c1, `102` for c2, ...; after an `info` a coordinator that writes again — only
+  a canary does — continues under a fresh process id from 1001): `invoke` (f `checkpoint`, key = the head key, value =
   the step, `expected_version` = the head version it CASes on), then `ok` (`version` = the
   head's new version), `fail` (`error` cas-mismatch / not-sent; certainly not applied) or
   `info` (outcome unknown; the coordinator steps down and never writes again). Every record
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import random
@@ -131,6 +133,10 @@ class TrainerWorkload(Workload):
         self._threads: list[threading.Thread] = []
         self._offsets: dict[Path, int] = {}
         self._open: dict[str, int] = {}  # coordinator -> index of its open invoke
+        # coordinator -> its history process now; after an `info` it retires and the next
+        # write of that coordinator (only a canary writes again) gets a fresh process id.
+        self._process: dict[str, int] = {}
+        self._fresh = itertools.count(1001)
         self._rng = random.Random(0)
         self._ctx: RunContext | None = None
         self.paused: set[str] = set()
@@ -237,7 +243,9 @@ class TrainerWorkload(Workload):
         if kind == "checkpoint-invoke":
             if cid in self._open:  # cannot happen (one write in flight); keep the record valid
                 history.complete(self._open.pop(cid), "info", None, error="superseded invoke")
-            self._open[cid] = history.invoke(coordinator_process(cid), "checkpoint", key,
+                self._process[cid] = next(self._fresh)
+            process = self._process.setdefault(cid, coordinator_process(cid))
+            self._open[cid] = history.invoke(process, "checkpoint", key,
                                              e.get("step"), expected_version=e.get("version"),
                                              **common)
             return
@@ -253,6 +261,8 @@ class TrainerWorkload(Workload):
             else:
                 extra["error"] = e.get("outcome") or outcome
             history.complete(index, outcome, e.get("step"), version=e.get("version"), **extra)
+            if outcome == "info":
+                self._process[cid] = next(self._fresh)
             self.counts.add("checkpoint", outcome)
             return
         if kind in EVENT_KINDS:
