@@ -30,8 +30,9 @@ def _trainer_processes(harness_pid: int) -> set[int]:
     return found
 
 
-def _run(tmp_path: Path, *args: str, timeout_s: float = 150) -> tuple[int, str, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "nemesis", "run", "--platform", "local",
+def _run(tmp_path: Path, *args: str, timeout_s: float = 150, platform: str = "local"
+         ) -> tuple[int, str, dict]:
+    proc = subprocess.Popen([sys.executable, "-m", "nemesis", "run", "--platform", platform,
                              "--workload", "trainer", "--nodes", "3",
                              "--store", str(tmp_path / "store"), *args],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -47,9 +48,17 @@ def _run(tmp_path: Path, *args: str, timeout_s: float = 150) -> tuple[int, str, 
     return proc.returncode, out, results
 
 
-def test_a_short_trainer_run_under_kill_faults_is_valid(tmp_path: Path) -> None:
+def _docker() -> tuple[bool, str]:
+    from nemesis.platforms import docker_status
+
+    return docker_status()
+
+
+@pytest.mark.parametrize("platform", ["local", pytest.param("docker", marks=pytest.mark.skipif(
+    not _docker()[0], reason=f"needs a Docker engine ({_docker()[1]})"))])
+def test_a_short_trainer_run_under_kill_faults_is_valid(tmp_path: Path, platform: str) -> None:
     code, out, results = _run(tmp_path, "--faults", "kill", "--duration", "20", "--interval", "4",
-                              "--seed", "3")
+                              "--seed", "3", platform=platform, timeout_s=300)
     assert code == 0, out
     assert results["properties"] == {"durable": True, "resume": True, "fencing": True,
                                      "request-ids": True, "reference": True}, out
