@@ -38,13 +38,25 @@ CANARY_FAULTS = {
 # keep one write in flight per client (3 of 3 caught in the trial that chose this).
 CANARY_ARGS = {"no-dedup": ["--rate", "0"]}
 SAFE_FAULTS = "partition,kill,pause"
+# The trainer's canaries (system/trainer/unsafe.py) under `--workload trainer`: each needs a
+# coordinator that loses its lease while alive (a pause past it) or a write whose answer
+# is lost (a store node killed or paused under it).
+TRAINER_CANARY_FAULTS = {
+    "no-fencing": "pause",  # a coordinator paused mid-write wakes and puts past its successor
+    "no-request-id": "kill,pause",  # a write whose leader died is retried under a new id
+    "write-after-lease-loss": "pause",  # a coordinator paused past its lease flushes its state
+}
+TRAINER_SAFE_FAULTS = "kill,pause,partition"
 
 
 def one_run(platform: str, faults: str, seed: int, duration: float, nodes: int,
-            unsafe: str | None, store: Path, log) -> dict:  # noqa: ANN001
+            unsafe: str | None, store: Path, log, workload: str = "kv",  # noqa: ANN001
+            interval: float | None = None) -> dict:
     cmd = [sys.executable, "-m", "nemesis", "run", "--platform", platform, "--faults", faults,
            "--duration", f"{duration:g}", "--nodes", str(nodes), "--seed", str(seed),
-           "--store", str(store)]
+           "--store", str(store), "--workload", workload]
+    if interval is not None:
+        cmd += ["--interval", f"{interval:g}"]
     if unsafe:
         cmd += ["--unsafe", unsafe, *CANARY_ARGS.get(unsafe, [])]
     started = time.monotonic()
@@ -55,11 +67,13 @@ def one_run(platform: str, faults: str, seed: int, duration: float, nodes: int,
     log.flush()
     run_dir = (store / "latest").resolve()
     first = None
+    broken: list[str] = []
     if proc.returncode == check.EXIT_INVALID:
         results = check.check_run(run_dir)
         first = check.first_violation_s(results, run_dir)
+        broken = [p for p, v in (results.get("properties") or {}).items() if v is False]
     return {"code": proc.returncode, "wall_s": wall, "first_violation_s": first,
-            "run_dir": str(run_dir)}
+            "run_dir": str(run_dir), "broken": broken}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,11 +84,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--valid-duration", type=float, default=120.0)
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--only", choices=("canaries", "valid"), default=None)
-    parser.add_argument("--variants", default=",".join(CANARY_FAULTS),
-                        help="canaries to run (comma list; default all)")
+    parser.add_argument("--variants", default=None,
+                        help="canaries to run (comma list; default all of the workload's)")
+    parser.add_argument("--workload", choices=("kv", "trainer"), default="kv",
+                        help="kv: the store's canaries; trainer: the trainer's (--workload trainer)")
+    parser.add_argument("--interval", type=float, default=None,
+                        help="--interval of every run (default: the harness's)")
     parser.add_argument("--store", type=Path, default=Path("/tmp/mao-canaries/store"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/canaries.md")
     args = parser.parse_args(argv)
+    canary_faults = TRAINER_CANARY_FAULTS if args.workload == "trainer" else CANARY_FAULTS
+    safe_faults = TRAINER_SAFE_FAULTS if args.workload == "trainer" else SAFE_FAULTS
+    if args.variants is None:
+        args.variants = ",".join(canary_faults)
     platforms = [p for p in args.platforms.split(",") if p]
     args.store.mkdir(parents=True, exist_ok=True)
     log = (args.store.parent / "canaries.log").open("a", encoding="utf-8")
@@ -82,18 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     plan = []
     if args.only != "valid":
         wanted = [v for v in args.variants.split(",") if v]
-        unknown = set(wanted) - set(CANARY_FAULTS)
+        unknown = set(wanted) - set(canary_faults)
         if unknown:
-            parser.error(f"unknown canary {', '.join(sorted(unknown))}; known: {', '.join(CANARY_FAULTS)}")
-        plan += [(name, CANARY_FAULTS[name], args.duration) for name in wanted]
+            parser.error(f"unknown canary {', '.join(sorted(unknown))}; known: {', '.join(canary_faults)}")
+        plan += [(name, canary_faults[name], args.duration) for name in wanted]
     if args.only != "canaries":
-        plan += [(None, SAFE_FAULTS, args.valid_duration)]
+        plan += [(None, safe_faults, args.valid_duration)]
     started = time.monotonic()
     for unsafe, faults, duration in plan:
         for platform in platforms:
             runs = []
             for seed in range(1, args.seeds + 1):
-                r = one_run(platform, faults, seed, duration, args.nodes, unsafe, args.store, log)
+                r = one_run(platform, faults, seed, duration, args.nodes, unsafe, args.store, log,
+                            args.workload, args.interval)
                 runs.append(r)
                 print(f"[{time.monotonic() - started:6.0f}s] {unsafe or 'safe'} {platform} "
                       f"seed {seed}: exit {r['code']} ({r['wall_s']:.0f} s)"
@@ -103,8 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             firsts = [r["first_violation_s"] for r in runs if r["first_violation_s"] is not None]
             wanted = check.EXIT_INVALID if unsafe else check.EXIT_VALID
             hits = sum(c == wanted for c in codes)
+            safe = "none (safe trainer)" if args.workload == "trainer" else "none (safe store)"
+            caught = ""
+            if unsafe and args.workload == "trainer":
+                caught = " (" + ", ".join(sorted({p for r in runs for p in r.get("broken", [])})) + ")"
             rows.append([
-                unsafe or "none (safe store)", platform,
+                (unsafe or safe) + caught, platform,
                 " ".join([faults, *CANARY_ARGS.get(unsafe or "", [])]), f"{duration:g}",
                 f"{hits}/{len(runs)} {'caught' if unsafe else 'valid'}",
                 f"{statistics.median(firsts):.1f}" if firsts else "-",
@@ -115,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
                      tablefmt="github")
     load = os.getloadavg()
     text = (f"# Canary matrix (issue 7)\n\n"
-            f"`python -m benchmarks.canaries --seeds {args.seeds} --platforms {args.platforms} "
+            f"`python -m benchmarks.canaries --workload {args.workload} --seeds {args.seeds} "
+            f"--platforms {args.platforms} "
+            + (f"--interval {args.interval:g} " if args.interval is not None else "") +
             f"--duration {args.duration:g} --valid-duration {args.valid_duration:g}` "
             f"({args.nodes} nodes, default concurrency and rate; load average at the end "
             f"{load[0]:.1f}). A canary row counts runs that exited 1 (invalid); the safe row "

@@ -51,6 +51,8 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     operations = read_operations(history_path, allow_truncated_tail=True)
     test = read_json(run_dir / "test.json") if (run_dir / "test.json").exists() else {}
     model_name = model_name or test.get("workload", {}).get("model") or "versioned-kv"
+    if model_name == "trainer":
+        return _check_trainer_run(run_dir, test, started)
     model = by_name(model_name, None)
     lin: Result = check_linearizable(operations, model, budget_s=budget_s, all_keys=True)
     lost: Result = check_lost_writes(operations)
@@ -79,12 +81,47 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     return results
 
 
+def _check_trainer_run(run_dir: Path, test: dict[str, Any], started: float) -> dict[str, Any]:
+    """The trainer workload's history: checker/trainer.py's properties (no linearizability:
+    the head key is written only through CAS by the trainer; its checker is the trainer's)."""
+    from checker.trainer import PROPERTIES, check_trainer, reference_digest
+    from histories.read import read_history
+
+    records = read_history(run_dir / "history.jsonl", allow_truncated_tail=True)
+    operations = read_operations(run_dir / "history.jsonl", allow_truncated_tail=True)
+    config = (test.get("workload") or {}).get("config")
+    found = check_trainer(records, reference_digest(config) if config else None)
+    verdict = found["trainer_summary"]["valid"]
+    if not operations:
+        verdict = UNKNOWN
+    results_path = run_dir / "results.json"
+    results: dict[str, Any] = read_json(results_path) if results_path.exists() else {}
+    results.update(found)
+    results.update({"valid": verdict, "verdict": WORDS[verdict], "operations": op_table(operations),
+                    "check_seconds": round(time.monotonic() - started, 3),
+                    "properties": {p: found[f"trainer-{p}"]["valid"] for p in PROPERTIES}})
+    write_json(results_path, results)
+    return results
+
+
 def summary_lines(results: dict[str, Any]) -> list[str]:
     """The table and the evidence a person reads after a run."""
     lines = []
     rows = [[f, r["ok"], r["fail"], r["info"]] for f, r in sorted(results["operations"].items())]
     if rows:
         lines.append(tabulate(rows, headers=["op", "ok", "fail", "info"], tablefmt="simple"))
+    if "trainer_summary" in results:
+        counts = results["trainer_summary"]["counts"]
+        lines.append(f"trainer: {counts['resumes']} resumes, {counts['lease_acquisitions']} lease "
+                     f"acquisitions, {counts['skipped_worker_steps']} skipped worker steps, final "
+                     f"step {counts['final_step']}")
+        for name, valid in results["properties"].items():
+            entry = results[f"trainer-{name}"]
+            lines.append(f"{name}: {WORDS[valid].lower()}"
+                         + (f" ({entry['note']})" if entry.get("note") else ""))
+            for anomaly in entry["anomalies"][:3]:
+                lines.append(f"  {anomaly['kind']}: {anomaly['text']}")
+        return lines
     lin: Result = results["_lin"]
     lost: Result = results["_lost"]
     keys = lin.keys
@@ -117,6 +154,12 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
         return None
     times = {r.index: r.time for r in records}
     positions = []
+    if "trainer_summary" in results:  # checker/trainer.py names history indexes
+        for name in results.get("properties") or {}:
+            for anomaly in results[f"trainer-{name}"]["anomalies"]:
+                positions.extend(anomaly.get("indexes") or [])
+        stamps = [times[p] for p in positions if p in times and times[p] is not None]
+        return (min(stamps) - records[0].time) / 1e9 if stamps else None
     for counterexample in results["_lin"].counterexamples:
         op = counterexample.blocking
         positions.append(op.ret if op.ret is not None else op.call)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from nemesis.check import EXIT_HARNESS
 
-WORKLOADS = ("kv",)
+WORKLOADS = ("kv", "trainer")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,6 +49,7 @@ def _positive(kind: type) -> object:
 
 def build_parser() -> argparse.ArgumentParser:
     from system.kv.unsafe import CANARIES
+    from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
 
     parser = _Parser(prog="python -m nemesis", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -74,8 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--op-timeout", type=_positive(float), default=3.0, metavar="S",
                      help="deadline of one operation (default %(default)s)")
     run.add_argument("--read-consistency", choices=("linearizable", "stale"), default="linearizable")
-    run.add_argument("--unsafe", choices=CANARIES, default=None,
-                     help="TEST THE HARNESS: run every node as a deliberately broken canary")
+    run.add_argument("--unsafe", choices=(*CANARIES, *TRAINER_CANARIES), default=None,
+                     help="TEST THE HARNESS: run every node (store canaries) or every trainer "
+                          "coordinator (trainer canaries, --workload trainer) deliberately broken")
     run.add_argument("--check-budget-s", type=_positive(float), default=60.0, metavar="S",
                      help="linearizability search budget per key (default %(default)s)")
     run.add_argument("--junit", type=Path, default=None, metavar="FILE",
@@ -176,6 +178,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.nodes < MIN_NODES[fault]:
             return _refuse(f"--faults {fault} needs at least {MIN_NODES[fault]} nodes "
                            f"(a majority must be able to survive it); --nodes is {args.nodes}")
+    from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
+
+    if args.unsafe in TRAINER_CANARIES and args.workload != "trainer":
+        return _refuse(f"--unsafe {args.unsafe} is a trainer canary; it needs --workload trainer")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
     if args.interval * 2 > args.duration and faults != ["none"]:

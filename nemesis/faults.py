@@ -19,6 +19,13 @@ Faults (`--faults`, a comma list):
 - packet: loss on a random set of directed links; healed by removing it;
 - none: no faults (a baseline run).
 
+A workload may own processes of its own (the trainer's coordinators and workers) and offer
+them as targets (`workloads.base.ProcessTargets`). Then kill and pause also deal the
+workload's roles (`coordinator` — the one holding the lease — `standby`, `worker`), each
+round led by `coordinator`, and partition also deals `coordinator-from-store` (the active
+coordinator cut from every store node, by the workload's own proxies). A killed process is
+healed by starting a replacement (the workload decides what that is).
+
 Every start and every heal is an event in the history (process "nemesis", type info), with
 the fault's id, kind, the nodes it touched and, for partitions, the graph of who can reach
 whom. Must never leave a fault in place: `heal_everything()` undoes whatever is active and
@@ -72,13 +79,19 @@ class ActiveFault:
 
 
 EventSink = Callable[[str, dict[str, Any]], None]
+PROCESS_PARTITION = "coordinator-from-store"
+
+
+def _is_node(name: str, nodes: list[str]) -> bool:
+    return name in nodes
 
 
 class Nemesis:
     """Runs the schedule in its own thread (`start`/`stop`); `heal_everything` at the end."""
 
     def __init__(self, platform: Platform, faults: list[str], *, seed: int, interval_s: float,
-                 record: EventSink, shapes: tuple[str, ...] = partitions.SHAPES) -> None:
+                 record: EventSink, shapes: tuple[str, ...] = partitions.SHAPES,
+                 targets: Any = None) -> None:
         self.platform = platform
         self.faults = [f for f in faults if f != "none"]
         self.rng = random.Random(f"nemesis:{seed}")
@@ -86,6 +99,14 @@ class Nemesis:
         self.record = record
         self.nodes = list(platform.node_ids)
         self.shapes = tuple(s for s in shapes if len(self.nodes) >= partitions.MIN_NODES[s])
+        # A workload's own processes (ProcessTargets) the nemesis may hurt, or None.
+        self.targets = targets
+        roles: tuple[str, ...] = tuple(targets.target_roles()) if targets is not None else ()
+        self.kill_targets = (*roles, *KILL_TARGETS) if roles else KILL_TARGETS
+        self.pause_targets = (*roles, *PAUSE_TARGETS) if roles else PAUSE_TARGETS
+        self.roles = roles
+        if "coordinator" in roles:
+            self.shapes = (*self.shapes, PROCESS_PARTITION)
         self.active: dict[int, ActiveFault] = {}
         # Nodes the nemesis has killed and not yet restarted: any other node found down has
         # crashed on its own, which the run reports.
@@ -177,8 +198,10 @@ class Nemesis:
     def _leader(self) -> str | None:
         return self.platform.leader()
 
-    def _partition(self) -> ActiveFault:
+    def _partition(self) -> ActiveFault | None:
         shape_name = self._deal("shape", self.shapes)
+        if shape_name == PROCESS_PARTITION:
+            return self._cut_process()
         leader = self._leader() if shape_name == "isolate-leader" else None
         graph = partitions.shape(shape_name, self.nodes, self.rng, leader)
         links = partitions.cuts(graph)
@@ -206,8 +229,30 @@ class Nemesis:
             cards = self._decks[deck] = [variants[0], *rest]
         return cards.pop(0)
 
+    def _cut_process(self) -> ActiveFault | None:
+        name = self.targets.resolve("coordinator")
+        if name is None:
+            self.record("nemesis-skip", {"fault": "partition", "description":
+                                         f"{PROCESS_PARTITION}: no active coordinator now"})
+            return None
+        self.targets.cut_from_store(name)
+
+        def heal() -> dict[str, Any]:
+            self.targets.heal_from_store(name)
+            return {}
+
+        return self._register("partition", [name], f"{PROCESS_PARTITION}: {name} | {' '.join(self.nodes)}",
+                              heal, {"shape": PROCESS_PARTITION, "process": name,
+                                     "cut": [[name, n] for n in self.nodes]
+                                     + [[n, name] for n in self.nodes]}, "start-partition")
+
     def _targets(self, choices: tuple[str, ...]) -> tuple[str, list[str]]:
         target = self._deal(f"target:{','.join(choices)}", choices)
+        if target in self.roles:
+            name = self.targets.resolve(target)
+            if name is not None:
+                return target, [name]
+            target = f"random (no {target} now)"
         if target == "leader":
             leader = self._leader()
             if leader is not None:
@@ -219,7 +264,16 @@ class Nemesis:
         return target, [self.rng.choice(self.nodes)]
 
     def _kill(self) -> ActiveFault:
-        target, nodes = self._targets(KILL_TARGETS)
+        target, nodes = self._targets(self.kill_targets)
+        if not _is_node(nodes[0], self.nodes):
+            self.targets.kill_target(nodes[0])
+            name = nodes[0]
+
+            def heal_process() -> dict[str, Any]:
+                return {"replacement": self.targets.restart_target(name)}
+
+            return self._register("kill", nodes, f"{target}: {name}", heal_process,
+                                  {"target": target, "process": name}, "kill")
         self.expected_down.update(nodes)
         for node in nodes:
             self.platform.kill(node)
@@ -235,13 +289,20 @@ class Nemesis:
                               {"target": target}, "kill")
 
     def _pause(self) -> ActiveFault:
-        target, nodes = self._targets(PAUSE_TARGETS)
+        target, nodes = self._targets(self.pause_targets)
+        process = not _is_node(nodes[0], self.nodes)
         for node in nodes:
-            self.platform.pause(node)
+            if process:
+                self.targets.pause_target(node)
+            else:
+                self.platform.pause(node)
 
         def heal() -> dict[str, Any]:
             for node in nodes:
-                self.platform.resume(node)
+                if process:
+                    self.targets.resume_target(node)
+                else:
+                    self.platform.resume(node)
             return {}
 
         return self._register("pause", nodes, f"{target}: {' '.join(nodes)}", heal,
@@ -292,5 +353,10 @@ class Nemesis:
                 self.expected_down.discard(node)
             except Exception as exc:
                 self.errors.append(f"bring back {node}: {exc}")
+        if self.targets is not None:
+            try:
+                actions += self.targets.heal_targets()
+            except Exception as exc:
+                self.errors.append(f"heal the workload's processes: {exc}")
         self.record("heal-all", {"fault": "all", "phase": "end", "nodes": self.nodes,
                                  "description": "; ".join(actions) or "all links healed, all nodes running"})

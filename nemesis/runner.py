@@ -28,7 +28,8 @@ from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
 from system.kv.unsafe import ALLOW_ENV_VAR
-from workloads.base import RunContext, Workload
+from system.kv.unsafe import CANARIES as STORE_CANARIES
+from workloads.base import ProcessTargets, RunContext, Workload
 from workloads.kv import KVWorkload
 
 log = logging.getLogger("nemesis")
@@ -79,7 +80,7 @@ class RunConfig:
 def make_platform(config: RunConfig, run_id: str, run_dir: Path) -> Platform:
     env: dict[str, str] = {}
     node_args = list(config.node_args)
-    if config.unsafe:
+    if config.unsafe and config.unsafe in STORE_CANARIES:
         node_args += ["--unsafe", config.unsafe]
         env[ALLOW_ENV_VAR] = "1"
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
@@ -98,6 +99,12 @@ def make_workload(config: RunConfig) -> Workload:
         return KVWorkload(concurrency=config.concurrency, rate=config.rate,
                           op_timeout_s=config.op_timeout_s,
                           read_consistency=config.read_consistency)
+    if config.workload == "trainer":
+        from system.kv.unsafe import CANARIES
+        from workloads.trainer import TrainerWorkload
+
+        trainer_unsafe = config.unsafe if config.unsafe and config.unsafe not in CANARIES else None
+        return TrainerWorkload(unsafe=trainer_unsafe, seed=config.seed)
     raise HarnessError(f"unknown workload {config.workload!r}")
 
 
@@ -214,6 +221,8 @@ def _teardown(ctx: RunContext | None, nemesis: Nemesis | None, workload: Workloa
             history.complete(index, "info", None, error="run ended with the operation in flight")
         history.close()
 
+    if hasattr(workload, "close"):
+        steps.append(("stop the workload's processes", workload.close))
     steps += [("close the history", close_history), ("close nemesis.jsonl", nemesis_events.close)]
     if platform is not None:
         steps += [("collect node logs", platform.collect_logs), ("tear down", platform.close)]
@@ -243,7 +252,8 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     write_json(run_dir / "test.json", test)
     _print(out, f"run folder: {run_dir}")
     if config.unsafe:
-        _print(out, f"canary: every node runs deliberately broken (--unsafe {config.unsafe})")
+        who = "every node runs" if config.unsafe in STORE_CANARIES else "every trainer coordinator runs"
+        _print(out, f"canary: {who} deliberately broken (--unsafe {config.unsafe})")
     run_info: dict[str, Any] = {"run_id": run_id, "platform": config.platform,
                                 "crashed_nodes": [], "nemesis_errors": [], "harness_error": None}
     nemesis_events = (run_dir / "nemesis.jsonl").open("a", encoding="utf-8")
@@ -278,7 +288,8 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         ctx = RunContext(addresses=platform.client_addresses, history=history, seed=config.seed,
                          deadline=deadline)
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
-                          interval_s=config.interval_s, record=record)
+                          interval_s=config.interval_s, record=record,
+                          targets=workload if isinstance(workload, ProcessTargets) else None)
         workload.start(ctx)
         nemesis.start(deadline)
         progress = Progress(out, config.duration_s)
@@ -356,7 +367,10 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                     f"{run_info['nemesis_errors'][0]}")
     verdict = results["valid"]
     word = check.WORDS[verdict]
-    reason = {True: "the history is linearizable and no acknowledged write was lost",
+    reason = {True: ("no acknowledged checkpoint was lost, every resume started from the latest, "
+                     "no deposed coordinator wrote, no request id applied twice"
+                     if config.workload == "trainer" else
+                     "the history is linearizable and no acknowledged write was lost"),
               False: "the history shows a violation (see above and report.html)",
               "unknown": "the check could not decide (a budget ran out, or nothing was recorded)"}
     _print(out, f"{word}: {reason[verdict]}. Run folder: {run_dir}")

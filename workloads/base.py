@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from histories.write import HistoryWriter
 
@@ -77,3 +77,28 @@ class Workload(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """The workload's configuration, for test.json."""
         return {"name": self.name, "model": self.model}
+
+
+@runtime_checkable
+class ProcessTargets(Protocol):
+    """Processes a workload owns (the trainer's coordinators and workers) that the nemesis
+    may hurt beside the store's nodes (nemesis/faults.py). A role names a kind of process
+    ("coordinator", "standby", "worker"); `resolve` says which process it is right now."""
+
+    def target_roles(self) -> tuple[str, ...]: ...
+
+    def resolve(self, role: str) -> str | None: ...
+
+    def kill_target(self, name: str) -> None: ...
+
+    def restart_target(self, name: str) -> str: ...
+
+    def pause_target(self, name: str) -> None: ...
+
+    def resume_target(self, name: str) -> None: ...
+
+    def cut_from_store(self, name: str) -> None: ...
+
+    def heal_from_store(self, name: str) -> None: ...
+
+    def heal_targets(self) -> list[str]: ...

@@ -350,6 +350,10 @@ def verdict_sentence(data: RunData) -> str:
                   if total else "no faults")
     span = f"{data.duration_s:.0f}" if data.duration_s >= 10 else f"{data.duration_s:.1f}"
     where = f"{ops:,} operations over {span} s with {fault_text}"
+    trainer = "trainer_summary" in data.results
+    if data.verdict == VALID and trainer:
+        return (f"VALID: {where}; no acknowledged checkpoint was lost, every resume started "
+                f"from the latest, no deposed coordinator wrote and no request id applied twice.")
     if data.verdict == VALID:
         return (f"VALID: {where}; the history is linearizable and no acknowledged write "
                 f"was lost.")
@@ -362,6 +366,13 @@ def verdict_sentence(data: RunData) -> str:
         note = (data.results.get("linearizable") or {}).get("note") or (
             "nothing was recorded" if not ops else "a checker budget ran out")
         return f"UNKNOWN: the check could not decide ({note}); {where}."
+    if trainer:
+        broken = [(name, data.results.get(f"trainer-{name}") or {})
+                  for name, v in (data.results.get("properties") or {}).items() if v is False]
+        first = next(((n, r["anomalies"][0]) for n, r in broken if r.get("anomalies")), None)
+        text = (f"trainer property {first[0]!r} broken: {first[1]['kind']}: {first[1]['text']}"
+                if first else "a trainer property is broken (see results.json)")
+        return f"INVALID: {text} ({where})."
     return f"INVALID: {violation_summary(data)} ({where})."
 
 

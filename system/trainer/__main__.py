@@ -9,6 +9,16 @@ import sys
 import system.trainer  # noqa: F401, I001  (pins BLAS to one thread before numpy loads)
 
 
+def parse_kv(text: str) -> list[str] | dict[str, str]:
+    """`--kv a:1,b:2` (addresses) or `--kv n1=a:1,n2=b:2` (node id -> address: a leader hint
+    is then followed by the node's id, through the address given here — a proxy, a published
+    port — never by the address the leader advertises to its peers)."""
+    parts = [p for p in text.split(",") if p]
+    if parts and all("=" in p for p in parts):
+        return dict(p.split("=", 1) for p in parts)
+    return parts
+
+
 def _coordinator(args: argparse.Namespace) -> int:
     from system.trainer.config import ConfigError, TrainConfig
     from system.trainer.coordinator import EXIT_CONFIG, Coordinator, CoordinatorOptions
@@ -19,7 +29,7 @@ def _coordinator(args: argparse.Namespace) -> int:
     install()
     config = TrainConfig.from_json(args.config)
     options = CoordinatorOptions(
-        coordinator_id=args.id, kv_addresses=args.kv.split(","), listen=args.listen,
+        coordinator_id=args.id, kv_addresses=parse_kv(args.kv), listen=args.listen,
         checkpoint_store=args.checkpoint_store, object_dir=args.object_dir,
         chunk_bytes=args.chunk_bytes, lease_s=args.lease_s,
         gradient_deadline_s=args.gradient_deadline_s, event_log=args.event_log, unsafe=args.unsafe)
@@ -38,7 +48,7 @@ def _worker(args: argparse.Namespace) -> int:
     from system.trainer.worker import Worker
 
     die_with_parent()
-    return Worker(TrainConfig.from_json(args.config), args.index, args.kv.split(",")).run()
+    return Worker(TrainConfig.from_json(args.config), args.index, parse_kv(args.kv)).run()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -64,6 +64,7 @@ class CheckpointStore:
         self.on_attempt = on_attempt  # (request_id, outcome) for the event log
         self.key = head_key(job)
         self.unsafe = unsafe  # "" unless a test canary (unsafe.py) was explicitly allowed
+        self.head_version = 0  # the head key's version the last read_latest saw (0: absent)
 
     # ----- reading ---------------------------------------------------------------------
 
@@ -91,8 +92,14 @@ class CheckpointStore:
         for attempt in range(attempts):
             head = self.read_head()
             if head is None:
+                self.head_version = 0
                 return None
             meta, inline, version = head
+            self.head_version = version
+            if not meta.checksum and meta.kind == "resume":
+                # A takeover record written before any checkpoint (its writer died before
+                # its first one): there is no checkpoint yet, only a head to CAS on.
+                return None
             if config_hash is not None and meta.config_hash != config_hash:
                 raise codec.CheckpointError(
                     f"the checkpoint was written by configuration {meta.config_hash}, this run is "
@@ -153,6 +160,10 @@ class CheckpointStore:
         if self.unsafe == "no-fencing":
             from system.trainer.unsafe import write_head_without_cas
             version = self._settle(rid, lambda: write_head_without_cas(self.kv, self.key, value, rid))
+        elif self.unsafe == "no-request-id":
+            from system.trainer.unsafe import cas_without_request_id
+            version = self._settle(rid, lambda: cas_without_request_id(self.kv, self.key, value,
+                                                                        expected_version))
         else:
             version = self._settle(rid, lambda: self.kv.cas(self.key, value, expected_version,
                                                             request_id=rid).version)

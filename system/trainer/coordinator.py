@@ -46,7 +46,7 @@ GRPC_OPTIONS = [("grpc.max_send_message_length", 512 * 1024 * 1024),
 @dataclass
 class CoordinatorOptions:
     coordinator_id: str
-    kv_addresses: list[str]
+    kv_addresses: list[str] | dict[str, str]  # a mapping: node id -> address (hints by id)
     listen: str = "127.0.0.1:0"
     checkpoint_store: str = "inline"  # inline | object | <dir> | s3://bucket/prefix
     object_dir: str = ""  # default directory for "object"
@@ -251,13 +251,19 @@ class Coordinator:
                               coordinator_id=self.options.coordinator_id,
                               lease_version=self.lease.term, request_id=rid, kind="resume")
         try:
-            version = self.store.rewrite_head(latest, latest.version if latest else 0, meta)
+            # No checkpoint yet: CAS on whatever head there is (a predecessor's empty
+            # takeover record), so a coordinator killed before its first checkpoint does not
+            # leave a head no successor can resume from.
+            version = self.store.rewrite_head(latest, latest.version if latest else self.store.head_version,
+                                              meta)
         except (CasMismatch, StopWriting) as exc:
             self._emit({"kind": "resume", "step": step, "outcome": "fail", "detail": str(exc)})
             raise SystemExit(EXIT_DEPOSED) from None
         self.head_meta = meta
         self._emit({"kind": "resume", "step": step, "version": version, "request_id": rid,
-                    "lease_version": self.lease.term, "outcome": "ok"})
+                    "lease_version": self.lease.term, "outcome": "ok",
+                    "from_version": latest.version if latest else 0,
+                    "from_request_id": latest.meta.request_id if latest else ""})
         with self.cond:
             self.core = CoordinatorCore(self.config, self.options.coordinator_id, self.lease.term,
                                         state, step, version, self.shard_rows,
@@ -308,6 +314,9 @@ class Coordinator:
                     self._writer.join(timeout=max(5.0, 2 * self.options.lease_s))
                 with self.cond:
                     self._drain()
+                if self.store.unsafe == "write-after-lease-loss":
+                    from system.trainer.unsafe import write_after_lease_loss
+                    write_after_lease_loss(self)
                 return EXIT_DEPOSED
             if params is not None:
                 self.loss = model.loss(params, dataset.x_test, dataset.y_test, self.config.l2)

@@ -70,6 +70,8 @@ class TrainerRun:
         self.object_dir = object_dir if object_dir is not None else self.run_dir / "objects"
         self.first_coordinator_env = first_coordinator_env  # tests: pause points for c1 only
         self.first_coordinator_args = first_coordinator_args or []  # tests: canaries for c1 only
+        self.coordinator_args: list[str] = []  # every coordinator (the nemesis: canaries)
+        self.coordinator_env: dict[str, str] = {}
         self.procs: dict[str, subprocess.Popen] = {}
         self._finalizer = weakref.finalize(self, _kill_all, self.procs)
         self.expected_exit: set[str] = set()
@@ -93,7 +95,7 @@ class TrainerRun:
         try:
             read_lease(self.kv, self.config.job, consistency="stale", timeout_s=2.0)
         except KVError as exc:
-            raise ConfigError(f"cannot reach the store at {','.join(self.kv_addresses)}: "
+            raise ConfigError(f"cannot reach the store at {self.worker_kv()}: "
                               f"{str(exc).splitlines()[0][:160]}") from None
         self.started_at = time.monotonic()
         for _ in range(1 + self.standbys):
@@ -108,20 +110,35 @@ class TrainerRun:
         cid = f"c{self._coordinator_count}-{self.run_token}"
         self.procs[cid] = spawn(
             ["coordinator", "--id", cid, "--config", self.config.to_json(),
-             "--kv", ",".join(self.kv_addresses or []), "--checkpoint-store", self.checkpoint_store,
+             "--kv", self.coordinator_kv(cid), "--checkpoint-store", self.checkpoint_store,
              "--object-dir", str(self.object_dir), "--lease-s", str(self.lease_s),
              "--gradient-deadline-s", str(self.gradient_deadline_s),
              "--chunk-bytes", str(self.chunk_bytes),
              "--event-log", str(self.run_dir / f"events-{cid}.jsonl"),
-             *(self.first_coordinator_args if self._coordinator_count == 1 else [])],
+             *(self.first_coordinator_args if self._coordinator_count == 1 else []),
+             *self.coordinator_args],
             self.run_dir / f"{cid}.log",
-            self.first_coordinator_env if self._coordinator_count == 1 else None)
+            {**(self.first_coordinator_env or {} if self._coordinator_count == 1 else {}),
+             **self.coordinator_env} or None)
         return cid
+
+    def worker_kv(self) -> str:
+        """The store addresses workers are given, as `--kv` text (`n1=addr,...` when
+        TrainerRun was given a mapping node id -> address)."""
+        if isinstance(self.kv_addresses, dict):
+            return ",".join(f"{node}={address}" for node, address in self.kv_addresses.items())
+        return ",".join(self.kv_addresses or [])
+
+    def coordinator_kv(self, cid: str) -> str:
+        """The store addresses coordinator `cid` is given, as `--kv` text (the nemesis
+        workload overrides this with `n1=proxy,...` to put a proxy it can cut between each
+        coordinator and each node)."""
+        return ",".join(self.kv_addresses or [])
 
     def start_worker(self, worker: int) -> None:
         name = f"w{worker}"
         self.procs[name] = spawn(["worker", "--index", str(worker), "--config", self.config.to_json(),
-                                  "--kv", ",".join(self.kv_addresses or [])],
+                                  "--kv", self.worker_kv()],
                                  self.run_dir / f"{name}.log")
         self.expected_exit.discard(name)
 

@@ -4,10 +4,20 @@ Every line of deliberately wrong trainer code lives here. A coordinator runs it 
 started with `--unsafe NAME` AND its environment has `MAO_ALLOW_UNSAFE=1`; otherwise it
 refuses to start (exit 2).
 
-Canaries:
+Canaries (names distinct from the store's, system/kv/unsafe.py, so `python -m nemesis run
+--workload trainer --unsafe NAME` knows which side runs broken):
 - `no-fencing`: the checkpoint head is written with a plain put, ignoring the version the
   coordinator believes current. A coordinator paused past its lease then overwrites its
   successor's checkpoint: the "deposed coordinator never writes" check must report it.
+- `no-request-id`: a checkpoint whose write got no answer (Indeterminate / Unavailable) is
+  retried under a fresh request id each attempt. If the first attempt committed, the retry's
+  CAS finds the head moved and the coordinator records the write as failed and steps down;
+  its successor then resumes from the checkpoint recorded as failed: checker/trainer.py's
+  `failed-write-applied`.
+- `write-after-lease-loss`: a coordinator that loses its lease (paused past it, cut off
+  from the store) saves its state in one last checkpoint before stepping down, taking the
+  head's current version (re-read) as the expected one, so the CAS fence does not stop it.
+  It writes under a superseded lease after its successor's resume: `fencing`.
 
 What it must never do: be reachable without both the flag and the environment variable.
 """
@@ -18,7 +28,8 @@ import os
 
 from system.kv.client import KVClient
 
-CANARIES = ("no-fencing",)
+CANARIES = ("no-fencing", "no-request-id", "write-after-lease-loss")
+FLUSH_DEADLINE_S = 30.0  # write-after-lease-loss: how long the last write keeps trying
 
 
 class UnsafeRefused(Exception):
@@ -39,3 +50,58 @@ def check_unsafe(name: str) -> str:
 def write_head_without_cas(kv: KVClient, key: str, value: bytes, request_id: str) -> int:
     """WRONG ON PURPOSE (`no-fencing`): no expected_version, so no fence."""
     return kv.put(key, value, request_id=request_id).version
+
+
+def cas_without_request_id(kv: KVClient, key: str, value: bytes, expected_version: int) -> int:
+    """WRONG ON PURPOSE (`no-request-id`): every attempt gets a fresh request id, so a retry
+    of a write that did commit is not recognised as the same write."""
+    return kv.cas(key, value, expected_version, request_id=None).version
+
+
+def write_after_lease_loss(coordinator) -> None:  # noqa: ANN001 - coordinator.Coordinator
+    """WRONG ON PURPOSE (`write-after-lease-loss`): a deposed coordinator writes its state as
+    one last checkpoint, by CAS on the head version it re-reads (so no fence stops it)."""
+    import time
+
+    from system.kv.client import KVError
+    from system.trainer import checkpoint as codec
+    from system.trainer import data
+
+    core = coordinator.core
+    config = coordinator.config
+    step = core.step
+    ckpt = codec.Checkpoint(
+        step=step, params=core.state.params.copy(), velocity=core.state.velocity.copy(),
+        config_hash=config.config_hash(),
+        cursors=[data.data_cursor(step, rows, config.batch_size) for rows in core.shard_rows],
+        rng={"algorithm": "philox-seedsequence", "key": "(seed, worker+1, epoch, 0xBA7C4)",
+             "seed": config.seed}, done=False)
+    blob = codec.encode(ckpt)
+    rid = f"{coordinator.options.coordinator_id}:flush-{step}"
+    meta = codec.Metadata(step=step, mode="inline", size=len(blob), checksum=codec.blob_checksum(blob),
+                          config_hash=config.config_hash(),
+                          coordinator_id=coordinator.options.coordinator_id,
+                          lease_version=core.term, request_id=rid)
+    value = codec.encode_head(meta, blob)
+    store = coordinator.store
+    deadline = time.monotonic() + FLUSH_DEADLINE_S
+    invoked = False
+    while time.monotonic() < deadline:
+        try:
+            head = store.read_head()
+            expected = head[2] if head is not None else 0
+            if not invoked:
+                coordinator._emit({"kind": "checkpoint-invoke", "step": step, "request_id": rid,
+                                   "version": expected, "lease_version": core.term})
+                invoked = True
+            version = store.kv.cas(store.key, value, expected, request_id=rid).version
+        except KVError:
+            time.sleep(0.2)
+            continue
+        coordinator._emit({"kind": "checkpoint-ok", "step": step, "request_id": rid,
+                           "version": version, "lease_version": core.term, "outcome": "ok"})
+        return
+    if invoked:
+        coordinator._emit({"kind": "checkpoint-info", "step": step, "request_id": rid,
+                           "lease_version": core.term, "outcome": "indeterminate",
+                           "detail": "flush gave up"})

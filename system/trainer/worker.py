@@ -35,7 +35,8 @@ class WorkerStats:
 
 
 class Worker:
-    def __init__(self, config: TrainConfig, worker: int, kv_addresses: list[str]) -> None:
+    def __init__(self, config: TrainConfig, worker: int,
+                 kv_addresses: list[str] | dict[str, str]) -> None:
         self.config, self.worker = config, worker
         self.shard = WorkerShard(config, worker)
         self.kv = KVClient(kv_addresses, timeout_s=2.0, client_id=f"worker-{worker}")

@@ -107,6 +107,23 @@ def test_a_takeover_rewrite_fences_the_old_writer(kv_cluster, job: str) -> None:
         assert after.meta.kind == "resume" and after.meta.lease_version == 9
 
 
+def test_a_takeover_record_without_a_checkpoint_is_resumed_from_step_zero(kv_cluster, job: str) -> None:
+    """Found by the nemesis (kill of the coordinator right after its takeover, before its
+    first checkpoint): its successor read the empty takeover record as a corrupt checkpoint
+    and refused to run, so the job stopped for good."""
+    with KVClient(kv_cluster.addresses) as kv:
+        first = CheckpointStore(kv, job)
+        assert first.read_latest("cfg") is None and first.head_version == 0
+        takeover = meta_for(0, "c1", lease=1)
+        takeover.kind, takeover.request_id = "resume", f"{job}-c1:resume-0"
+        version = first.rewrite_head(None, 0, takeover)
+        second = CheckpointStore(kv, job)
+        assert second.read_latest("cfg") is None and second.head_version == version
+        again = meta_for(0, "c2", lease=3)
+        again.kind, again.request_id = "resume", f"{job}-c2:resume-0"
+        assert second.rewrite_head(None, second.head_version, again) == version + 1
+
+
 def test_a_retry_with_the_same_request_id_applies_once(kv_cluster, job: str) -> None:
     """What the writer does on Indeterminate: the same write again, same request id."""
     with KVClient(kv_cluster.addresses) as kv:

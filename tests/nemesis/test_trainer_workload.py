@@ -1,0 +1,89 @@
+"""`python -m nemesis run --workload trainer` on the local platform, end to end: a short run
+under kill faults is valid (the model bit-for-bit the fault-free one), a trainer canary is
+caught by the property it breaks, and no trainer process outlives the harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _trainer_processes(harness_pid: int) -> set[int]:
+    """Processes the harness's TrainerRun started (they carry its pid in their environment)."""
+    marker = f"TRAINER_PARENT_PID={harness_pid}\0".encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes() + b"\0":
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def _run(tmp_path: Path, *args: str, timeout_s: float = 150, platform: str = "local"
+         ) -> tuple[int, str, dict]:
+    proc = subprocess.Popen([sys.executable, "-m", "nemesis", "run", "--platform", platform,
+                             "--workload", "trainer", "--nodes", "3",
+                             "--store", str(tmp_path / "store"), *args],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not _trainer_processes(proc.pid), "trainer processes outlived the harness"
+    results = json.loads(((tmp_path / "store" / "latest").resolve() / "results.json").read_text())
+    return proc.returncode, out, results
+
+
+def _docker() -> tuple[bool, str]:
+    from nemesis.platforms import docker_status
+
+    return docker_status()
+
+
+@pytest.mark.parametrize("platform", ["local", pytest.param("docker", marks=pytest.mark.skipif(
+    not _docker()[0], reason=f"needs a Docker engine ({_docker()[1]})"))])
+def test_a_short_trainer_run_under_kill_faults_is_valid(tmp_path: Path, platform: str) -> None:
+    code, out, results = _run(tmp_path, "--faults", "kill", "--duration", "20", "--interval", "4",
+                              "--seed", "3", platform=platform, timeout_s=300)
+    assert code == 0, out
+    assert results["properties"] == {"durable": True, "resume": True, "fencing": True,
+                                     "request-ids": True, "reference": True}, out
+    assert results["trainer_summary"]["counts"]["checkpoints"]["ok"] > 0
+    assert results["faults"].get("kill", 0) >= 2
+    history = (tmp_path / "store" / "latest" / "history.jsonl").read_text().splitlines()
+    kinds = {json.loads(line)["f"] for line in history}
+    assert {"checkpoint", "lease-acquired", "resume", "read-checkpoint", "kill"} <= kinds
+
+
+def test_the_write_after_lease_loss_canary_is_caught_by_fencing(tmp_path: Path) -> None:
+    # Each round of pauses starts with the active coordinator, held 4 s past a 2 s lease.
+    code, out, results = _run(tmp_path, "--faults", "pause", "--duration", "16", "--interval", "4",
+                              "--seed", "5", "--unsafe", "write-after-lease-loss")
+    assert code == 1, out
+    assert results["properties"]["fencing"] is False, out
+    kinds = {a["kind"] for a in results["trainer-fencing"]["anomalies"]}
+    assert "write-after-fence" in kinds
+
+
+def test_a_trainer_canary_needs_the_trainer_workload(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "nemesis", "run", "--platform", "local",
+                           "--unsafe", "no-request-id", "--store", str(tmp_path / "store")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 3
+    assert proc.stderr.strip().splitlines() == [
+        "error: --unsafe no-request-id is a trainer canary; it needs --workload trainer"]

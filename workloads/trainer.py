@@ -1,0 +1,417 @@
+"""Workload `trainer`: the data-parallel trainer (system/trainer) on the run's store, under faults.
+
+The platform runs the store's nodes; this workload starts, on this machine, two or more
+coordinators (one takes the lease, the others stand by) and the workers, through
+`TrainerRun` (system/trainer/run.py), pointed at the platform's client addresses. Each
+coordinator reaches every store node through its own TCP proxy owned by the workload, so
+the nemesis can cut one coordinator off the store (a real partition of that process from
+every node, on any platform, without root) while the nodes keep talking to each other.
+
+The nemesis draws from these processes beside the store's nodes (`ProcessTargets`):
+
+| role | what it names |
+|---|---|
+| `coordinator` | the coordinator holding the lease now |
+| `standby` | a coordinator not holding it |
+| `worker` | a random worker |
+
+kill = SIGKILL of the process group (healed by starting a replacement: a worker under its
+index, a coordinator under a new id, as a standby — its old id is retired with its term);
+pause = SIGSTOP/SIGCONT; partition `coordinator-from-store` = cut that coordinator's
+proxies (existing connections closed, new ones refused) until the heal.
+
+History (docs/histories.md). Every coordinator appends events to its event log
+(`trainer/events-<id>.jsonl` in the run folder); a pump thread turns them into records in
+`history.jsonl`, each batch in the coordinators' own time order:
+
+- a checkpoint write is a client operation of the coordinator's integer process
+  (`101` for c1, `102` for c2, ...; after an `info` a coordinator that writes again — only
+  a canary does — continues under a fresh process id from 1001): `invoke` (f `checkpoint`, key = the head key, value =
+  the step, `expected_version` = the head version it CASes on), then `ok` (`version` = the
+  head's new version), `fail` (`error` cas-mismatch / not-sent; certainly not applied) or
+  `info` (outcome unknown; the coordinator steps down and never writes again). Every record
+  carries `step`, `request_id`, `lease_version` and `coordinator`.
+- lease acquisitions and losses, resumes (which checkpoint, which step, the head version
+  it produced), skipped worker steps, retries, depositions, starts and ends are events of
+  process `"trainer"`, f = the event's kind, value = the event.
+
+The final read (process 100, f `read-checkpoint`) reads the head by a linearizable read
+after every trainer process is stopped: step, head version, the SHA-256 of the
+parameters and momentum, and the head's chain of earlier records (request id, version,
+step, lease version of each), which checker/trainer.py uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import random
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
+from system.kv.client import KVClient, KVError
+from system.trainer import checkpoint as codec
+from system.trainer.checkpoint_store import head_key
+from system.trainer.config import TrainConfig
+from system.trainer.run import TrainerRun
+from workloads.base import RunContext, Workload
+
+log = logging.getLogger("nemesis")
+
+ROLES = ("coordinator", "standby", "worker")
+READ_PROCESS = 100
+PUMP_PERIOD_S = 0.1
+# Events of the coordinator's log that become history events (the rest — per-step
+# progress, rejected gradients — stay in the event logs only).
+EVENT_KINDS = {"started", "lease-acquired", "lease-lost", "lease-observe-failed", "resume",
+               "checkpoint-retry", "skip", "worker-back", "deposed", "done", "error",
+               "job-finished"}
+
+
+def default_config(seed: int) -> TrainConfig:
+    """Small enough that a step costs milliseconds on a loaded 2-core machine; steps far
+    more than a run reaches, so training goes on for the whole run (the checker compares
+    the final checkpoint with the fault-free run at the same step)."""
+    return TrainConfig(dataset="breast_cancer", workers=2, steps=1_000_000, batch_size=16,
+                       learning_rate=0.05, momentum=0.9, l2=1e-4, seed=seed,
+                       checkpoint_every=20, job="nemesis")
+
+
+def coordinator_process(cid: str) -> int:
+    """c1-xxxx -> 101: a coordinator's integer process in the history."""
+    match = re.match(r"c(\d+)-", cid)
+    return 100 + int(match.group(1)) if match else 199
+
+
+class _Run(TrainerRun):
+    """TrainerRun whose coordinators reach the store through proxies the workload can cut."""
+
+    def __init__(self, *args: Any, nodes: dict[str, str], **kw: Any) -> None:
+        super().__init__(*args, kv=dict(nodes), **kw)  # type: ignore[arg-type] - id -> address
+        self.nodes = nodes
+        self.proxies: dict[str, list[TcpProxy]] = {}
+
+    def coordinator_kv(self, cid: str) -> str:
+        # By node id: a follower's hint must lead through this coordinator's proxy to the
+        # leader, not to the leader's own address (which would bypass a cut).
+        proxies = {node: TcpProxy(address) for node, address in self.nodes.items()}
+        self.proxies[cid] = list(proxies.values())
+        return ",".join(f"{node}={p.address}" for node, p in proxies.items())
+
+    def close_proxies(self) -> None:
+        for proxies in self.proxies.values():
+            for proxy in proxies:
+                with contextlib.suppress(Exception):
+                    proxy.close()
+
+
+class TrainerWorkload(Workload):
+    name = "trainer"
+    model = "trainer"
+
+    def __init__(self, *, standbys: int = 1, lease_s: float = 2.0,
+                 gradient_deadline_s: float = 5.0, unsafe: str | None = None,
+                 config: TrainConfig | None = None, seed: int = 0) -> None:
+        super().__init__()
+        if standbys < 1:
+            raise ValueError("the trainer workload needs at least one standby coordinator")
+        self.standbys, self.lease_s, self.gradient_deadline_s = standbys, lease_s, gradient_deadline_s
+        self.unsafe = unsafe or ""
+        self.config = config or default_config(seed)
+        self.run: _Run | None = None
+        self.harness_errors: list[str] = []
+        self._lock = threading.RLock()  # TrainerRun's process table: supervisor vs nemesis
+        self._stop = threading.Event()
+        self._stopped = False
+        self._threads: list[threading.Thread] = []
+        self._offsets: dict[Path, int] = {}
+        self._open: dict[str, int] = {}  # coordinator -> index of its open invoke
+        # coordinator -> its history process now; after an `info` it retires and the next
+        # write of that coordinator (only a canary writes again) gets a fresh process id.
+        self._process: dict[str, int] = {}
+        self._fresh = itertools.count(1001)
+        self._rng = random.Random(0)
+        self._ctx: RunContext | None = None
+        self.paused: set[str] = set()
+        self.down: set[str] = set()
+        self.cut: set[str] = set()
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "model": self.model, "config": json.loads(self.config.to_json()),
+                "standbys": self.standbys, "lease_s": self.lease_s,
+                "gradient_deadline_s": self.gradient_deadline_s, "unsafe": self.unsafe or None}
+
+    # ----- life ------------------------------------------------------------------------
+
+    def start(self, ctx: RunContext) -> None:
+        self._ctx = ctx
+        self._rng = random.Random(f"trainer-targets:{ctx.seed}")
+        run_dir = Path(ctx.history.path).parent / "trainer"
+        self.run = _Run(self.config, standbys=self.standbys, nodes=dict(ctx.addresses),
+                        run_dir=run_dir, lease_s=self.lease_s,
+                        gradient_deadline_s=self.gradient_deadline_s)
+        if self.unsafe:
+            self.run.coordinator_args = ["--unsafe", self.unsafe]
+            self.run.coordinator_env = {"MAO_ALLOW_UNSAFE": "1"}
+        with self._lock:
+            self.run.start()
+        for target, name in ((self._supervise, "trainer-supervisor"), (self._pump, "trainer-events")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _supervise(self) -> None:
+        assert self.run is not None
+        while not self._stop.wait(0.2):
+            with self._lock:
+                try:
+                    self.run.supervise()
+                except Exception as exc:  # noqa: BLE001 - keep supervising; say why
+                    self._error(f"supervise: {type(exc).__name__}: {exc}")
+
+    def _error(self, text: str) -> None:
+        log.warning("trainer workload: %s", text)
+        if len(self.harness_errors) < 100:
+            self.harness_errors.append(text)
+
+    def join(self, timeout_s: float) -> bool:
+        """Training goes on until the final read stops it; nothing to wait for here."""
+        return True
+
+    def stop_trainer(self) -> None:
+        """SIGKILL every coordinator and worker (expected), then record their last events."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        if self.run is not None:
+            with self._lock:
+                self.run.expected_exit.update(self.run.procs)
+                self.run.close()  # SIGKILLs every process group; the run folder stays
+                self.run.close_proxies()
+            self._pump_once()
+
+    def close(self) -> None:
+        """Teardown path (also after a failure): nothing of ours may outlive the run."""
+        if self.run is not None:
+            with contextlib.suppress(Exception):
+                self.stop_trainer()
+
+    # ----- events -> history -----------------------------------------------------------
+
+    def _pump(self) -> None:
+        while not self._stop.wait(PUMP_PERIOD_S):
+            try:
+                self._pump_once()
+            except Exception as exc:  # noqa: BLE001
+                self._error(f"event pump: {type(exc).__name__}: {exc}")
+
+    def _pump_once(self) -> None:
+        assert self.run is not None and self._ctx is not None
+        batch: list[dict] = []
+        for path in sorted(self.run.run_dir.glob("events-*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            with path.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1  # a line still being written waits for the next round
+            self._offsets[path] = offset + end
+            for line in chunk[:end].splitlines():
+                if line.strip():
+                    batch.append(json.loads(line))
+        batch.sort(key=lambda e: e.get("time", 0.0))
+        with self._lock:
+            for event in batch:
+                self._record(self._ctx, event)
+
+    def _record(self, ctx: RunContext, e: dict) -> None:
+        history = ctx.history
+        cid = e.get("coordinator_id", "")
+        kind = e.get("kind", "")
+        common = {"step": e.get("step"), "request_id": e.get("request_id") or None,
+                  "lease_version": e.get("lease_version"), "coordinator": cid}
+        key = head_key(self.config.job)
+        if kind == "checkpoint-invoke":
+            if cid in self._open:  # cannot happen (one write in flight); keep the record valid
+                history.complete(self._open.pop(cid), "info", None, error="superseded invoke")
+                self._process[cid] = next(self._fresh)
+            process = self._process.setdefault(cid, coordinator_process(cid))
+            self._open[cid] = history.invoke(process, "checkpoint", key,
+                                             e.get("step"), expected_version=e.get("version"),
+                                             **common)
+            return
+        if kind in ("checkpoint-ok", "checkpoint-fail", "checkpoint-info"):
+            index = self._open.pop(cid, None)
+            if index is None:
+                self._error(f"{cid}: {kind} of step {e.get('step')} without an invoke")
+                return
+            outcome = kind.removeprefix("checkpoint-")
+            extra: dict[str, Any] = dict(common)
+            if outcome == "ok":
+                extra["applied"] = True
+            else:
+                extra["error"] = e.get("outcome") or outcome
+            history.complete(index, outcome, e.get("step"), version=e.get("version"), **extra)
+            if outcome == "info":
+                self._process[cid] = next(self._fresh)
+            self.counts.add("checkpoint", outcome)
+            return
+        if kind in EVENT_KINDS:
+            value = {k: v for k, v in e.items() if k not in ("kind",)}
+            value["wall_time"] = value.pop("time", None)
+            history.event("trainer", kind, value)
+            if kind in ("resume", "skip", "lease-acquired", "lease-lost"):
+                self.counts.add(kind, "ok" if e.get("outcome", "ok") in ("ok", "missing") else "fail")
+
+    # ----- targets for the nemesis (ProcessTargets) -------------------------------------
+
+    def target_roles(self) -> tuple[str, ...]:
+        return ROLES
+
+    def resolve(self, role: str) -> str | None:
+        """The process a role names now (None if there is none to hurt)."""
+        if self.run is None:
+            return None
+        with self._lock:
+            alive = [n for n, p in self.run.procs.items() if p.poll() is None and n not in self.down]
+        coordinators = [n for n in alive if n.startswith("c")]
+        if role in ("coordinator", "standby"):
+            active = self.run.active_coordinator()
+            if role == "coordinator":
+                return active if active in coordinators else None
+            standbys = sorted(n for n in coordinators if n != active and n not in self.paused)
+            return self._rng.choice(standbys) if standbys else None
+        if role == "worker":
+            workers = sorted(n for n in alive if n.startswith("w") and n not in self.paused)
+            return self._rng.choice(workers) if workers else None
+        raise ValueError(f"unknown trainer target role {role!r}; known: {', '.join(ROLES)}")
+
+    def kill_target(self, name: str) -> None:
+        assert self.run is not None
+        with self._lock:
+            self.run.expected_exit.add(name)
+            self.down.add(name)
+            self.paused.discard(name)
+            self.run.kill(name)
+
+    def restart_target(self, name: str) -> str:
+        """Start a replacement for a killed process; returns what was started."""
+        assert self.run is not None
+        with self._lock:
+            self.down.discard(name)
+            if self._stop.is_set():
+                return "trainer stopped"
+            if name.startswith("w"):
+                self.run.start_worker(int(name[1:]))
+                return name
+            return self.run.start_coordinator()
+
+    def pause_target(self, name: str) -> None:
+        assert self.run is not None
+        with self._lock:
+            self.run.pause(name)
+            self.paused.add(name)
+
+    def resume_target(self, name: str) -> None:
+        assert self.run is not None
+        with self._lock:
+            if name in self.paused and self.run.procs[name].poll() is None:
+                self.run.resume(name)
+            self.paused.discard(name)
+
+    def cut_from_store(self, name: str) -> None:
+        assert self.run is not None
+        for proxy in self.run.proxies.get(name, []):
+            proxy.set_mode(ProxyMode.CUT)
+        self.cut.add(name)
+
+    def heal_from_store(self, name: str) -> None:
+        assert self.run is not None
+        for proxy in self.run.proxies.get(name, []):
+            proxy.set_mode(ProxyMode.FORWARD)
+        self.cut.discard(name)
+
+    def heal_targets(self) -> list[str]:
+        """Undo every process fault the nemesis may have left; returns what it did."""
+        done = []
+        for name in sorted(self.cut):
+            self.heal_from_store(name)
+            done.append(f"reconnected {name}")
+        for name in sorted(self.paused):
+            self.resume_target(name)
+            done.append(f"resumed {name}")
+        for name in sorted(self.down):
+            done.append(f"replaced {name} by {self.restart_target(name)}")
+        return done
+
+    # ----- the end ---------------------------------------------------------------------
+
+    def final_reads(self, ctx: RunContext, timeout_s: float) -> dict[str, Any]:
+        """Stop the trainer, then read the checkpoint head (retried as new operations)."""
+        self.stop_trainer()
+        for cid, index in list(self._open.items()):
+            ctx.history.complete(index, "info", None, error="coordinator stopped with the write in flight")
+            self._open.pop(cid)
+        key = head_key(self.config.job)
+        deadline = time.monotonic() + timeout_s
+        client = KVClient(list(ctx.addresses.values()), timeout_s=3.0, client_id="final-read")
+        process = READ_PROCESS
+        try:
+            while True:
+                index = ctx.history.invoke(process, "read-checkpoint", key, None,
+                                           consistency="linearizable")
+                try:
+                    got = client.get(key)
+                    meta, inline = codec.decode_head(got.value)
+                    value = self._describe_head(client, meta, inline, got.version)
+                    ctx.history.complete(index, "ok", value, version=got.version)
+                    return {"checkpoint": {k: v for k, v in value.items() if k != "chain"}}
+                except KVError as exc:
+                    name = type(exc).__name__
+                    if name == "NotFound":
+                        ctx.history.complete(index, "ok", None, version=0)
+                        return {"checkpoint": None}
+                    ctx.history.complete(index, "fail", None, error=f"{name}: {str(exc)[:200]}")
+                    if time.monotonic() >= deadline:
+                        return {"checkpoint": None, "error": f"{name}: {str(exc)[:200]}"}
+                    time.sleep(0.2)  # retry pacing, bounded by the deadline above
+        finally:
+            client.close()
+
+    @staticmethod
+    def _describe_head(client: KVClient, meta: codec.Metadata, inline: bytes | None,
+                       version: int) -> dict[str, Any]:
+        value: dict[str, Any] = {"step": meta.step, "request_id": meta.request_id,
+                                 "lease_version": meta.lease_version,
+                                 "coordinator": meta.coordinator_id, "kind": meta.kind,
+                                 "checksum": meta.checksum, "done": meta.done}
+        chain = [{k: e.get(k) for k in ("version", "request_id", "step", "lease_version",
+                                        "coordinator_id", "kind")} for e in meta.history]
+        chain.append({"version": version, "request_id": meta.request_id, "step": meta.step,
+                      "lease_version": meta.lease_version, "coordinator_id": meta.coordinator_id,
+                      "kind": meta.kind})
+        value["chain"] = chain
+        blob = inline
+        if meta.chunks:
+            blob = b"".join(client.get(k).value for k in meta.chunks)
+        if blob:
+            ckpt = codec.decode(blob, checksum=meta.checksum)
+            value["params_sha256"] = params_digest(ckpt.params, ckpt.velocity)
+        return value
+
+
+def params_digest(params: Any, velocity: Any) -> str:
+    """SHA-256 of the raw bytes of parameters then momentum (bit-for-bit comparison)."""
+    h = hashlib.sha256()
+    h.update(params.tobytes())
+    h.update(velocity.tobytes())
+    return "sha256:" + h.hexdigest()
