@@ -108,11 +108,12 @@ def make_workload(config: RunConfig) -> Workload:
     raise HarnessError(f"unknown workload {config.workload!r}")
 
 
-def wait_for_leader(platform: Platform, timeout_s: float, stop: threading.Event | None = None
-                    ) -> str | None:
+def wait_for_leader(platform: Platform, timeout_s: float, stop: threading.Event | None = None,
+                    *, all_ready: bool = False) -> str | None:
+    """A leader (with `all_ready`, also every node up and allowed to vote), or None."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        leader = platform.leader()
+        leader = platform.ready() if all_ready else platform.leader()
         if leader is not None:
             return leader
         if stop is not None and stop.is_set():
@@ -276,9 +277,10 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         platform = make_platform(config, run_id, run_dir)
         _print(out, f"starting {config.nodes} nodes on {config.platform} ...")
         platform.start()
-        leader = wait_for_leader(platform, LEADER_TIMEOUT_S)
+        leader = wait_for_leader(platform, LEADER_TIMEOUT_S, all_ready=True)
         if leader is None:
-            raise HarnessError(f"no leader within {LEADER_TIMEOUT_S:g} s of starting the cluster; "
+            raise HarnessError(f"no leader with every node up and confirmed within "
+                               f"{LEADER_TIMEOUT_S:g} s of starting the cluster; "
                                f"nodes: {platform.describe()}; logs in {run_dir / 'nodes'}")
         _print(out, f"leader {leader}; running the {config.workload} workload for "
                     f"{config.duration_s:g} s with faults {','.join(config.faults)} "

@@ -170,6 +170,16 @@ class Platform(abc.ABC):
                              f"/applied={st.applied_index}")
         return ", ".join(parts)
 
+    def ready(self) -> str | None:
+        """The leader, once every node answers and none withholds its vote — a fresh node
+        may vote only after the others have confirmed its identity (docs/kv.md, "Identity
+        and rejoining"); a fault before that can leave a cluster with no electable majority,
+        which would say nothing about the store under test. None until then."""
+        statuses = {n: self.status(n, timeout_s=0.5) for n in self.node_ids}
+        if any(st is None or st.vote_withheld for st in statuses.values()):
+            return None
+        return self.leader()
+
     def leader(self) -> str | None:
         """A node that says it leads and that at least one other answering node names, or a
         lone answering leader when nobody else answers. None when unclear."""

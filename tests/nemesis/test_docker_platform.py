@@ -52,7 +52,9 @@ def wait_until(condition: Callable[[], T], timeout_s: float, what: str,
 def agreed_leader(platform: DockerPlatform, among: list[str]) -> str | None:
     """The node of `among` that leads and that every other node of `among` follows."""
     statuses = {n: platform.status(n, timeout_s=0.5) for n in among}
-    if any(st is None for st in statuses.values()):
+    # A fresh node may vote only once the others confirmed it (docs/kv.md): until every one
+    # has, killing the leader could leave no electable majority.
+    if any(st is None or st.vote_withheld for st in statuses.values()):
         return None
     leaders = {st.leader_id for st in statuses.values()}  # type: ignore[union-attr]
     if len(leaders) != 1:

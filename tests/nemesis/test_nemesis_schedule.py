@@ -65,6 +65,9 @@ class FakePlatform(Platform):
     def leader(self) -> str | None:
         return "n1"
 
+    def ready(self) -> str | None:
+        return self.leader()
+
     def collect_logs(self) -> dict[str, Path]:
         return {}
 

@@ -78,7 +78,7 @@ def test_a_run_that_never_elected_a_leader_still_gets_a_report(
     monkeypatch.setattr(type(fake_cluster), "leader", lambda self: None)
     assert runner.run(_config(tmp_path), out=io.StringIO()) == 3
     run_dir = (tmp_path / "store" / "latest").resolve()
-    assert "CRASHED: the harness did not finish the run (no leader within" in (
+    assert "CRASHED: the harness did not finish the run (no leader with every node up" in (
         run_dir / "report.html").read_text()
     suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
     assert suite.find("testcase").get("name") == "harness" and suite.get("errors") == "1"
