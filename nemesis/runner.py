@@ -299,17 +299,19 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         while time.monotonic() < deadline:
             ctx.stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
             for node in platform.node_ids:
-                if (node not in nemesis.expected_down and node not in seen_crashed
-                        and platform.exit_code(node) is not None):
+                # One look per node and tick: on Docker each is a call to the engine.
+                code_ = platform.exit_code(node)
+                if code_ is None or node in nemesis.expected_down:
+                    seen_crashed.discard(node)
+                    continue
+                if node not in seen_crashed:
                     seen_crashed.add(node)
-                    code_ = platform.exit_code(node)
                     run_info["crashed_nodes"].append({"node": node, "exit_code": code_})
                     record("node-crashed", {"fault": "crash", "phase": "start", "nodes": [node],
                                             "description": f"{node} exited with code {code_} "
                                                            f"on its own"})
                     _print(out, f"\nwarning: {node} exited with code {code_} on its own; "
                                 f"see {run_dir / 'nodes'}")
-            seen_crashed = {n for n in seen_crashed if platform.exit_code(n) is not None}
             progress.update(time.monotonic() - started, workload.counts.totals(),
                             nemesis.describe_active())
         progress.done(time.monotonic() - started, workload.counts.totals())

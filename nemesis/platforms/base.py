@@ -22,7 +22,36 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from system.kv.proto import kv_pb2
+import grpc
+
+from system.kv.proto import kv_pb2, kv_pb2_grpc
+
+
+class StatusProbe:
+    """The Status RPC to nodes by address, one cached channel each, reconnecting quickly
+    (a restarted node must be seen again within a poll, not after gRPC's default backoff)."""
+
+    OPTIONS = (("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
+               ("grpc.max_reconnect_backoff_ms", 500))
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def status(self, address: str, timeout_s: float) -> kv_pb2.StatusResponse | None:
+        """The node's Status, or None if it does not answer within `timeout_s`."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.insecure_channel(address,
+                                                                      options=list(self.OPTIONS))
+        try:
+            return kv_pb2_grpc.KVStub(channel).Status(kv_pb2.StatusRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return None
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
 
 
 class PlatformError(RuntimeError):
@@ -178,14 +207,17 @@ class Platform(abc.ABC):
         statuses = {n: self.status(n, timeout_s=0.5) for n in self.node_ids}
         if any(st is None or st.vote_withheld for st in statuses.values()):
             return None
-        return self.leader()
+        return _leader_of(statuses)
 
     def leader(self) -> str | None:
-        """A node that says it leads and that at least one other answering node names, or a
-        lone answering leader when nobody else answers. None when unclear."""
-        statuses = {n: self.status(n, timeout_s=0.3) for n in self.node_ids}
-        leaders = [n for n, st in statuses.items() if st is not None and st.role == "leader"]
-        if not leaders:
-            return None
-        # Several self-declared leaders (a deposed one in a minority): take the highest term.
-        return max(leaders, key=lambda n: statuses[n].term)  # type: ignore[union-attr]
+        """A node that says it leads (of several — a deposed one in a minority — the one
+        with the highest term); None when no answering node leads."""
+        return _leader_of({n: self.status(n, timeout_s=0.3) for n in self.node_ids})
+
+
+def _leader_of(statuses: dict[str, kv_pb2.StatusResponse | None]) -> str | None:
+    leaders = [n for n, st in statuses.items() if st is not None and st.role == "leader"]
+    if not leaders:
+        return None
+    # Several self-declared leaders (a deposed one in a minority): take the highest term.
+    return max(leaders, key=lambda n: statuses[n].term)  # type: ignore[union-attr]

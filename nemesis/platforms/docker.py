@@ -53,11 +53,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
-
-from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, PlatformUnavailable
+from nemesis.platforms.base import (
+    ClusterConfig,
+    Platform,
+    PlatformError,
+    PlatformUnavailable,
+    StatusProbe,
+)
 from nemesis.platforms.image import LABEL_KIND, LABEL_PROJECT, PROJECT, ensure_image
-from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.kv.proto import kv_pb2
 
 LABEL_RUN = "mao.run"
 LABEL_NODE = "mao.node"
@@ -286,7 +290,7 @@ class DockerPlatform(Platform):
         self._losses: dict[tuple[str, str], float] = {}
         self._applied: dict[str, tuple[str, ...] | None] = {}  # rules now in each namespace
         self._iptables: str | None = None  # "iptables" (nft) or "iptables-legacy"
-        self._channels: dict[str, grpc.Channel] = {}
+        self._probe = StatusProbe()
         self._started = False
         self._closed = False
         self._owner = owner_label()
@@ -422,10 +426,8 @@ class DockerPlatform(Platform):
         if self._closed:
             return
         self._closed = True
-        for channel in self._channels.values():
-            with contextlib.suppress(Exception):
-                channel.close()
-        self._channels.clear()
+        with contextlib.suppress(Exception):
+            self._probe.close()
         try:
             _remove_labelled(self.client, self.config.run_id)
         finally:
@@ -653,24 +655,10 @@ class DockerPlatform(Platform):
 
     # ----- observing -----------------------------------------------------------------
 
-    def _stub(self, node_id: str) -> kv_pb2_grpc.KVStub:
-        channel = self._channels.get(node_id)
-        if channel is None:
-            channel = grpc.insecure_channel(
-                self.client_addresses[node_id],
-                options=[("grpc.initial_reconnect_backoff_ms", 50),
-                         ("grpc.min_reconnect_backoff_ms", 50),
-                         ("grpc.max_reconnect_backoff_ms", 500)])
-            self._channels[node_id] = channel
-        return kv_pb2_grpc.KVStub(channel)
-
     def status(self, node_id: str, timeout_s: float = 0.5) -> kv_pb2.StatusResponse | None:
         if node_id not in self._ports:
             return None
-        try:
-            return self._stub(node_id).Status(kv_pb2.StatusRequest(), timeout=timeout_s)
-        except grpc.RpcError:
-            return None
+        return self._probe.status(self.client_addresses[node_id], timeout_s)
 
     def _wait(self, condition: Callable[[], T], timeout_s: float, what: str,
               poll_s: float = 0.05) -> T:

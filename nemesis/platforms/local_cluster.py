@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
-
+from nemesis.platforms.base import StatusProbe
 from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
-from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.kv.proto import kv_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -121,7 +120,7 @@ class LocalCluster:
         self.processes: dict[str, subprocess.Popen] = {}
         self._expected_exit: set[str] = set()
         self._reported_exit: set[str] = set()
-        self._channels: dict[str, grpc.Channel] = {}
+        self._probe = StatusProbe()
         # Last line of defence if the owner forgets close(): kill the groups.
         self._finalizer = weakref.finalize(self, _kill_all, self.processes)
 
@@ -251,9 +250,7 @@ class LocalCluster:
         _kill_all(self.processes)
         for proxy in self.link_proxies.values():
             proxy.close()
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
+        self._probe.close()
         if self._own_dir and not os.environ.get("KV_KEEP_CLUSTER_DIR"):
             shutil.rmtree(self.base_dir, ignore_errors=True)
 
@@ -265,25 +262,11 @@ class LocalCluster:
 
     # ----- observing -------------------------------------------------------------------
 
-    def _stub(self, node_id: str) -> kv_pb2_grpc.KVStub:
-        channel = self._channels.get(node_id)
-        if channel is None:
-            channel = grpc.insecure_channel(
-                self.specs[node_id].address,
-                options=[("grpc.initial_reconnect_backoff_ms", 50),
-                         ("grpc.min_reconnect_backoff_ms", 50),
-                         ("grpc.max_reconnect_backoff_ms", 500)])
-            self._channels[node_id] = channel
-        return kv_pb2_grpc.KVStub(channel)
-
     def status(self, node_id: str, timeout_s: float = 0.5) -> kv_pb2.StatusResponse | None:
         """The node's Status, or None if it does not answer within `timeout_s`."""
         if not self.is_running(node_id):
             return None
-        try:
-            return self._stub(node_id).Status(kv_pb2.StatusRequest(), timeout=timeout_s)
-        except grpc.RpcError:
-            return None
+        return self._probe.status(self.specs[node_id].address, timeout_s)
 
     def wait_until(self, condition: Callable[[], T | None], timeout_s: float, what: str,
                    poll_s: float = 0.02) -> T:
