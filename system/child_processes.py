@@ -36,7 +36,20 @@ def popen(*args, **kwargs) -> subprocess.Popen:  # noqa: ANN002, ANN003 - as sub
     with _lock:
         if _spawner is None:
             _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
-    return _spawner.submit(subprocess.Popen, *args, **kwargs).result()
+    future = _spawner.submit(subprocess.Popen, *args, **kwargs)
+    try:
+        return future.result()
+    except BaseException:
+        # Interrupted (Ctrl-C) while the spawner forked: the child exists but the caller
+        # will never record it, so it must not outlive this call.
+        with contextlib.suppress(BaseException):
+            child = future.result(timeout=30)
+            if kwargs.get("start_new_session"):
+                os.killpg(child.pid, signal.SIGKILL)
+            else:
+                child.kill()
+            child.wait(timeout=10)
+        raise
 
 
 def die_with_parent(variable: str) -> None:

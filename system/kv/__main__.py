@@ -24,6 +24,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
 from system.child_processes import die_with_parent
@@ -353,23 +354,25 @@ def cluster(args: argparse.Namespace) -> int:
     cluster_ = LocalCluster(
         args.nodes, args.data_dir, base_port=args.base_port or None, node_args=list(args.node_arg)
     )
-    stopping = False
+    # A signal sets a flag the loop looks at, instead of raising KeyboardInterrupt
+    # wherever the main thread happens to be: inside gRPC's channel code or a lock, an
+    # exception there can leave the command hanging (the likely cause of a Ctrl-C test
+    # that timed out twice under load and never alone).
+    stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        raise KeyboardInterrupt
+        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
         cluster_.start()
         print(f"data and logs in {cluster_.base_dir}", flush=True)
         for spec in cluster_.specs.values():
             print(f"{spec.node_id} {spec.address}  (log {spec.log_file})", flush=True)
         leader = None
-        while True:
-            current = cluster_.wait_for_leader_change(leader, timeout_s=3600)
+        while not stop.is_set():
+            current = cluster_.wait_for_leader_change(leader, timeout_s=0.5)
             if current != leader:
                 leader = current
                 address = cluster_.specs[leader].address if leader else "-"
@@ -377,7 +380,6 @@ def cluster(args: argparse.Namespace) -> int:
             for node_id in cluster_.exited_nodes():
                 print(f"{node_id} exited with code {cluster_.exit_code(node_id)}; "
                       f"see {cluster_.specs[node_id].log_file}", flush=True)
-    except KeyboardInterrupt:
         print("stopping the cluster...", flush=True)
     finally:
         cluster_.close()
