@@ -48,6 +48,7 @@ def _positive(kind: type) -> object:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nemesis.faults import FAULTS
     from system.kv.unsafe import CANARIES
     from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
 
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="break a real cluster, record the history, check it")
     run.add_argument("--faults", default="partition,kill",
-                     help="comma list of partition, kill, pause, packet, none (default %(default)s)")
+                     help=f"comma list of {', '.join(FAULTS)} (default %(default)s)")
     run.add_argument("--duration", type=_positive(float), default=60.0, metavar="S",
                      help="seconds of workload under faults (default %(default)s)")
     run.add_argument("--interval", type=_positive(float), default=10.0, metavar="S",
