@@ -30,7 +30,6 @@ from checker.corpus import CORPORA, find_shared_data, load_corpus  # noqa: E402
 from histories.load import load_history  # noqa: E402
 from histories.pairing import pair_operations  # noqa: E402
 
-EXTRA = REPO / "benchmarks" / "data" / "porcupine-kv"
 # Porcupine's reference times for the unpartitioned stress test (from the checker issue).
 NO_PARTITION_REFERENCE_S = {"c10-ok.txt": (True, 7.0), "c10-bad.txt": (False, 6.1)}
 
@@ -111,7 +110,7 @@ def main() -> int:
     ]
     no_partition_total = 0.0
     for name, (expected, reference) in NO_PARTITION_REFERENCE_S.items():
-        records, _ = load_history(EXTRA / name)
+        records, _ = load_history(data / "porcupine" / "kv" / name)
         operations = pair_operations(records)
         partitioned, part_s, _ = _timed(operations, models.kv(), args.repeat)
         valid, seconds, note = _timed(operations, models.kv(), 1, partition=False, budget_s=120)

@@ -86,6 +86,9 @@ def check_linearizable(
     at the first invalid key, as Porcupine does; `all_keys=True` checks every key.
     `partition=False` checks the whole history as one object (slow; for stress tests).
     """
+    for name, value in (("budget_s", budget_s), ("max_memo_entries", max_memo_entries), ("max_memory_mb", max_memory_mb)):
+        if not value >= 0:  # also refuses NaN
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     started = time.perf_counter()
     operations = _operations(history)
     if not partition:
