@@ -44,7 +44,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checker.models import ILLEGAL, Model, Unpartitioned
+from checker.models import ANY_STATE, ILLEGAL, Model, Unpartitioned
 from checker.result import (
     UNKNOWN,
     Candidate,
@@ -61,10 +61,8 @@ from histories.pairing import pair_operations
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_MAX_MEMO_ENTRIES = 2_000_000  # per key; about 200 MB of memo with its transitions
 DEFAULT_MAX_MEMORY_MB = 512  # per key: memo, transition table and distinct model states
-# Rough CPython costs, for the memory estimate (measured: an int key of a few hundred bits
-# plus its set slot; a small-int dict entry).
-_MEMO_ENTRY_BYTES = 90
-_TRANSITION_BYTES = 100
+_INT_BYTES = sys.getsizeof(2**40)  # a transition's target id, when not a cached small int
+_STACK_ENTRY_BYTES = sys.getsizeof((0,) * 7) + 4 * _INT_BYTES
 _CHECK_EVERY = 1024  # search iterations between budget checks
 
 
@@ -244,50 +242,97 @@ class _Search:
         self.state_ids: dict[Any, int] = {init: 0}
         self.transitions: list[dict[int, int]] = [{} for _ in range(n)]
         self.transition_count = 0
+        self.transition_bytes = 0
         self.state_bytes = sys.getsizeof(init)
+        # The memo key's parts: completed operations are numbered in call order (`completed`)
+        # and info operations get one bit each (`info_bit`); see run().
+        self.completed = [0] * n
+        self.info_bit = [0] * n
+        count_completed = count_info = 0
+        for i in range(n):
+            if self.info[i]:
+                self.info_bit[i] = 1 << count_info
+                count_info += 1
+            else:
+                self.completed[i] = count_completed
+                count_completed += 1
+        # Model hints (Step.requires, Step.blind): the one state an operation needs, and the
+        # state a blind operation leaves. An unknown-outcome blind write is placed only where
+        # something could observe the state it leaves (see run()).
+        self.requires = [-1 if st.requires is ANY_STATE else self._intern(st.requires) for st in steps]
+        self.produces = [self._intern(st.apply(init)) if st.blind else -1 for st in steps]
+        self.info_requires = {self.requires[i] for i in range(n) if self.info[i] and self.requires[i] >= 0}
+        # Without a hint on every unknown-outcome non-blind operation, the filter is off.
+        self.filter_info_writes = not any(
+            self.info[i] and not self.blind[i] and self.requires[i] < 0 for i in range(n)
+        )
+
+    def _intern(self, state: Any) -> int:
+        sid = self.state_ids.get(state)
+        if sid is None:
+            sid = len(self.states)
+            self.states.append(state)
+            self.state_ids[state] = sid
+            self.state_bytes += _size(state)
+        return sid
 
     def _transition(self, i: int, sid: int) -> int:
         new = self.apply[i](self.states[sid])
-        if new is ILLEGAL:
-            result = -1
-        else:
-            result = self.state_ids.get(new)
-            if result is None:
-                result = len(self.states)
-                self.states.append(new)
-                self.state_ids[new] = result
-                self.state_bytes += _size(new)
-        self.transitions[i][sid] = result
+        result = -1 if new is ILLEGAL else self._intern(new)
+        table = self.transitions[i]
+        before = sys.getsizeof(table)
+        table[sid] = result
+        self.transition_bytes += sys.getsizeof(table) - before + _INT_BYTES
         self.transition_count += 1
         return result
 
-    def memory_bytes(self, memo_entries: int) -> int:
-        """Estimated search memory; the distinct states dominate for string states."""
+    def memory_bytes(self, memo: set, memo_bytes: int, stack: list) -> int:
+        """What the search holds, measured: the memo's table and keys, the stack, the
+        transition tables, and the distinct states with their interning table."""
         return (
-            memo_entries * _MEMO_ENTRY_BYTES
-            + self.transition_count * _TRANSITION_BYTES
-            + 2 * self.state_bytes  # the state list and the interning dict share objects
+            sys.getsizeof(memo)
+            + memo_bytes
+            + sys.getsizeof(stack)
+            + len(stack) * _STACK_ENTRY_BYTES
+            + self.transition_bytes
+            + self.state_bytes
+            + sys.getsizeof(self.states)
+            + sys.getsizeof(self.state_ids)
         )
 
     def run(self, deadline: float, max_memo_entries: int, max_memory_bytes: float) -> _Outcome:
-        n = self.n
         nxt, prv, position = self.nxt, self.prv, self.position
         head, tail, info_head, info_tail = self.head, self.tail, self.info_head, self.info_tail
         info, read_only, twin, blind = self.info, self.read_only, self.twin, self.blind
+        completed, info_bit = self.completed, self.info_bit
+        produces, info_requires = self.produces, self.info_requires
+        filter_info_writes = self.filter_info_writes
         transitions = self.transitions
         transition = self._transition
-        bits = [1 << i for i in range(n)]
-        memo: set[int] = set()
-        # (op, state id before it, forced, window limit when it was placed)
-        stack: list[tuple[int, int, bool, int]] = []
-        lin = 0
+        # The memo holds configurations already explored, as (state id, frontier, above,
+        # info): every completed operation numbered below `frontier` is linearized, `above`
+        # has bit k set when completed operation frontier + k is, and `info` has the bits of
+        # the linearized info operations. Exact (no hashing of the set, so no collisions) and
+        # small: `above` spans only the operations concurrent with the frontier's, so an
+        # entry does not grow with the history's length (only `info`, by one bit per info
+        # operation).
+        memo: set[tuple[int, int, int, int]] = set()
+        memo_bytes = 0
+        memo_counted = 0
+        # (op, state id before it, forced, window limit, frontier, above, info) before it
+        stack: list[tuple[int, int, bool, int, int, int, int]] = []
         sid = 0
+        frontier = 0
+        above = 0
+        linearized_info = 0
         # Phases of trying the candidates of one configuration: 2, a legal read-only op of the
         # window (placed greedily, no alternatives); 0, the window's other completed ops in
         # call order; 1, the info ops invoked before the window's first return.
         phase = 2
         limit = 0  # phase 1: record index of the window's first return
         entry = nxt[head]
+        window_requires: set[int] = set()
+        window_unhinted: list[int] = []
         best_depth = -1
         placed_completed = 0
         record_best = False
@@ -308,7 +353,12 @@ class _Search:
                         f"memo table reached {max_memo_entries:,} entries (memory budget)",
                         best_path,
                     )
-                if self.memory_bytes(len(memo)) > max_memory_bytes:
+                if memo:
+                    # The newest key stands for those added since the last check.
+                    sample = (sid, frontier, above, linearized_info)
+                    memo_bytes += (len(memo) - memo_counted) * _key_bytes(sample)
+                    memo_counted = len(memo)
+                if self.memory_bytes(memo, memo_bytes, stack) > max_memory_bytes:
                     return _Outcome(
                         UNKNOWN,
                         len(memo),
@@ -332,6 +382,8 @@ class _Search:
                     phase = 1
                     limit = position[entry]
                     entry = nxt[info_head]
+                    if filter_info_writes:
+                        window_requires, window_unhinted = self._window_needs()
                     continue
                 i = entry >> 1
                 if read_only[i] or (blind[i] and stack and info[stack[-1][0]]):
@@ -343,11 +395,21 @@ class _Search:
                     backtrack = True  # every candidate of this configuration was tried
                 else:
                     i = entry >> 1
-                    if (twin[i] >= 0 and not lin & bits[twin[i]]) or (
+                    if (twin[i] >= 0 and not linearized_info & info_bit[twin[i]]) or (
                         blind[i] and stack and info[stack[-1][0]]
                     ):
                         entry = nxt[entry]
                         continue
+                    if filter_info_writes and blind[i]:
+                        # The next operation after it must observe its state (a blind one
+                        # would erase it): skip it when nothing pending could.
+                        v = produces[i]
+                        if v not in window_requires and v not in info_requires and not any(
+                            transition(q, v) >= 0 if (t := transitions[q].get(v)) is None else t >= 0
+                            for q in window_unhinted
+                        ):
+                            entry = nxt[entry]
+                            continue
             if not backtrack:
                 new_sid = transitions[i].get(sid)
                 if new_sid is None:
@@ -355,8 +417,17 @@ class _Search:
                 if new_sid < 0 or (phase == 1 and new_sid == sid):
                     entry = nxt[entry]
                     continue
-                new_lin = lin | bits[i]
-                memo_key = (new_sid << n) | new_lin
+                if info[i]:
+                    new_frontier, new_above, new_info = frontier, above, linearized_info | info_bit[i]
+                else:
+                    new_info = linearized_info
+                    c = completed[i] - frontier
+                    new_above = above | (1 << c)
+                    new_frontier = frontier
+                    while new_above & 1:  # the frontier moves past the linearized prefix
+                        new_above >>= 1
+                        new_frontier += 1
+                memo_key = (new_sid, new_frontier, new_above, new_info)
                 forced = read_only[i]
                 if memo_key in memo:
                     if not forced:
@@ -365,9 +436,8 @@ class _Search:
                     backtrack = True  # dominated by a configuration that already failed
                 else:
                     memo.add(memo_key)
-                    stack.append((i, sid, forced, limit))
-                    lin = new_lin
-                    sid = new_sid
+                    stack.append((i, sid, forced, limit, frontier, above, linearized_info))
+                    sid, frontier, above, linearized_info = new_sid, new_frontier, new_above, new_info
                     # lift: remove the op's call (and return) from its list
                     a = prv[entry]
                     b = nxt[entry]
@@ -397,8 +467,7 @@ class _Search:
             while True:
                 if not stack:
                     return _Outcome(False, len(memo), "", best_path)
-                i, sid, forced, limit = stack.pop()
-                lin ^= bits[i]
+                i, sid, forced, limit, frontier, above, linearized_info = stack.pop()
                 # unlift, in the reverse order of lift
                 if not info[i]:
                     placed_completed -= 1
@@ -412,6 +481,25 @@ class _Search:
                     break
             phase = info[i]
             entry = nxt[2 * i]
+            if phase == 1 and filter_info_writes:
+                window_requires, window_unhinted = self._window_needs()
+
+    def _window_needs(self) -> tuple[set[int], list[int]]:
+        """The states the window's pending state-observing operations require, and those of
+        them without a `requires` hint (tested one by one)."""
+        nxt, blind, requires = self.nxt, self.blind, self.requires
+        needs: set[int] = set()
+        unhinted: list[int] = []
+        entry = nxt[self.head]
+        while not entry & 1 and entry != self.tail:
+            i = entry >> 1
+            if not blind[i]:
+                if requires[i] >= 0:
+                    needs.add(requires[i])
+                else:
+                    unhinted.append(i)
+            entry = nxt[entry]
+        return needs, unhinted
 
     def counterexample(
         self, key: Hashable, model: Model, outcome: _Outcome, all_ops: Sequence[Operation]
@@ -455,6 +543,11 @@ class _Search:
             candidates=tuple(candidates),
             operations=tuple(all_ops),
         )
+
+
+def _key_bytes(key: tuple[int, int, int, int]) -> int:
+    """A memo key's own bytes: the tuple and its ints (small ints are shared, counted anyway)."""
+    return sys.getsizeof(key) + sum(sys.getsizeof(part) for part in key)
 
 
 def _size(state: Any) -> int:
