@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--model", choices=list(MODELS), help="default: from the format")
     check.add_argument("--init", metavar="VALUE", help="the register's initial value as EDN (default nil)")
     check.add_argument("--format", choices=FORMATS, help="default: from the name and content")
-    check.add_argument("--budget-s", type=_budget(float), default=DEFAULT_BUDGET_S, metavar="N", help="seconds per key (default %(default)s)")
+    check.add_argument("--budget-s", type=_budget(float), default=DEFAULT_BUDGET_S, metavar="N", help="CPU seconds per key (default %(default)s)")
     check.add_argument("--max-memo", type=_budget(int), default=DEFAULT_MAX_MEMO_ENTRIES, metavar="N", help="memo entries per key (default %(default)s)")
     check.add_argument("--max-memory-mb", type=_budget(float), default=DEFAULT_MAX_MEMORY_MB, metavar="MB", help="search memory per key (default %(default)s)")
     check.add_argument("--all-keys", action="store_true", help="check every key, not only up to the first invalid")
