@@ -78,7 +78,8 @@ def test_values_that_cannot_be_compared_are_exit_3_with_the_line(tmp_path: Path,
     ("text", "reason"),
     [
         ("{:process 0 :type :invoke :f :write :value " + "1" * 5000 + "}\n", "EDN"),
-        ("{:process 0 :type :invoke :f :write :value " + "[" * 100_000 + "}\n", "EDN"),
+        ("{:process 0 :type :invoke :f :write :value " + "[" * 100_000 + "}\n", "nested"),
+        ("{:process 0 :type :invoke :f :write :value 1e999}\n", "not finite"),
     ],
 )
 def test_edn_values_that_cannot_be_read_are_exit_3(tmp_path: Path, capsys, text: str, reason: str) -> None:
