@@ -77,6 +77,7 @@ DEFAULT_MAX_MEMORY_MB = 512  # per key: memo, transition table and distinct mode
 _INT_BYTES = sys.getsizeof(2**40)  # a transition's target id, when not a cached small int
 _STACK_ENTRY_BYTES = sys.getsizeof((0,) * 7) + 4 * _INT_BYTES
 _CHECK_EVERY = 1024
+_SOURCES_SHOWN = 5  # counterexample: ops that write the value the blocking op needs
 _PRODUCER_DEPTH = 3  # how far back _candidates follows "leaves the state that op requires"  # search iterations between budget checks
 
 
@@ -714,15 +715,70 @@ class _Search:
             window = [i for i in window if i not in chosen]
         return enabled + head + producers + window, limit, info_tried
 
+    def _extend_greedily(self, path: list[int]) -> list[int]:
+        """The search's cuts stop a doomed configuration early (a read's value overwritten for
+        good), so its deepest path may end well before the op that cannot be placed. For the
+        explanation, extend it with legal steps only (a legal read-only window op; else the
+        first returning op; else a window op that leaves the state that one requires) until
+        none applies: still a linearizable prefix, now ending where the history fails."""
+        nxt, prv, info = self.nxt, self.prv, self.info
+        lifted: list[int] = []
+
+        def step(i: int, sid: int) -> int:
+            new_sid = self.transitions[i].get(sid)
+            return self._transition(i, sid) if new_sid is None else new_sid
+
+        def lift(i: int) -> None:
+            for entry in (2 * i,) if info[i] else (2 * i, 2 * i + 1):
+                a, b = prv[entry], nxt[entry]
+                nxt[a] = b
+                prv[b] = a
+            lifted.append(i)
+
+        sid = 0
+        for i in path:
+            sid = step(i, sid)
+            lift(i)
+        extended = list(path)
+        while True:
+            window = []
+            entry = nxt[self.head]
+            while not entry & 1:
+                window.append(entry >> 1)
+                entry = nxt[entry]
+            if entry == self.tail:
+                break
+            first = entry >> 1
+            needed = self.requires[first]
+            chosen = next((i for i in window if self.read_only[i] and step(i, sid) >= 0), None)
+            if chosen is None and step(first, sid) >= 0:
+                chosen = first
+            if chosen is None and needed >= 0:
+                chosen = next((i for i in window if self.produces[i] == needed and step(i, sid) >= 0), None)
+            if chosen is None:
+                break
+            sid = step(chosen, sid)
+            lift(chosen)
+            extended.append(chosen)
+        for i in reversed(lifted):  # unlift, in the reverse order of lift
+            for entry in (2 * i,) if info[i] else (2 * i + 1, 2 * i):
+                nxt[prv[entry]] = entry
+                prv[nxt[entry]] = entry
+        return extended
+
     def counterexample(
         self, key: Hashable, model: Model, outcome: _Outcome, all_ops: Sequence[Operation]
     ) -> Counterexample:
         """Rebuild the deepest configuration reached and say what could not be placed."""
-        path = outcome.best_path
+        path = self._extend_greedily(outcome.best_path)
         placed = []
         sid = 0
+        last_write = None  # the prefix's last op that changed the state
         for i in path:
+            before = sid
             sid = self.transitions[i][sid]
+            if sid != before:
+                last_write = self.ops[i]
             placed.append(
                 Placed(
                     op=self.ops[i],
@@ -747,8 +803,14 @@ class _Search:
             else:
                 outcome_text = f"-> {model.describe_state(new)}, but no order of the rest works from there"
             candidates.append(Candidate(op=op, description=model.describe_operation(op), outcome=outcome_text))
+        # Where the value the blocking op needs comes from (model hints; nothing without them).
+        needed = self.requires[blocking]
+        before_return = [i for i in self.producers_of.get(needed, ()) if needed >= 0 and self.ops[i].call < cutoff]  # type: ignore[operator]
+        sources = tuple(self.ops[i] for i in before_return[-_SOURCES_SHOWN:])  # the latest ones
         return Counterexample(
             key=key,
+            last_write=last_write,
+            sources=sources,
             prefix=tuple(placed),
             state=model.describe_state(state),
             blocking=self.ops[blocking],
