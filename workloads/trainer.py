@@ -14,11 +14,30 @@ The nemesis draws from these processes beside the store's nodes (`ProcessTargets
 | `coordinator` | the coordinator holding the lease now |
 | `standby` | a coordinator not holding it |
 | `worker` | a random worker |
+| `coordinator-mid-write` | the active coordinator, stopped at its next checkpoint write |
 
 kill = SIGKILL of the process group (healed by starting a replacement: a worker under its
 index, a coordinator under a new id, as a standby — its old id is retired with its term);
 pause = SIGSTOP/SIGCONT; partition `coordinator-from-store` = cut that coordinator's
 proxies (existing connections closed, new ones refused) until the heal.
+
+Faults that land inside a checkpoint write. A pause or a crash from outside almost never
+falls between the coordinator's last lease check and its head CAS (well under a
+millisecond of a checkpoint cycle), nor does a lost answer fall on the CAS, yet those are
+the moments the fences exist for (a GC pause right before a write; a connection reset
+after the store committed). Every coordinator is started with a pause point it can be
+armed at (system/trainer/pause_points.py, `TRAINER_PAUSE_ARM_FILE`): the fault arms it, the
+coordinator stops itself (SIGSTOP) after placing the blob and checking its lease, right
+before the head CAS, and records a `paused-at` event; then
+- pause `coordinator-mid-write`: it stays stopped until its lease record names another
+  coordinator (a standby took over), then SIGCONT: its CAS is now a deposed writer's;
+- kill `coordinator-mid-write`: SIGKILL there (blob placed, head not written);
+- partition `coordinator-reply-lost`: its proxies forward requests but drop the store's
+  answers, it is continued, and once the head has moved (its CAS committed) every one of
+  its store connections is reset and forwarding resumes: the answer is lost, the write
+  is retried over a new connection (the same request id must return the first result).
+A write that does not come within 5 s is disarmed (the kill and pause then hit the
+coordinator wherever it is; the history's `paused-at` events say where each one landed).
 
 History (docs/histories.md). Every coordinator appends events to its event log
 (`trainer/events-<id>.jsonl` in the run folder); a pump thread turns them into records in
@@ -65,14 +84,18 @@ from workloads.base import RunContext, Workload
 
 log = logging.getLogger("nemesis")
 
-ROLES = ("coordinator", "standby", "worker")
+MID_WRITE = "coordinator-mid-write"
+ROLES = ("coordinator", "standby", "worker", MID_WRITE)
+ARM_POINT = "before-head-cas"  # the pause point a mid-write fault arms (pause_points.py)
+REACH_POINT_S = 5.0  # how long an armed coordinator is given to reach its next write
+COMMIT_WAIT_S = 3.0  # reply-lost: how long the answer is held back waiting for the commit
 READ_PROCESS = 100
 PUMP_PERIOD_S = 0.1
 # Events of the coordinator's log that become history events (the rest — per-step
 # progress, rejected gradients — stay in the event logs only).
 EVENT_KINDS = {"started", "lease-acquired", "lease-lost", "lease-observe-failed", "resume",
                "checkpoint-retry", "skip", "worker-back", "deposed", "done", "error",
-               "job-finished"}
+               "job-finished", "paused-at"}
 
 
 def default_config(seed: int) -> TrainConfig:
@@ -104,6 +127,13 @@ class _Run(TrainerRun):
         proxies = {node: TcpProxy(address) for node, address in self.nodes.items()}
         self.proxies[cid] = list(proxies.values())
         return ",".join(f"{node}={p.address}" for node, p in proxies.items())
+
+    def arm_file(self, cid: str) -> Path:
+        return self.run_dir / f"arm-{cid}"
+
+    def coordinator_env_for(self, cid: str) -> dict[str, str]:
+        # The pause point of the mid-write faults: inert until the harness arms the file.
+        return {"TRAINER_PAUSE_ARM_FILE": str(self.arm_file(cid)), "MAO_ALLOW_UNSAFE": "1"}
 
     def close_proxies(self) -> None:
         for proxies in self.proxies.values():
@@ -278,16 +308,20 @@ class TrainerWorkload(Workload):
         return ROLES
 
     def resolve(self, role: str) -> str | None:
-        """The process a role names now (None if there is none to hurt)."""
+        """The process a role names now (None if there is none to hurt). A mid-write role
+        names `<coordinator>@<point>`: the fault is to land at that point."""
         if self.run is None:
             return None
         with self._lock:
             alive = [n for n, p in self.run.procs.items() if p.poll() is None and n not in self.down]
         coordinators = [n for n in alive if n.startswith("c")]
-        if role in ("coordinator", "standby"):
+        if role in ("coordinator", "standby", MID_WRITE):
             active = self.run.active_coordinator()
             if role == "coordinator":
                 return active if active in coordinators else None
+            if role == MID_WRITE:
+                usable = active in coordinators and active not in self.paused
+                return f"{active}@{ARM_POINT}" if usable else None
             standbys = sorted(n for n in coordinators if n != active and n not in self.paused)
             return self._rng.choice(standbys) if standbys else None
         if role == "worker":
@@ -295,17 +329,110 @@ class TrainerWorkload(Workload):
             return self._rng.choice(workers) if workers else None
         raise ValueError(f"unknown trainer target role {role!r}; known: {', '.join(ROLES)}")
 
+    # ----- faults inside a checkpoint write ----------------------------------------------
+
+    def _is_stopped(self, cid: str) -> bool:
+        """Whether the process is stopped (SIGSTOP): state T in /proc."""
+        assert self.run is not None
+        try:
+            stat = Path(f"/proc/{self.run.procs[cid].pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    def _stop_at_write(self, cid: str) -> bool:
+        """Arm `cid`'s pause point and wait until it has stopped itself there (True), or
+        disarm it when no write reached it in time (False)."""
+        assert self.run is not None
+        arm = self.run.arm_file(cid)
+        fired = Path(f"{arm}.fired")
+        fired.unlink(missing_ok=True)
+        staging = Path(f"{arm}.new")
+        staging.write_text(ARM_POINT)
+        staging.replace(arm)  # atomic: the coordinator never reads half a file
+        deadline = time.monotonic() + REACH_POINT_S
+        while time.monotonic() < deadline and not fired.exists():
+            if self.run.procs[cid].poll() is not None:
+                break
+            time.sleep(0.01)  # polling a file the coordinator renames; bounded above
+        if not fired.exists():
+            try:
+                arm.replace(Path(f"{arm}.disarmed"))
+                return False  # never taken: it will not stop
+            except FileNotFoundError:
+                pass  # taken just now
+        deadline = time.monotonic() + 2.0  # from the rename to its SIGSTOP: microseconds
+        while time.monotonic() < deadline:
+            if self._is_stopped(cid):
+                return True
+            if self.run.procs[cid].poll() is not None:
+                return False
+            time.sleep(0.005)
+        return False
+
+    def _wait_takeover(self, cid: str) -> bool:
+        """Wait (bounded) until the lease record names a coordinator other than `cid`."""
+        assert self.run is not None
+        deadline = time.monotonic() + 4 * self.lease_s + 5.0
+        while time.monotonic() < deadline and not self._stop.is_set():
+            record = self.run.lease()
+            if record is not None and (record.coordinator_id != cid or record.done):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def lose_reply(self, cid: str) -> dict[str, Any]:
+        """Partition `coordinator-reply-lost`: the answer to `cid`'s next head CAS is lost
+        after the store committed it (see the module docstring). Returns what happened."""
+        assert self.run is not None
+        if not self._stop_at_write(cid):
+            return {"landed": False, "detail": f"no checkpoint write of {cid} within {REACH_POINT_S:g} s"}
+        proxies = self.run.proxies.get(cid, [])
+        try:
+            before = self.run.kv.get(head_key(self.config.job)).version
+        except KVError:
+            before = None
+        for proxy in proxies:
+            proxy.set_mode(ProxyMode.DROP_REPLIES)
+        committed = None
+        try:
+            self.run.resume(cid)
+            deadline = time.monotonic() + COMMIT_WAIT_S
+            while time.monotonic() < deadline and before is not None:
+                try:
+                    version = self.run.kv.get(head_key(self.config.job)).version
+                except KVError:
+                    version = before
+                if version > before:
+                    committed = version
+                    break
+                time.sleep(0.005)  # how late the reset may come after the commit
+        finally:
+            for proxy in proxies:
+                proxy.set_mode(ProxyMode.CUT)  # resets every connection: the answer is gone
+                proxy.set_mode(ProxyMode.FORWARD)
+        return {"landed": True, "head_version_before": before, "committed_version": committed,
+                "detail": (f"answer of the write committed at head version {committed} dropped, "
+                           f"connections reset" if committed else
+                           f"head did not move within {COMMIT_WAIT_S:g} s; connections reset")}
+
+    # ----- ProcessTargets --------------------------------------------------------------
+
     def kill_target(self, name: str) -> None:
         assert self.run is not None
+        cid, _, point = name.partition("@")
+        if point and cid in self.run.procs:
+            self._stop_at_write(cid)  # not reached: killed wherever it is
         with self._lock:
-            self.run.expected_exit.add(name)
-            self.down.add(name)
-            self.paused.discard(name)
-            self.run.kill(name)
+            self.run.expected_exit.add(cid)
+            self.down.add(cid)
+            self.paused.discard(cid)
+            self.run.kill(cid)
 
     def restart_target(self, name: str) -> str:
         """Start a replacement for a killed process; returns what was started."""
         assert self.run is not None
+        name = name.partition("@")[0]
         with self._lock:
             self.down.discard(name)
             if self._stop.is_set():
@@ -317,16 +444,22 @@ class TrainerWorkload(Workload):
 
     def pause_target(self, name: str) -> None:
         assert self.run is not None
+        cid, _, point = name.partition("@")
+        if not (point and self._stop_at_write(cid)):
+            with self._lock:
+                self.run.pause(cid)
         with self._lock:
-            self.run.pause(name)
-            self.paused.add(name)
+            self.paused.add(cid)
 
     def resume_target(self, name: str) -> None:
         assert self.run is not None
+        cid, _, point = name.partition("@")
+        if point and cid in self.paused:
+            self._wait_takeover(cid)  # the point of the fault: it wakes a deposed writer
         with self._lock:
-            if name in self.paused and self.run.procs[name].poll() is None:
-                self.run.resume(name)
-            self.paused.discard(name)
+            if cid in self.paused and self.run.procs[cid].poll() is None:
+                self.run.resume(cid)
+            self.paused.discard(cid)
 
     def cut_from_store(self, name: str) -> None:
         assert self.run is not None

@@ -28,7 +28,7 @@ import grpc
 
 from system.kv.client import CasMismatch, KVClient, KVError
 from system.trainer import checkpoint as codec
-from system.trainer import data, local, model
+from system.trainer import data, local, model, pause_points
 from system.trainer.checkpoint_store import CheckpointStore, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.coordinator_core import CoordinatorCore
@@ -179,6 +179,9 @@ class Coordinator:
     def run(self) -> int:
         self.server.start()
         self._emit({"kind": "started", "detail": self.address})
+        # A pause point that stops this process says so first (the history shows where).
+        pause_points.on_pause = lambda point, step: self._emit(
+            {"kind": "paused-at", "step": step, "detail": point})
         try:
             self._probe_object_store()
             dataset = data.load(self.config)

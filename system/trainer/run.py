@@ -119,8 +119,13 @@ class TrainerRun:
              *self.coordinator_args],
             self.run_dir / f"{cid}.log",
             {**(self.first_coordinator_env or {} if self._coordinator_count == 1 else {}),
-             **self.coordinator_env} or None)
+             **self.coordinator_env, **self.coordinator_env_for(cid)} or None)
         return cid
+
+    def coordinator_env_for(self, cid: str) -> dict[str, str]:
+        """Environment of coordinator `cid` alone (the nemesis workload: its pause-point
+        arm file)."""
+        return {}
 
     def worker_kv(self) -> str:
         """The store addresses workers are given, as `--kv` text (`n1=addr,...` when
