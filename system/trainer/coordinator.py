@@ -267,6 +267,10 @@ class Coordinator:
                     "lease_version": self.lease.term, "outcome": "ok",
                     "from_version": latest.version if latest else 0,
                     "from_request_id": latest.meta.request_id if latest else ""})
+        collected = self.store.collect_orphans(meta)  # fenced predecessors' unreferenced blobs
+        if collected:
+            self._emit({"kind": "collected", "lease_version": self.lease.term,
+                        "detail": " ".join(collected)})
         with self.cond:
             self.core = CoordinatorCore(self.config, self.options.coordinator_id, self.lease.term,
                                         state, step, version, self.shard_rows,
