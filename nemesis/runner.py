@@ -288,6 +288,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         started = time.monotonic()
         deadline = started + config.duration_s
         ctx = RunContext(addresses=platform.client_addresses, history=history, seed=config.seed,
+                         platform=platform,
                          deadline=deadline)
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
                           interval_s=config.interval_s, record=record,

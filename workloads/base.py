@@ -28,6 +28,7 @@ class RunContext:
     seed: int
     deadline: float  # time.monotonic() at which clients stop invoking
     stop: threading.Event = field(default_factory=threading.Event)
+    platform: Any = None  # the Platform (a workload with processes of its own runs them there)
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """Workload `trainer`: the data-parallel trainer (system/trainer) on the run's store, under faults.
 
-The platform runs the store's nodes; this workload starts, on this machine, two or more
-coordinators (one takes the lease, the others stand by) and the workers, through
-`TrainerRun` (system/trainer/run.py), pointed at the platform's client addresses. Each
+The platform runs the store's nodes; this workload starts two or more coordinators (one
+takes the lease, the others stand by) and the workers, through `TrainerRun`
+(system/trainer/run.py), on the same platform. Locally they are processes, and each
 coordinator reaches every store node through its own TCP proxy owned by the workload, so
 the nemesis can cut one coordinator off the store (a real partition of that process from
-every node, on any platform, without root) while the nodes keep talking to each other.
+every node, without root) while the nodes keep talking to each other. On Docker they are
+containers on the run's network (workloads/trainer_docker.py) and the same faults are
+`docker kill` / `docker pause` / iptables rules in the coordinator's namespace.
 
 The nemesis draws from these processes beside the store's nodes (`ProcessTargets`):
 
@@ -69,18 +71,20 @@ import json
 import logging
 import random
 import re
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
-from system.kv.client import KVClient, KVError
+from system.kv.client import ATTEMPT_TIMEOUT_S, KVClient, KVError
 from system.trainer import checkpoint as codec
 from system.trainer.checkpoint_store import head_key
 from system.trainer.config import TrainConfig
 from system.trainer.run import TrainerRun
 from workloads.base import RunContext, Workload
+from workloads.trainer_docker import DockerTrainerProcesses
 
 log = logging.getLogger("nemesis")
 
@@ -114,14 +118,82 @@ def coordinator_process(cid: str) -> int:
 
 
 class _Run(TrainerRun):
-    """TrainerRun whose coordinators reach the store through proxies the workload can cut."""
+    """TrainerRun whose coordinators reach the store through proxies the workload can cut;
+    on the Docker platform (`containers`), whose processes are containers on the run's
+    network, cut by iptables in their own namespace (workloads/trainer_docker.py)."""
 
-    def __init__(self, *args: Any, nodes: dict[str, str], **kw: Any) -> None:
+    def __init__(self, *args: Any, nodes: dict[str, str],
+                 containers: DockerTrainerProcesses | None = None, **kw: Any) -> None:
         super().__init__(*args, kv=dict(nodes), **kw)  # type: ignore[arg-type] - id -> address
         self.nodes = nodes
+        self.containers = containers
         self.proxies: dict[str, list[TcpProxy]] = {}
 
+    def spawn_process(self, name: str, args: list[str], log_path: Path,
+                      extra_env: dict[str, str] | None = None) -> Any:
+        if self.containers is not None:
+            return self.containers.start(name, args, log_path, extra_env)
+        return super().spawn_process(name, args, log_path, extra_env)
+
+    def worker_kv(self) -> str:
+        return self.containers.kv_text if self.containers is not None else super().worker_kv()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        if self.containers is None:
+            return super().kill(name, sig)
+        self.containers.kill(self.procs[name])
+
+    def pause(self, name: str) -> None:
+        if self.containers is None:
+            return super().pause(name)
+        self.containers.pause(self.procs[name])
+
+    def resume(self, name: str) -> None:
+        if self.containers is None:
+            return super().resume(name)
+        self.containers.resume(self.procs[name])
+
+    def is_stopped(self, name: str) -> bool:
+        """Whether the process is stopped (SIGSTOP): state T."""
+        if self.containers is not None:
+            return self.containers.is_stopped(self.procs[name])
+        try:
+            stat = Path(f"/proc/{self.procs[name].pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    def set_store_link(self, cid: str, mode: ProxyMode) -> None:
+        """FORWARD, CUT (nothing either way) or DROP_REPLIES between `cid` and every node."""
+        if self.containers is not None:
+            self.containers.set_rules(self.procs[cid], mode.value)
+            return
+        for proxy in self.proxies.get(cid, []):
+            proxy.set_mode(mode)
+
+    def reset_store_connections(self, cid: str) -> str:
+        """Close `cid`'s open connections to the store (what they carried is lost); says how."""
+        if self.containers is not None:
+            if self.containers.reset(self.procs[cid]):
+                return "connections killed (ss -K)"
+            # No socket killing in this kernel: keep the answers dropped past the client's
+            # attempt timeout instead, which fails the attempt the same way.
+            time.sleep(ATTEMPT_TIMEOUT_S + 0.2)
+            return f"answers dropped {ATTEMPT_TIMEOUT_S + 0.2:g} s more (no ss -K here)"
+        for proxy in self.proxies.get(cid, []):
+            mode = proxy.mode
+            proxy.set_mode(ProxyMode.CUT)  # closes every connection
+            proxy.set_mode(mode)
+        return "connections reset (proxies)"
+
+    def close(self) -> None:
+        if self.containers is not None:
+            self.containers.close()
+        super().close()
+
     def coordinator_kv(self, cid: str) -> str:
+        if self.containers is not None:
+            return self.containers.kv_text
         # By node id: a follower's hint must lead through this coordinator's proxy to the
         # leader, not to the leader's own address (which would bypass a cut).
         proxies = {node: TcpProxy(address) for node, address in self.nodes.items()}
@@ -184,8 +256,12 @@ class TrainerWorkload(Workload):
         self._ctx = ctx
         self._rng = random.Random(f"trainer-targets:{ctx.seed}")
         run_dir = Path(ctx.history.path).parent / "trainer"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        containers = None
+        if getattr(ctx.platform, "name", "") == "docker":  # the processes run where the nodes do
+            containers = DockerTrainerProcesses(ctx.platform, run_dir.resolve())
         self.run = _Run(self.config, standbys=self.standbys, nodes=dict(ctx.addresses),
-                        run_dir=run_dir, lease_s=self.lease_s,
+                        containers=containers, run_dir=run_dir.resolve(), lease_s=self.lease_s,
                         gradient_deadline_s=self.gradient_deadline_s)
         if self.unsafe:
             self.run.coordinator_args = ["--unsafe", self.unsafe]
@@ -331,15 +407,6 @@ class TrainerWorkload(Workload):
 
     # ----- faults inside a checkpoint write ----------------------------------------------
 
-    def _is_stopped(self, cid: str) -> bool:
-        """Whether the process is stopped (SIGSTOP): state T in /proc."""
-        assert self.run is not None
-        try:
-            stat = Path(f"/proc/{self.run.procs[cid].pid}/stat").read_text()
-        except OSError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
-
     def _stop_at_write(self, cid: str) -> bool:
         """Arm `cid`'s pause point and wait until it has stopped itself there (True), or
         disarm it when no write reached it in time (False)."""
@@ -363,7 +430,7 @@ class TrainerWorkload(Workload):
                 pass  # taken just now
         deadline = time.monotonic() + 2.0  # from the rename to its SIGSTOP: microseconds
         while time.monotonic() < deadline:
-            if self._is_stopped(cid):
+            if self.run.is_stopped(cid):
                 return True
             if self.run.procs[cid].poll() is not None:
                 return False
@@ -387,34 +454,32 @@ class TrainerWorkload(Workload):
         assert self.run is not None
         if not self._stop_at_write(cid):
             return {"landed": False, "detail": f"no checkpoint write of {cid} within {REACH_POINT_S:g} s"}
-        proxies = self.run.proxies.get(cid, [])
         try:
             before = self.run.kv.get(head_key(self.config.job)).version
         except KVError:
             before = None
-        for proxy in proxies:
-            proxy.set_mode(ProxyMode.DROP_REPLIES)
-        committed = None
+        self.run.set_store_link(cid, ProxyMode.DROP_REPLIES)
+        committed, reset = None, ""
         try:
             self.run.resume(cid)
             deadline = time.monotonic() + COMMIT_WAIT_S
             while time.monotonic() < deadline and before is not None:
                 try:
-                    version = self.run.kv.get(head_key(self.config.job)).version
-                except KVError:
-                    version = before
-                if version > before:
-                    committed = version
+                    got = self.run.kv.get(head_key(self.config.job))
+                    writer = codec.decode_head(got.value)[0].coordinator_id
+                except (KVError, codec.CheckpointError):
+                    got, writer = None, ""
+                if got is not None and got.version > before and writer == cid:
+                    committed = got.version  # its write, not a successor's takeover
                     break
                 time.sleep(0.005)  # how late the reset may come after the commit
         finally:
-            for proxy in proxies:
-                proxy.set_mode(ProxyMode.CUT)  # resets every connection: the answer is gone
-                proxy.set_mode(ProxyMode.FORWARD)
+            reset = self.run.reset_store_connections(cid)  # the answer withheld so far is gone
+            self.run.set_store_link(cid, ProxyMode.FORWARD)
         return {"landed": True, "head_version_before": before, "committed_version": committed,
                 "detail": (f"answer of the write committed at head version {committed} dropped, "
-                           f"connections reset" if committed else
-                           f"head did not move within {COMMIT_WAIT_S:g} s; connections reset")}
+                           f"{reset}" if committed else
+                           f"no write of {cid} committed within {COMMIT_WAIT_S:g} s; {reset}")}
 
     # ----- ProcessTargets --------------------------------------------------------------
 
@@ -463,14 +528,12 @@ class TrainerWorkload(Workload):
 
     def cut_from_store(self, name: str) -> None:
         assert self.run is not None
-        for proxy in self.run.proxies.get(name, []):
-            proxy.set_mode(ProxyMode.CUT)
+        self.run.set_store_link(name, ProxyMode.CUT)
         self.cut.add(name)
 
     def heal_from_store(self, name: str) -> None:
         assert self.run is not None
-        for proxy in self.run.proxies.get(name, []):
-            proxy.set_mode(ProxyMode.FORWARD)
+        self.run.set_store_link(name, ProxyMode.FORWARD)
         self.cut.discard(name)
 
     def heal_targets(self) -> list[str]:

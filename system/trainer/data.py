@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -43,10 +44,20 @@ class Dataset:
         return self.x_train.shape[1]
 
 
+# The packaged files the bundled datasets are read from (the Docker image copies these from
+# the host's packages into TRAINER_DATA_DIR instead of installing scikit-learn and river).
+BUNDLED_FILES = (("sklearn", "datasets/data/breast_cancer.csv"),
+                 ("sklearn", "datasets/data/digits.csv.gz"),
+                 ("river", "datasets/shuttle.csv.gz"))
+
+
 def _package_file(package: str, relative: str) -> Path:
     """A data file shipped inside an installed package, found WITHOUT importing it:
     importing scikit-learn or river costs about 2 s of CPU per process, and every worker
-    and coordinator loads the data (tests check the arrays equal the packages' loaders)."""
+    and coordinator loads the data (tests check the arrays equal the packages' loaders).
+    With TRAINER_DATA_DIR set, `<dir>/<package>/<relative>` (the node image's copies)."""
+    if os.environ.get("TRAINER_DATA_DIR"):
+        return Path(os.environ["TRAINER_DATA_DIR"]) / package / relative
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"dataset needs the {package!r} package; pip install {package}")

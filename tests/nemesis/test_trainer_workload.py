@@ -79,6 +79,28 @@ def test_the_write_after_lease_loss_canary_is_caught_by_fencing(tmp_path: Path) 
     assert "write-after-fence" in kinds
 
 
+@pytest.mark.parametrize("canary,faults,seed,prop,kind", [
+    # seed 5 deals coordinator-mid-write second: paused at its head CAS, woken after the takeover
+    ("no-fencing", "pause", "5", "fencing", "write-after-fence"),
+    # seed 3 deals coordinator-reply-lost second: the committed write's answer lost, retried
+    ("no-request-id", "partition", "3", "request-ids", "failed-write-applied"),
+])
+@pytest.mark.parametrize("safe", [False, True], ids=["canary", "safe"])
+def test_the_faults_inside_a_checkpoint_write_catch_their_canary_and_pass_the_safe_trainer(
+        tmp_path: Path, canary: str, faults: str, seed: str, prop: str, kind: str, safe: bool) -> None:
+    code, out, results = _run(tmp_path, "--faults", faults, "--duration", "20", "--interval", "4",
+                              "--seed", seed, *([] if safe else ["--unsafe", canary]))
+    history = (tmp_path / "store" / "latest" / "history.jsonl").read_text().splitlines()
+    landed = [json.loads(line) for line in history if '"paused-at"' in line]
+    assert landed, f"no fault landed inside a checkpoint write\n{out}"
+    if safe:
+        assert code == 0, out
+        return
+    assert code == 1, out
+    assert results["properties"][prop] is False, out
+    assert kind in {a["kind"] for a in results[f"trainer-{prop}"]["anomalies"]}, out
+
+
 def test_a_trainer_canary_needs_the_trainer_workload(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "nemesis", "run", "--platform", "local",
                            "--unsafe", "no-request-id", "--store", str(tmp_path / "store")],
