@@ -17,7 +17,9 @@ No registry can be reached from the machines this runs on, so nothing is pulled:
 3. `mao-node:<hash>`: the sources the node runs (`system/`, `histories/`) in /opt/mao/src,
    checked at build time by importing the node's and the trainer's modules, and the
    trainer's bundled dataset files (`system.trainer.data.BUNDLED_FILES`, copied from the
-   host's scikit-learn and river into /opt/mao/data, TRAINER_DATA_DIR) — the trainer's
+   host's scikit-learn and river into /opt/mao/data/<package>/..., last on PYTHONPATH:
+   the image has neither package, and `find_spec` resolves those directories as namespace
+   packages, which is all the trainer's data loader asks of them) — the trainer's
    coordinators and workers run in this image too. The hash covers those files and the
    deps tag.
 
@@ -67,8 +69,9 @@ WHEEL_PLATFORMS = ("manylinux_2_36_x86_64", "manylinux_2_28_x86_64", "manylinux_
 SOURCE_DIRS = ("system", "histories")  # what the node imports (checked at build time)
 NODE_IMPORT_CHECK = ("import system.kv.__main__, system.kv.node, system.kv.server, system.kv.client, "
                      "system.trainer.__main__, system.trainer.cli, system.trainer.coordinator, "
-                     "system.trainer.worker")
-DATA_DIR = "/opt/mao/data"  # the trainer's dataset files in the image (TRAINER_DATA_DIR)
+                     "system.trainer.worker; from system.trainer.data import _raw; "
+                     "_raw(\"breast_cancer\")")  # the nemesis workload's dataset is readable
+DATA_DIR = "/opt/mao/data"  # the trainer's dataset files in the image
 LAYOUT_VERSION = "1"  # bump when the Dockerfiles below change
 
 Log = Callable[[str], None]
@@ -462,7 +465,7 @@ def ensure_image(client=None, log: Log = _stderr) -> str:  # noqa: ANN001
                 f"FROM {deps}\n"
                 "COPY src /opt/mao/src\n"
                 f"COPY data {DATA_DIR}\n"
-                f"ENV PYTHONPATH=/opt/mao/src:/opt/mao/deps TRAINER_DATA_DIR={DATA_DIR}\n"
+                f"ENV PYTHONPATH=/opt/mao/src:/opt/mao/deps:{DATA_DIR}\n"
                 "WORKDIR /opt/mao/src\n"
                 f"RUN python3 -m compileall -q /opt/mao/src && python3 -c '{NODE_IMPORT_CHECK}'\n")
             _build(client, ctx, tag, "node", tag)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -44,8 +43,8 @@ class Dataset:
         return self.x_train.shape[1]
 
 
-# The packaged files the bundled datasets are read from (the Docker image copies these from
-# the host's packages into TRAINER_DATA_DIR instead of installing scikit-learn and river).
+# The packaged files the bundled datasets are read from (the Docker image copies just these
+# from the host's packages instead of installing scikit-learn and river).
 BUNDLED_FILES = (("sklearn", "datasets/data/breast_cancer.csv"),
                  ("sklearn", "datasets/data/digits.csv.gz"),
                  ("river", "datasets/shuttle.csv.gz"))
@@ -54,10 +53,7 @@ BUNDLED_FILES = (("sklearn", "datasets/data/breast_cancer.csv"),
 def _package_file(package: str, relative: str) -> Path:
     """A data file shipped inside an installed package, found WITHOUT importing it:
     importing scikit-learn or river costs about 2 s of CPU per process, and every worker
-    and coordinator loads the data (tests check the arrays equal the packages' loaders).
-    With TRAINER_DATA_DIR set, `<dir>/<package>/<relative>` (the node image's copies)."""
-    if os.environ.get("TRAINER_DATA_DIR"):
-        return Path(os.environ["TRAINER_DATA_DIR"]) / package / relative
+    and coordinator loads the data (tests check the arrays equal the packages' loaders)."""
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(f"dataset needs the {package!r} package; pip install {package}")

@@ -99,6 +99,18 @@ def test_the_faults_inside_a_checkpoint_write_catch_their_canary_and_pass_the_sa
     assert code == 1, out
     assert results["properties"][prop] is False, out
     assert kind in {a["kind"] for a in results[f"trainer-{prop}"]["anomalies"]}, out
+    # The run folder reads back: check, report and show name the broken property.
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    for command, code_wanted, says in (("check", 1, prop), ("report", 0, "report.html"),
+                                       ("show", 0, prop)):
+        again = subprocess.run([sys.executable, "-m", "nemesis", command, str(run_dir)],
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert again.returncode == code_wanted, (command, again.stdout, again.stderr)
+        assert says in again.stdout, (command, again.stdout)
+    report = (run_dir / "report.html").read_text()
+    assert "Broken trainer properties" in report and kind in report
+    assert "every coordinator ran the deliberately broken" in report
 
 
 def test_a_trainer_canary_needs_the_trainer_workload(tmp_path: Path) -> None:
