@@ -163,6 +163,14 @@ class _Run(TrainerRun):
             return False
         return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
+    def withhold_replies_and_continue(self, cid: str) -> None:
+        """`cid`, stopped at its pause point: drop the store's answers to it, continue it."""
+        if self.containers is not None:
+            self.containers.withhold_replies_and_continue(self.procs[cid])
+            return
+        self.set_store_link(cid, ProxyMode.DROP_REPLIES)
+        self.resume(cid)
+
     def set_store_link(self, cid: str, mode: ProxyMode) -> None:
         """FORWARD, CUT (nothing either way) or DROP_REPLIES between `cid` and every node."""
         if self.containers is not None:
@@ -407,9 +415,10 @@ class TrainerWorkload(Workload):
 
     # ----- faults inside a checkpoint write ----------------------------------------------
 
-    def _stop_at_write(self, cid: str) -> bool:
-        """Arm `cid`'s pause point and wait until it has stopped itself there (True), or
-        disarm it when no write reached it in time (False)."""
+    def _stop_at_write(self, cid: str, wait_stopped: bool = True) -> int | None:
+        """Arm `cid`'s pause point and wait until it has taken the arming (and, with
+        `wait_stopped`, has stopped itself there): the step of the write it stops, or None
+        (disarmed) when no write reached it in time."""
         assert self.run is not None
         arm = self.run.arm_file(cid)
         fired = Path(f"{arm}.fired")
@@ -425,17 +434,20 @@ class TrainerWorkload(Workload):
         if not fired.exists():
             try:
                 arm.replace(Path(f"{arm}.disarmed"))
-                return False  # never taken: it will not stop
+                return None  # never taken: it will not stop
             except FileNotFoundError:
                 pass  # taken just now
+        step = int(Path(f"{arm}.step").read_text())  # written before the arming was taken
+        if not wait_stopped:
+            return step
         deadline = time.monotonic() + 2.0  # from the rename to its SIGSTOP: microseconds
         while time.monotonic() < deadline:
             if self.run.is_stopped(cid):
-                return True
+                return step
             if self.run.procs[cid].poll() is not None:
-                return False
+                return None
             time.sleep(0.005)
-        return False
+        return None
 
     def _wait_takeover(self, cid: str) -> bool:
         """Wait (bounded) until the lease record names a coordinator other than `cid`."""
@@ -452,34 +464,32 @@ class TrainerWorkload(Workload):
         """Partition `coordinator-reply-lost`: the answer to `cid`'s next head CAS is lost
         after the store committed it (see the module docstring). Returns what happened."""
         assert self.run is not None
-        if not self._stop_at_write(cid):
+        # On Docker the stop is checked inside the container, in the same exec that
+        # installs the rules: each exec costs a good part of a second of its lease.
+        step = self._stop_at_write(cid, wait_stopped=self.run.containers is None)
+        if step is None:
             return {"landed": False, "detail": f"no checkpoint write of {cid} within {REACH_POINT_S:g} s"}
-        try:
-            before = self.run.kv.get(head_key(self.config.job)).version
-        except KVError:
-            before = None
-        self.run.set_store_link(cid, ProxyMode.DROP_REPLIES)
+        request_id = f"{cid}:step-{step}"
         committed, reset = None, ""
         try:
-            self.run.resume(cid)
+            self.run.withhold_replies_and_continue(cid)
             deadline = time.monotonic() + COMMIT_WAIT_S
-            while time.monotonic() < deadline and before is not None:
+            while time.monotonic() < deadline:
                 try:
                     got = self.run.kv.get(head_key(self.config.job))
-                    writer = codec.decode_head(got.value)[0].coordinator_id
+                    if codec.decode_head(got.value)[0].request_id == request_id:
+                        committed = got.version  # its write is the head: it committed
+                        break
                 except (KVError, codec.CheckpointError):
-                    got, writer = None, ""
-                if got is not None and got.version > before and writer == cid:
-                    committed = got.version  # its write, not a successor's takeover
-                    break
+                    pass
                 time.sleep(0.005)  # how late the reset may come after the commit
         finally:
             reset = self.run.reset_store_connections(cid)  # the answer withheld so far is gone
             self.run.set_store_link(cid, ProxyMode.FORWARD)
-        return {"landed": True, "head_version_before": before, "committed_version": committed,
-                "detail": (f"answer of the write committed at head version {committed} dropped, "
-                           f"{reset}" if committed else
-                           f"no write of {cid} committed within {COMMIT_WAIT_S:g} s; {reset}")}
+        return {"landed": True, "step": step, "committed_version": committed,
+                "detail": (f"answer of {request_id}, committed at head version {committed}, "
+                           f"dropped; {reset}" if committed else
+                           f"{request_id} not committed within {COMMIT_WAIT_S:g} s; {reset}")}
 
     # ----- ProcessTargets --------------------------------------------------------------
 
@@ -487,7 +497,7 @@ class TrainerWorkload(Workload):
         assert self.run is not None
         cid, _, point = name.partition("@")
         if point and cid in self.run.procs:
-            self._stop_at_write(cid)  # not reached: killed wherever it is
+            self._stop_at_write(cid, wait_stopped=False)  # not reached: killed wherever it is
         with self._lock:
             self.run.expected_exit.add(cid)
             self.down.add(cid)
@@ -510,7 +520,7 @@ class TrainerWorkload(Workload):
     def pause_target(self, name: str) -> None:
         assert self.run is not None
         cid, _, point = name.partition("@")
-        if not (point and self._stop_at_write(cid)):
+        if not (point and self._stop_at_write(cid) is not None):
             with self._lock:
                 self.run.pause(cid)
         with self._lock:

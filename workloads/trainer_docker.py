@@ -86,7 +86,6 @@ class DockerTrainerProcesses:
         self._next = FIRST_HOST
         self._count = 0
         self.procs: list[ContainerProcess] = []
-        self._iptables: str | None = None
 
     def start(self, name: str, args: list[str], log_path: Path,
               extra_env: dict[str, str] | None) -> ContainerProcess:
@@ -151,25 +150,41 @@ class DockerTrainerProcesses:
         code, output = self._exec(proc, "grep -l 'State:.*stopped' /proc/[0-9]*/status")
         return code == 0 and bool(output.strip())
 
-    def set_rules(self, proc: ContainerProcess, mode: str) -> None:
-        """mode: "forward" (no rules), "cut" (nothing to or from the store's nodes),
-        "drop-replies" (requests reach the nodes, their answers are dropped)."""
+    def _rules_script(self, mode: str) -> str:
+        """Shell that makes the chain MAO hold the rules of `mode`: "forward" (none), "cut"
+        (nothing to or from the store's nodes), "drop-replies" (requests reach the nodes,
+        their answers are dropped). nf_tables iptables, else the legacy backend."""
         rules = []
         for ip in self.node_ips:
             if mode in ("cut", "drop-replies"):
                 rules.append(f"-A MAO -s {ip}/32 -j DROP")
             if mode == "cut":
                 rules.append(f"-A MAO -d {ip}/32 -j DROP")
-        restore = "\n".join(["*filter", ":MAO - [0:0]", *rules, "COMMIT", ""])
-        for ipt in ([self._iptables] if self._iptables else ["iptables", "iptables-legacy"]):
-            script = (f"printf %s {shlex.quote(restore)} | {ipt}-restore --noflush && "
-                      f"{{ {ipt} -C INPUT -j MAO 2>/dev/null || {ipt} -I INPUT 1 -j MAO; }} && "
-                      f"{{ {ipt} -C OUTPUT -j MAO 2>/dev/null || {ipt} -I OUTPUT 1 -j MAO; }}")
-            code, output = self._exec(proc, script)
-            if code == 0:
-                self._iptables = ipt
-                return
-        raise RuntimeError(f"iptables in {proc.name}'s container failed: {output.strip()[-300:]}")
+        restore = shlex.quote("\n".join(["*filter", ":MAO - [0:0]", *rules, "COMMIT", ""]))
+        return (f"{{ printf %s {restore} | iptables-restore --noflush 2>/dev/null && ipt=iptables "
+                f"|| {{ printf %s {restore} | iptables-legacy-restore --noflush && "
+                f"ipt=iptables-legacy; }}; }} && "
+                f"{{ $ipt -C INPUT -j MAO 2>/dev/null || $ipt -I INPUT 1 -j MAO; }} && "
+                f"{{ $ipt -C OUTPUT -j MAO 2>/dev/null || $ipt -I OUTPUT 1 -j MAO; }}")
+
+    def set_rules(self, proc: ContainerProcess, mode: str) -> None:
+        code, output = self._exec(proc, self._rules_script(mode))
+        if code != 0:
+            raise RuntimeError(f"iptables in {proc.name}'s container failed: {output.strip()[-300:]}")
+
+    def withhold_replies_and_continue(self, proc: ContainerProcess) -> None:
+        """One exec (each costs a good part of a second on a loaded engine, while the
+        coordinator's lease runs): wait until its process has stopped itself, drop the
+        nodes' answers, continue it."""
+        script = ("i=0; until grep -qs 'State:.*stopped' /proc/[0-9]*/status; do i=$((i+1)); "
+                  "[ $i -gt 200 ] && exit 3; sleep 0.01; done; "
+                  + self._rules_script("drop-replies")
+                  + " && pkill -CONT -f '^python3 -m system.trainer'")
+        code, output = self._exec(proc, script)
+        if code != 0:
+            self.resume(proc)  # never leave it stopped
+            raise RuntimeError(f"withholding {proc.name}'s answers failed (exit {code}): "
+                               f"{output.strip()[-300:]}")
 
     def reset(self, proc: ContainerProcess) -> bool:
         """Close every connection of the container to the store's nodes (True if done)."""

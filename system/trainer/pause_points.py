@@ -10,7 +10,8 @@ window is well under a millisecond of a checkpoint cycle). Two ways to place it:
 - `TRAINER_PAUSE_ARM_FILE=<path>`: stop at the next `<point>` written in that file, once per
   arming. The harness arms it (workloads/trainer.py: the nemesis's `coordinator-mid-write`
   pause and kill, and the `coordinator-reply-lost` partition) by creating the file; the
-  coordinator takes it by renaming it to `<path>.fired` before it stops, and the harness
+  coordinator writes the step in `<path>.step` and takes the arming by renaming the file to
+  `<path>.fired` before it stops, and the harness
   disarms by renaming it away — one rename wins, so an arming is taken at most once and
   the harness knows whether it was.
 
@@ -51,7 +52,7 @@ def install() -> None:
         signal.signal(signal.SIGCONT, lambda signum, frame: _continued.set())
 
 
-def _take_arming(point: str) -> bool:
+def _take_arming(point: str, step: int) -> bool:
     path = os.environ.get(ARM_FILE_VARIABLE)
     if not path:
         return False
@@ -59,6 +60,8 @@ def _take_arming(point: str) -> bool:
         with open(path) as f:
             if f.read().strip() != point:
                 return False
+        with open(path + ".step", "w") as f:  # which write it stops (read once it has fired)
+            f.write(str(step))
         os.rename(path, path + ".fired")
     except OSError:  # not armed, or the harness disarmed it first
         return False
@@ -70,7 +73,7 @@ def reach(point: str, step: int) -> None:
         return
     key = f"{point}:{step}"
     once = os.environ.get("TRAINER_PAUSE_AT") == key and key not in _fired
-    if not (once or _take_arming(point)):
+    if not (once or _take_arming(point, step)):
         return
     _fired.add(key)
     if on_pause is not None:
