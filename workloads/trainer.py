@@ -164,10 +164,8 @@ class _Run(TrainerRun):
         return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
     def withhold_replies_and_continue(self, cid: str) -> None:
-        """`cid`, stopped at its pause point: drop the store's answers to it, continue it."""
-        if self.containers is not None:
-            self.containers.withhold_replies_and_continue(self.procs[cid])
-            return
+        """`cid`, stopped at its pause point: drop the store's answers to it, continue it
+        (local; on Docker `DockerTrainerProcesses.withhold_replies_when_fired`)."""
         self.set_store_link(cid, ProxyMode.DROP_REPLIES)
         self.resume(cid)
 
@@ -464,15 +462,29 @@ class TrainerWorkload(Workload):
         """Partition `coordinator-reply-lost`: the answer to `cid`'s next head CAS is lost
         after the store committed it (see the module docstring). Returns what happened."""
         assert self.run is not None
-        # On Docker the stop is checked inside the container, in the same exec that
-        # installs the rules: each exec costs a good part of a second of its lease.
-        step = self._stop_at_write(cid, wait_stopped=self.run.containers is None)
+        fired = Path(f"{self.run.arm_file(cid)}.fired")
+        fired.unlink(missing_ok=True)
+        helper, outcome = None, {"error": ""}
+        if self.run.containers is not None:
+            # On Docker the stop is awaited inside the container, by an exec started before
+            # the arming, which then drops the answers and continues it (withhold_...).
+            proc = self.run.procs[cid]
+            helper = threading.Thread(target=lambda: outcome.update(
+                error=self.run.containers.withhold_replies_when_fired(proc, fired, REACH_POINT_S + 2)),
+                daemon=True)
+            helper.start()
+        step = self._stop_at_write(cid, wait_stopped=helper is None)
+        if helper is not None:
+            helper.join(timeout=REACH_POINT_S + 30)
         if step is None:
             return {"landed": False, "detail": f"no checkpoint write of {cid} within {REACH_POINT_S:g} s"}
+        if outcome["error"]:
+            return {"landed": True, "step": step, "detail": outcome["error"]}
         request_id = f"{cid}:step-{step}"
         committed, reset = None, ""
         try:
-            self.run.withhold_replies_and_continue(cid)
+            if helper is None:
+                self.run.withhold_replies_and_continue(cid)
             deadline = time.monotonic() + COMMIT_WAIT_S
             while time.monotonic() < deadline:
                 try:

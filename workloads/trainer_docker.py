@@ -168,23 +168,31 @@ class DockerTrainerProcesses:
                 f"{{ $ipt -C OUTPUT -j MAO 2>/dev/null || $ipt -I OUTPUT 1 -j MAO; }}")
 
     def set_rules(self, proc: ContainerProcess, mode: str) -> None:
+        if proc.poll() is not None:
+            return  # exited: its network namespace, rules included, is gone
         code, output = self._exec(proc, self._rules_script(mode))
         if code != 0:
             raise RuntimeError(f"iptables in {proc.name}'s container failed: {output.strip()[-300:]}")
 
-    def withhold_replies_and_continue(self, proc: ContainerProcess) -> None:
-        """One exec (each costs a good part of a second on a loaded engine, while the
-        coordinator's lease runs): wait until its process has stopped itself, drop the
-        nodes' answers, continue it."""
-        script = ("i=0; until grep -qs 'State:.*stopped' /proc/[0-9]*/status; do i=$((i+1)); "
+    def withhold_replies_when_fired(self, proc: ContainerProcess, fired: Path,
+                                    timeout_s: float) -> str:
+        """Started BEFORE the pause point is armed (an exec costs a good part of a second on
+        a loaded engine, and the stopped coordinator's lease runs meanwhile): inside the
+        container, wait for `fired` (the bind-mounted run folder) and for the process to
+        stop, drop the nodes' answers, continue it. Returns "" or what went wrong (exit 4:
+        the arming was never taken, nothing done)."""
+        ticks = int(timeout_s * 100)
+        script = (f"i=0; until [ -e {shlex.quote(str(fired))} ]; do i=$((i+1)); "
+                  f"[ $i -gt {ticks} ] && exit 4; sleep 0.01; done; "
+                  "i=0; until grep -qs 'State:.*stopped' /proc/[0-9]*/status; do i=$((i+1)); "
                   "[ $i -gt 200 ] && exit 3; sleep 0.01; done; "
                   + self._rules_script("drop-replies")
                   + " && pkill -CONT -f '^python3 -m system.trainer'")
         code, output = self._exec(proc, script)
-        if code != 0:
-            self.resume(proc)  # never leave it stopped
-            raise RuntimeError(f"withholding {proc.name}'s answers failed (exit {code}): "
-                               f"{output.strip()[-300:]}")
+        if code in (0, 4):
+            return "" if code == 0 else "not fired"
+        self.resume(proc)  # never leave it stopped
+        return f"withholding {proc.name}'s answers failed (exit {code}): {output.strip()[-300:]}"
 
     def reset(self, proc: ContainerProcess) -> bool:
         """Close every connection of the container to the store's nodes (True if done)."""
