@@ -240,6 +240,7 @@ class Nemesis:
             return None
         if shape == REPLY_LOST:  # over when it starts: one answer lost, then forwarding
             value = self.targets.lose_reply(name)
+            name = value.get("process", name)  # the workload may land it on a successor
             return self._register("partition", [name], f"{REPLY_LOST}: {name}: {value['detail']}",
                                   dict, {"shape": REPLY_LOST, "process": name, **value},
                                   "start-partition")

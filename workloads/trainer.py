@@ -402,8 +402,8 @@ class TrainerWorkload(Workload):
             if role == "coordinator":
                 return active if active in coordinators else None
             if role == MID_WRITE:
-                usable = active in coordinators and active not in self.paused
-                return f"{active}@{ARM_POINT}" if usable else None
+                live = self._live_active()
+                return f"{live}@{ARM_POINT}" if live else None
             standbys = sorted(n for n in coordinators if n != active and n not in self.paused)
             return self._rng.choice(standbys) if standbys else None
         if role == "worker":
@@ -447,6 +447,24 @@ class TrainerWorkload(Workload):
             time.sleep(0.005)
         return None
 
+    def _live_active(self) -> str | None:
+        """The coordinator holding the lease, alive and not paused; during a takeover (the
+        record still names one that lapsed and exited) wait for its successor, at most two
+        leases: a fault meant for the active coordinator's write needs one."""
+        assert self.run is not None
+        deadline = time.monotonic() + 2 * self.lease_s + 1.0
+        while not self._stop.is_set():
+            active = self.run.active_coordinator()
+            with self._lock:
+                proc = self.run.procs.get(active or "")
+                if (proc is not None and proc.poll() is None and active not in self.down
+                        and active not in self.paused):
+                    return active
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)  # polling the lease record, bounded by the deadline
+        return None
+
     def _wait_takeover(self, cid: str) -> bool:
         """Wait (bounded) until the lease record names a coordinator other than `cid`."""
         assert self.run is not None
@@ -459,8 +477,20 @@ class TrainerWorkload(Workload):
         return False
 
     def lose_reply(self, cid: str) -> dict[str, Any]:
-        """Partition `coordinator-reply-lost`: the answer to `cid`'s next head CAS is lost
-        after the store committed it (see the module docstring). Returns what happened."""
+        """Partition `coordinator-reply-lost`: the answer to the active coordinator's next
+        head CAS is lost after the store committed it (see the module docstring). `cid` is
+        the one the nemesis resolved; if no write of its comes (it lapsed, a takeover is
+        under way), the coordinator active by then is tried once. Returns what happened
+        (`process`: the coordinator it landed on)."""
+        assert self.run is not None
+        value = self._lose_reply_once(cid)
+        if not value["landed"]:
+            successor = self._live_active()
+            if successor is not None and successor != cid:
+                value = self._lose_reply_once(successor)
+        return value
+
+    def _lose_reply_once(self, cid: str) -> dict[str, Any]:
         assert self.run is not None
         fired = Path(f"{self.run.arm_file(cid)}.fired")
         fired.unlink(missing_ok=True)
@@ -477,9 +507,10 @@ class TrainerWorkload(Workload):
         if helper is not None:
             helper.join(timeout=REACH_POINT_S + 30)
         if step is None:
-            return {"landed": False, "detail": f"no checkpoint write of {cid} within {REACH_POINT_S:g} s"}
+            return {"landed": False, "process": cid,
+                    "detail": f"no checkpoint write of {cid} within {REACH_POINT_S:g} s"}
         if outcome["error"]:
-            return {"landed": True, "step": step, "detail": outcome["error"]}
+            return {"landed": True, "process": cid, "step": step, "detail": outcome["error"]}
         request_id = f"{cid}:step-{step}"
         committed, reset = None, ""
         try:
@@ -498,7 +529,7 @@ class TrainerWorkload(Workload):
         finally:
             reset = self.run.reset_store_connections(cid)  # the answer withheld so far is gone
             self.run.set_store_link(cid, ProxyMode.FORWARD)
-        return {"landed": True, "step": step, "committed_version": committed,
+        return {"landed": True, "process": cid, "step": step, "committed_version": committed,
                 "detail": (f"answer of {request_id}, committed at head version {committed}, "
                            f"dropped; {reset}" if committed else
                            f"{request_id} not committed within {COMMIT_WAIT_S:g} s; {reset}")}
