@@ -40,6 +40,7 @@ before the head CAS, and records a `paused-at` event; then
   is retried over a new connection (the same request id must return the first result).
 A write that does not come within 5 s is disarmed (the kill and pause then hit the
 coordinator wherever it is; the history's `paused-at` events say where each one landed).
+During a takeover these faults wait (two leases at most) for the successor to be active.
 
 History (docs/histories.md). Every coordinator appends events to its event log
 (`trainer/events-<id>.jsonl` in the run folder); a pump thread turns them into records in
