@@ -40,10 +40,10 @@ CANARY_ARGS = {"no-dedup": ["--rate", "0"]}
 SAFE_FAULTS = "partition,kill,pause"
 # The trainer's canaries (system/trainer/unsafe.py) under `--workload trainer`: each needs a
 # coordinator that loses its lease while alive (a pause past it) or a write whose answer
-# is lost (a store node killed or paused under it).
+# is lost (workloads/trainer.py: the faults that land inside a checkpoint write).
 TRAINER_CANARY_FAULTS = {
-    "no-fencing": "pause",  # a coordinator paused mid-write wakes and puts past its successor
-    "no-request-id": "kill,pause",  # a write whose leader died is retried under a new id
+    "no-fencing": "pause",  # paused mid-write (coordinator-mid-write), it wakes and puts past its successor
+    "no-request-id": "partition",  # coordinator-reply-lost: the retry of a committed write gets a new id
     "write-after-lease-loss": "pause",  # a coordinator paused past its lease flushes its state
 }
 TRAINER_SAFE_FAULTS = "kill,pause,partition"

@@ -28,8 +28,10 @@ A workload may own processes of its own (the trainer's coordinators and workers)
 them as targets (`workloads.base.ProcessTargets`). Then kill and pause also deal the
 workload's roles (`coordinator` — the one holding the lease — `standby`, `worker`), each
 round led by `coordinator`, and partition also deals `coordinator-from-store` (the active
-coordinator cut from every store node, by the workload's own proxies). A killed process is
-healed by starting a replacement (the workload decides what that is).
+coordinator cut from every store node, by the workload's own proxies) and
+`coordinator-reply-lost` (the answer to the active coordinator's next checkpoint write lost
+after the store committed it: `lose_reply`). A killed process is healed by starting a
+replacement (the workload decides what that is).
 
 Every start and every heal is an event in the history (process "nemesis", type info), with
 the fault's id, kind, the nodes it touched and, for partitions, the graph of who can reach
@@ -89,6 +91,7 @@ class ActiveFault:
 
 EventSink = Callable[[str, dict[str, Any]], None]
 PROCESS_PARTITION = "coordinator-from-store"
+REPLY_LOST = "coordinator-reply-lost"
 
 
 def _is_node(name: str, nodes: list[str]) -> bool:
@@ -115,7 +118,7 @@ class Nemesis:
         self.pause_targets = (*roles, *PAUSE_TARGETS) if roles else PAUSE_TARGETS
         self.roles = roles
         if "coordinator" in roles:
-            self.shapes = (*self.shapes, PROCESS_PARTITION)
+            self.shapes = (*self.shapes, PROCESS_PARTITION, REPLY_LOST)
         self.active: dict[int, ActiveFault] = {}
         # Nodes the nemesis has killed and not yet restarted: any other node found down has
         # crashed on its own, which the run reports.
@@ -211,8 +214,8 @@ class Nemesis:
 
     def _partition(self) -> ActiveFault | None:
         shape_name = self._deal("shape", self.shapes)
-        if shape_name == PROCESS_PARTITION:
-            return self._cut_process()
+        if shape_name in (PROCESS_PARTITION, REPLY_LOST):
+            return self._cut_process(shape_name)
         leader = self._leader() if shape_name == "isolate-leader" else None
         graph = partitions.shape(shape_name, self.nodes, self.rng, leader)
         links = partitions.cuts(graph)
@@ -240,12 +243,18 @@ class Nemesis:
             cards = self._decks[deck] = [variants[0], *rest]
         return cards.pop(0)
 
-    def _cut_process(self) -> ActiveFault | None:
+    def _cut_process(self, shape: str) -> ActiveFault | None:
         name = self.targets.resolve("coordinator")
         if name is None:
             self.record("nemesis-skip", {"fault": "partition", "description":
-                                         f"{PROCESS_PARTITION}: no active coordinator now"})
+                                         f"{shape}: no active coordinator now"})
             return None
+        if shape == REPLY_LOST:  # over when it starts: one answer lost, then forwarding
+            value = self.targets.lose_reply(name)
+            name = value.get("process", name)  # the workload may land it on a successor
+            return self._register("partition", [name], f"{REPLY_LOST}: {name}: {value['detail']}",
+                                  dict, {"shape": REPLY_LOST, "process": name, **value},
+                                  "start-partition")
         self.targets.cut_from_store(name)
 
         def heal() -> dict[str, Any]:

@@ -288,11 +288,16 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         started = time.monotonic()
         deadline = started + config.duration_s
         ctx = RunContext(addresses=platform.client_addresses, history=history, seed=config.seed,
+                         platform=platform,
                          deadline=deadline)
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
                           interval_s=config.interval_s, record=record,
                           targets=workload if isinstance(workload, ProcessTargets) else None)
         workload.start(ctx)
+        # The duration counts from a running workload (the trainer's containers take seconds
+        # to start on a loaded engine, which ate the faults of a short run).
+        started = time.monotonic()
+        deadline = ctx.deadline = started + config.duration_s
         nemesis.start(deadline)
         progress = Progress(out, config.duration_s)
         seen_crashed: set[str] = set()

@@ -28,6 +28,7 @@ class RunContext:
     seed: int
     deadline: float  # time.monotonic() at which clients stop invoking
     stop: threading.Event = field(default_factory=threading.Event)
+    platform: Any = None  # the Platform (a workload with processes of its own runs them there)
 
 
 @dataclass
@@ -100,5 +101,7 @@ class ProcessTargets(Protocol):
     def cut_from_store(self, name: str) -> None: ...
 
     def heal_from_store(self, name: str) -> None: ...
+
+    def lose_reply(self, name: str) -> dict[str, Any]: ...
 
     def heal_targets(self) -> list[str]: ...

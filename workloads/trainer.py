@@ -1,11 +1,13 @@
 """Workload `trainer`: the data-parallel trainer (system/trainer) on the run's store, under faults.
 
-The platform runs the store's nodes; this workload starts, on this machine, two or more
-coordinators (one takes the lease, the others stand by) and the workers, through
-`TrainerRun` (system/trainer/run.py), pointed at the platform's client addresses. Each
+The platform runs the store's nodes; this workload starts two or more coordinators (one
+takes the lease, the others stand by) and the workers, through `TrainerRun`
+(system/trainer/run.py), on the same platform. Locally they are processes, and each
 coordinator reaches every store node through its own TCP proxy owned by the workload, so
 the nemesis can cut one coordinator off the store (a real partition of that process from
-every node, on any platform, without root) while the nodes keep talking to each other.
+every node, without root) while the nodes keep talking to each other. On Docker they are
+containers on the run's network (workloads/trainer_docker.py) and the same faults are
+`docker kill` / `docker pause` / iptables rules in the coordinator's namespace.
 
 The nemesis draws from these processes beside the store's nodes (`ProcessTargets`):
 
@@ -14,11 +16,31 @@ The nemesis draws from these processes beside the store's nodes (`ProcessTargets
 | `coordinator` | the coordinator holding the lease now |
 | `standby` | a coordinator not holding it |
 | `worker` | a random worker |
+| `coordinator-mid-write` | the active coordinator, stopped at its next checkpoint write |
 
 kill = SIGKILL of the process group (healed by starting a replacement: a worker under its
 index, a coordinator under a new id, as a standby — its old id is retired with its term);
 pause = SIGSTOP/SIGCONT; partition `coordinator-from-store` = cut that coordinator's
 proxies (existing connections closed, new ones refused) until the heal.
+
+Faults that land inside a checkpoint write. A pause or a crash from outside almost never
+falls between the coordinator's last lease check and its head CAS (well under a
+millisecond of a checkpoint cycle), nor does a lost answer fall on the CAS, yet those are
+the moments the fences exist for (a GC pause right before a write; a connection reset
+after the store committed). Every coordinator is started with a pause point it can be
+armed at (system/trainer/pause_points.py, `TRAINER_PAUSE_ARM_FILE`): the fault arms it, the
+coordinator stops itself (SIGSTOP) after placing the blob and checking its lease, right
+before the head CAS, and records a `paused-at` event; then
+- pause `coordinator-mid-write`: it stays stopped until its lease record names another
+  coordinator (a standby took over), then SIGCONT: its CAS is now a deposed writer's;
+- kill `coordinator-mid-write`: SIGKILL there (blob placed, head not written);
+- partition `coordinator-reply-lost`: its proxies forward requests but drop the store's
+  answers, it is continued, and once the head has moved (its CAS committed) every one of
+  its store connections is reset and forwarding resumes: the answer is lost, the write
+  is retried over a new connection (the same request id must return the first result).
+A write that does not come within 5 s is disarmed (the kill and pause then hit the
+coordinator wherever it is; the history's `paused-at` events say where each one landed).
+During a takeover these faults wait (two leases at most) for the successor to be active.
 
 History (docs/histories.md). Every coordinator appends events to its event log
 (`trainer/events-<id>.jsonl` in the run folder); a pump thread turns them into records in
@@ -50,29 +72,35 @@ import json
 import logging
 import random
 import re
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
-from system.kv.client import KVClient, KVError
+from system.kv.client import ATTEMPT_TIMEOUT_S, KVClient, KVError
 from system.trainer import checkpoint as codec
 from system.trainer.checkpoint_store import head_key
 from system.trainer.config import TrainConfig
 from system.trainer.run import TrainerRun
 from workloads.base import RunContext, Workload
+from workloads.trainer_docker import DockerTrainerProcesses
 
 log = logging.getLogger("nemesis")
 
-ROLES = ("coordinator", "standby", "worker")
+MID_WRITE = "coordinator-mid-write"
+ROLES = ("coordinator", "standby", "worker", MID_WRITE)
+ARM_POINT = "before-head-cas"  # the pause point a mid-write fault arms (pause_points.py)
+REACH_POINT_S = 5.0  # how long an armed coordinator is given to reach its next write
+COMMIT_WAIT_S = 3.0  # reply-lost: how long the answer is held back waiting for the commit
 READ_PROCESS = 100
 PUMP_PERIOD_S = 0.1
 # Events of the coordinator's log that become history events (the rest — per-step
 # progress, rejected gradients — stay in the event logs only).
 EVENT_KINDS = {"started", "lease-acquired", "lease-lost", "lease-observe-failed", "resume",
                "checkpoint-retry", "skip", "worker-back", "deposed", "done", "error",
-               "job-finished"}
+               "job-finished", "paused-at"}
 
 
 def default_config(seed: int) -> TrainConfig:
@@ -91,19 +119,100 @@ def coordinator_process(cid: str) -> int:
 
 
 class _Run(TrainerRun):
-    """TrainerRun whose coordinators reach the store through proxies the workload can cut."""
+    """TrainerRun whose coordinators reach the store through proxies the workload can cut;
+    on the Docker platform (`containers`), whose processes are containers on the run's
+    network, cut by iptables in their own namespace (workloads/trainer_docker.py)."""
 
-    def __init__(self, *args: Any, nodes: dict[str, str], **kw: Any) -> None:
+    def __init__(self, *args: Any, nodes: dict[str, str],
+                 containers: DockerTrainerProcesses | None = None, **kw: Any) -> None:
         super().__init__(*args, kv=dict(nodes), **kw)  # type: ignore[arg-type] - id -> address
         self.nodes = nodes
+        self.containers = containers
         self.proxies: dict[str, list[TcpProxy]] = {}
 
+    def spawn_process(self, name: str, args: list[str], log_path: Path,
+                      extra_env: dict[str, str] | None = None) -> Any:
+        if self.containers is not None:
+            return self.containers.start(name, args, log_path, extra_env)
+        return super().spawn_process(name, args, log_path, extra_env)
+
+    def worker_kv(self) -> str:
+        return self.containers.kv_text if self.containers is not None else super().worker_kv()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        if self.containers is None:
+            return super().kill(name, sig)
+        self.containers.kill(self.procs[name])
+
+    def pause(self, name: str) -> None:
+        if self.containers is None:
+            return super().pause(name)
+        self.containers.pause(self.procs[name])
+
+    def resume(self, name: str) -> None:
+        if self.containers is None:
+            return super().resume(name)
+        self.containers.resume(self.procs[name])
+
+    def is_stopped(self, name: str) -> bool:
+        """Whether the process is stopped (SIGSTOP): state T."""
+        if self.containers is not None:
+            return self.containers.is_stopped(self.procs[name])
+        try:
+            stat = Path(f"/proc/{self.procs[name].pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+    def withhold_replies_and_continue(self, cid: str) -> None:
+        """`cid`, stopped at its pause point: drop the store's answers to it, continue it
+        (local; on Docker `DockerTrainerProcesses.withhold_replies_when_fired`)."""
+        self.set_store_link(cid, ProxyMode.DROP_REPLIES)
+        self.resume(cid)
+
+    def set_store_link(self, cid: str, mode: ProxyMode) -> None:
+        """FORWARD, CUT (nothing either way) or DROP_REPLIES between `cid` and every node."""
+        if self.containers is not None:
+            self.containers.set_rules(self.procs[cid], mode.value)
+            return
+        for proxy in self.proxies.get(cid, []):
+            proxy.set_mode(mode)
+
+    def reset_store_connections(self, cid: str) -> str:
+        """Close `cid`'s open connections to the store (what they carried is lost); says how."""
+        if self.containers is not None:
+            if self.containers.reset(self.procs[cid]):
+                return "connections killed (ss -K)"
+            # No socket killing in this kernel: keep the answers dropped past the client's
+            # attempt timeout instead, which fails the attempt the same way.
+            time.sleep(ATTEMPT_TIMEOUT_S + 0.2)
+            return f"answers dropped {ATTEMPT_TIMEOUT_S + 0.2:g} s more (no ss -K here)"
+        for proxy in self.proxies.get(cid, []):
+            mode = proxy.mode
+            proxy.set_mode(ProxyMode.CUT)  # closes every connection
+            proxy.set_mode(mode)
+        return "connections reset (proxies)"
+
+    def close(self) -> None:
+        if self.containers is not None:
+            self.containers.close()
+        super().close()
+
     def coordinator_kv(self, cid: str) -> str:
+        if self.containers is not None:
+            return self.containers.kv_text
         # By node id: a follower's hint must lead through this coordinator's proxy to the
         # leader, not to the leader's own address (which would bypass a cut).
         proxies = {node: TcpProxy(address) for node, address in self.nodes.items()}
         self.proxies[cid] = list(proxies.values())
         return ",".join(f"{node}={p.address}" for node, p in proxies.items())
+
+    def arm_file(self, cid: str) -> Path:
+        return self.run_dir / f"arm-{cid}"
+
+    def coordinator_env_for(self, cid: str) -> dict[str, str]:
+        # The pause point of the mid-write faults: inert until the harness arms the file.
+        return {"TRAINER_PAUSE_ARM_FILE": str(self.arm_file(cid)), "MAO_ALLOW_UNSAFE": "1"}
 
     def close_proxies(self) -> None:
         for proxies in self.proxies.values():
@@ -154,8 +263,12 @@ class TrainerWorkload(Workload):
         self._ctx = ctx
         self._rng = random.Random(f"trainer-targets:{ctx.seed}")
         run_dir = Path(ctx.history.path).parent / "trainer"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        containers = None
+        if getattr(ctx.platform, "name", "") == "docker":  # the processes run where the nodes do
+            containers = DockerTrainerProcesses(ctx.platform, run_dir.resolve())
         self.run = _Run(self.config, standbys=self.standbys, nodes=dict(ctx.addresses),
-                        run_dir=run_dir, lease_s=self.lease_s,
+                        containers=containers, run_dir=run_dir.resolve(), lease_s=self.lease_s,
                         gradient_deadline_s=self.gradient_deadline_s)
         if self.unsafe:
             self.run.coordinator_args = ["--unsafe", self.unsafe]
@@ -278,16 +391,20 @@ class TrainerWorkload(Workload):
         return ROLES
 
     def resolve(self, role: str) -> str | None:
-        """The process a role names now (None if there is none to hurt)."""
+        """The process a role names now (None if there is none to hurt). A mid-write role
+        names `<coordinator>@<point>`: the fault is to land at that point."""
         if self.run is None:
             return None
         with self._lock:
             alive = [n for n, p in self.run.procs.items() if p.poll() is None and n not in self.down]
         coordinators = [n for n in alive if n.startswith("c")]
-        if role in ("coordinator", "standby"):
+        if role in ("coordinator", "standby", MID_WRITE):
             active = self.run.active_coordinator()
             if role == "coordinator":
                 return active if active in coordinators else None
+            if role == MID_WRITE:
+                live = self._live_active()
+                return f"{live}@{ARM_POINT}" if live else None
             standbys = sorted(n for n in coordinators if n != active and n not in self.paused)
             return self._rng.choice(standbys) if standbys else None
         if role == "worker":
@@ -295,17 +412,146 @@ class TrainerWorkload(Workload):
             return self._rng.choice(workers) if workers else None
         raise ValueError(f"unknown trainer target role {role!r}; known: {', '.join(ROLES)}")
 
+    # ----- faults inside a checkpoint write ----------------------------------------------
+
+    def _stop_at_write(self, cid: str, wait_stopped: bool = True) -> int | None:
+        """Arm `cid`'s pause point and wait until it has taken the arming (and, with
+        `wait_stopped`, has stopped itself there): the step of the write it stops, or None
+        (disarmed) when no write reached it in time."""
+        assert self.run is not None
+        arm = self.run.arm_file(cid)
+        fired = Path(f"{arm}.fired")
+        fired.unlink(missing_ok=True)
+        staging = Path(f"{arm}.new")
+        staging.write_text(ARM_POINT)
+        staging.replace(arm)  # atomic: the coordinator never reads half a file
+        deadline = time.monotonic() + REACH_POINT_S
+        while time.monotonic() < deadline and not fired.exists():
+            if self.run.procs[cid].poll() is not None:
+                break
+            time.sleep(0.01)  # polling a file the coordinator renames; bounded above
+        if not fired.exists():
+            try:
+                arm.replace(Path(f"{arm}.disarmed"))
+                return None  # never taken: it will not stop
+            except FileNotFoundError:
+                pass  # taken just now
+        step = int(Path(f"{arm}.step").read_text())  # written before the arming was taken
+        if not wait_stopped:
+            return step
+        deadline = time.monotonic() + 2.0  # from the rename to its SIGSTOP: microseconds
+        while time.monotonic() < deadline:
+            if self.run.is_stopped(cid):
+                return step
+            if self.run.procs[cid].poll() is not None:
+                return None
+            time.sleep(0.005)
+        return None
+
+    def _live_active(self) -> str | None:
+        """The coordinator holding the lease, alive and not paused; during a takeover (the
+        record still names one that lapsed and exited) wait for its successor, at most two
+        leases: a fault meant for the active coordinator's write needs one."""
+        assert self.run is not None
+        deadline = time.monotonic() + 2 * self.lease_s + 1.0
+        while not self._stop.is_set():
+            active = self.run.active_coordinator()
+            with self._lock:
+                proc = self.run.procs.get(active or "")
+                if (proc is not None and proc.poll() is None and active not in self.down
+                        and active not in self.paused):
+                    return active
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)  # polling the lease record, bounded by the deadline
+        return None
+
+    def _wait_takeover(self, cid: str) -> bool:
+        """Wait (bounded) until the lease record names a coordinator other than `cid`."""
+        assert self.run is not None
+        deadline = time.monotonic() + 4 * self.lease_s + 5.0
+        while time.monotonic() < deadline and not self._stop.is_set():
+            record = self.run.lease()
+            if record is not None and (record.coordinator_id != cid or record.done):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def lose_reply(self, cid: str) -> dict[str, Any]:
+        """Partition `coordinator-reply-lost`: the answer to the active coordinator's next
+        head CAS is lost after the store committed it (see the module docstring). `cid` is
+        the one the nemesis resolved; if no write of its comes (it lapsed, a takeover is
+        under way), the coordinator active by then is tried once. Returns what happened
+        (`process`: the coordinator it landed on)."""
+        assert self.run is not None
+        value = self._lose_reply_once(cid)
+        if not value["landed"]:
+            successor = self._live_active()
+            if successor is not None and successor != cid:
+                value = self._lose_reply_once(successor)
+        return value
+
+    def _lose_reply_once(self, cid: str) -> dict[str, Any]:
+        assert self.run is not None
+        fired = Path(f"{self.run.arm_file(cid)}.fired")
+        fired.unlink(missing_ok=True)
+        helper, outcome = None, {"error": ""}
+        if self.run.containers is not None:
+            # On Docker the stop is awaited inside the container, by an exec started before
+            # the arming, which then drops the answers and continues it (withhold_...).
+            proc = self.run.procs[cid]
+            helper = threading.Thread(target=lambda: outcome.update(
+                error=self.run.containers.withhold_replies_when_fired(proc, fired, REACH_POINT_S + 2)),
+                daemon=True)
+            helper.start()
+        step = self._stop_at_write(cid, wait_stopped=helper is None)
+        if helper is not None:
+            helper.join(timeout=REACH_POINT_S + 30)
+        if step is None:
+            return {"landed": False, "process": cid,
+                    "detail": f"no checkpoint write of {cid} within {REACH_POINT_S:g} s"}
+        if outcome["error"]:
+            return {"landed": True, "process": cid, "step": step, "detail": outcome["error"]}
+        request_id = f"{cid}:step-{step}"
+        committed, reset = None, ""
+        try:
+            if helper is None:
+                self.run.withhold_replies_and_continue(cid)
+            deadline = time.monotonic() + COMMIT_WAIT_S
+            while time.monotonic() < deadline:
+                try:
+                    got = self.run.kv.get(head_key(self.config.job))
+                    if codec.decode_head(got.value)[0].request_id == request_id:
+                        committed = got.version  # its write is the head: it committed
+                        break
+                except (KVError, codec.CheckpointError):
+                    pass
+                time.sleep(0.005)  # how late the reset may come after the commit
+        finally:
+            reset = self.run.reset_store_connections(cid)  # the answer withheld so far is gone
+            self.run.set_store_link(cid, ProxyMode.FORWARD)
+        return {"landed": True, "process": cid, "step": step, "committed_version": committed,
+                "detail": (f"answer of {request_id}, committed at head version {committed}, "
+                           f"dropped; {reset}" if committed else
+                           f"{request_id} not committed within {COMMIT_WAIT_S:g} s; {reset}")}
+
+    # ----- ProcessTargets --------------------------------------------------------------
+
     def kill_target(self, name: str) -> None:
         assert self.run is not None
+        cid, _, point = name.partition("@")
+        if point and cid in self.run.procs:
+            self._stop_at_write(cid, wait_stopped=False)  # not reached: killed wherever it is
         with self._lock:
-            self.run.expected_exit.add(name)
-            self.down.add(name)
-            self.paused.discard(name)
-            self.run.kill(name)
+            self.run.expected_exit.add(cid)
+            self.down.add(cid)
+            self.paused.discard(cid)
+            self.run.kill(cid)
 
     def restart_target(self, name: str) -> str:
         """Start a replacement for a killed process; returns what was started."""
         assert self.run is not None
+        name = name.partition("@")[0]
         with self._lock:
             self.down.discard(name)
             if self._stop.is_set():
@@ -317,27 +563,31 @@ class TrainerWorkload(Workload):
 
     def pause_target(self, name: str) -> None:
         assert self.run is not None
+        cid, _, point = name.partition("@")
+        if not (point and self._stop_at_write(cid) is not None):
+            with self._lock:
+                self.run.pause(cid)
         with self._lock:
-            self.run.pause(name)
-            self.paused.add(name)
+            self.paused.add(cid)
 
     def resume_target(self, name: str) -> None:
         assert self.run is not None
+        cid, _, point = name.partition("@")
+        if point and cid in self.paused:
+            self._wait_takeover(cid)  # the point of the fault: it wakes a deposed writer
         with self._lock:
-            if name in self.paused and self.run.procs[name].poll() is None:
-                self.run.resume(name)
-            self.paused.discard(name)
+            if cid in self.paused and self.run.procs[cid].poll() is None:
+                self.run.resume(cid)
+            self.paused.discard(cid)
 
     def cut_from_store(self, name: str) -> None:
         assert self.run is not None
-        for proxy in self.run.proxies.get(name, []):
-            proxy.set_mode(ProxyMode.CUT)
+        self.run.set_store_link(name, ProxyMode.CUT)
         self.cut.add(name)
 
     def heal_from_store(self, name: str) -> None:
         assert self.run is not None
-        for proxy in self.run.proxies.get(name, []):
-            proxy.set_mode(ProxyMode.FORWARD)
+        self.run.set_store_link(name, ProxyMode.FORWARD)
         self.cut.discard(name)
 
     def heal_targets(self) -> list[str]:

@@ -310,6 +310,11 @@ class DockerPlatform(Platform):
             labels[LABEL_NODE] = node_id
         return labels
 
+    def labels(self, kind: str, name: str | None = None) -> dict[str, str]:
+        """This run's labels for a resource of another kind (the trainer workload's
+        containers): `close()` and `clean` find it with the nodes."""
+        return self._label_dict(kind, name)
+
     def start(self) -> None:
         if self._closed:
             raise PlatformError("this DockerPlatform was closed; make a new one to start again")

@@ -15,8 +15,13 @@ No registry can be reached from the machines this runs on, so nothing is pulled:
    pip runs from its own wheel file and installs into /opt/mao/deps. The hash covers the
    pinned versions.
 3. `mao-node:<hash>`: the sources the node runs (`system/`, `histories/`) in /opt/mao/src,
-   checked at build time by importing the node's modules. The hash covers those files and
-   the deps tag.
+   checked at build time by importing the node's and the trainer's modules, and the
+   trainer's bundled dataset files (`system.trainer.data.BUNDLED_FILES`, copied from the
+   host's scikit-learn and river into /opt/mao/data/<package>/..., last on PYTHONPATH:
+   the image has neither package, and `find_spec` resolves those directories as namespace
+   packages, which is all the trainer's data loader asks of them) — the trainer's
+   coordinators and workers run in this image too. The hash covers those files and the
+   deps tag.
 
 Each level is rebuilt only when its own inputs changed. Images carry the labels
 `mao.project=many-as-one` and `mao.kind=base|deps|node`; they are the cache and are not
@@ -62,7 +67,11 @@ IMAGE_PYTHON = ("3.11", "cp311")  # bookworm's python3 is 3.11.2
 WHEEL_PLATFORMS = ("manylinux_2_36_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
                    "manylinux2014_x86_64")
 SOURCE_DIRS = ("system", "histories")  # what the node imports (checked at build time)
-NODE_IMPORT_CHECK = "import system.kv.__main__, system.kv.node, system.kv.server, system.kv.client"
+NODE_IMPORT_CHECK = ("import system.kv.__main__, system.kv.node, system.kv.server, system.kv.client, "
+                     "system.trainer.__main__, system.trainer.cli, system.trainer.coordinator, "
+                     "system.trainer.worker; from system.trainer.data import _raw; "
+                     "_raw(\"breast_cancer\")")  # the nemesis workload's dataset is readable
+DATA_DIR = "/opt/mao/data"  # the trainer's dataset files in the image
 LAYOUT_VERSION = "1"  # bump when the Dockerfiles below change
 
 Log = Callable[[str], None]
@@ -218,7 +227,9 @@ def _requirement_api():  # noqa: ANN202
 # What the node process (`python -m system.kv serve`) imports beyond the standard library;
 # the build imports the node's modules in the image, so a missing one fails the build. The
 # harness's own dependencies (matplotlib, scikit-learn, ...) stay out of the image.
-NODE_PACKAGES = ("grpcio", "protobuf", "crc32c")
+# The trainer's coordinators and workers (`python -m system.trainer`) need numpy,
+# threadpoolctl and tabulate (its CLI) besides.
+NODE_PACKAGES = ("grpcio", "protobuf", "crc32c", "numpy", "threadpoolctl", "tabulate")
 
 
 def runtime_requirements() -> list[str]:
@@ -378,12 +389,29 @@ def _source_files() -> Iterator[Path]:
                 yield path
 
 
+def _data_files() -> Iterator[tuple[Path, str]]:
+    """(host file, path under DATA_DIR) of each bundled dataset file whose package is
+    installed here (a missing one only makes that dataset unavailable in the image)."""
+    import importlib.util
+
+    from system.trainer.data import BUNDLED_FILES
+
+    for package, relative in BUNDLED_FILES:
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.submodule_search_locations:
+            path = Path(spec.submodule_search_locations[0]) / relative
+            if path.is_file():
+                yield path, f"{package}/{relative}"
+
+
 def node_tag(deps: str | None = None) -> str:
     deps = deps_tag() if deps is None else deps
     digest = hashlib.sha256()
     for path in _source_files():
         digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
+    for path, name in _data_files():
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     return "mao-node:" + _hash({"sources": digest.hexdigest(), "deps": deps,
                                 "layout": LAYOUT_VERSION})
 
@@ -428,10 +456,16 @@ def ensure_image(client=None, log: Log = _stderr) -> str:  # noqa: ANN001
                 dest = ctx / "src" / path.relative_to(REPO_ROOT)
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(path, dest)
+            (ctx / "data").mkdir()
+            for path, name in _data_files():
+                dest = ctx / "data" / name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dest)
             (ctx / "Dockerfile").write_text(
                 f"FROM {deps}\n"
                 "COPY src /opt/mao/src\n"
-                "ENV PYTHONPATH=/opt/mao/src:/opt/mao/deps\n"
+                f"COPY data {DATA_DIR}\n"
+                f"ENV PYTHONPATH=/opt/mao/src:/opt/mao/deps:{DATA_DIR}\n"
                 "WORKDIR /opt/mao/src\n"
                 f"RUN python3 -m compileall -q /opt/mao/src && python3 -c '{NODE_IMPORT_CHECK}'\n")
             _build(client, ctx, tag, "node", tag)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checker.models import by_name
+from checker.models import MODELS, by_name
 from histories.ops import Op, Operation, OpType
 from histories.pairing import pair_operations
 from histories.read import read_history
@@ -255,6 +255,12 @@ def _point(data: RunData, op: Operation) -> OpPoint:
                    node=completion.node if completion is not None else None)
 
 
+def _fields(value: dict[str, Any]) -> str:
+    """A structured event's value (a trainer event) as `key=value` text."""
+    return ", ".join(f"{k}={v}" for k, v in value.items()
+                     if k != "wall_time" and v not in (None, "", [], {}))
+
+
 def _fault_windows(data: RunData) -> tuple[list[FaultWindow], list[Marker]]:
     open_windows: dict[tuple[str, Any], tuple[Op, dict[str, Any]]] = {}
     windows: list[FaultWindow] = []
@@ -280,7 +286,8 @@ def _fault_windows(data: RunData) -> tuple[list[FaultWindow], list[Marker]]:
             close(start, start_value, record)
         else:
             markers.append(Marker(f=record.f, time_s=data._seconds(record), line=record.index + 1,
-                                  description=str(value.get("description") or record.value)))
+                                  description=str(value.get("description") or _fields(value)
+                                                  or record.value)))
     for start, start_value in open_windows.values():
         close(start, start_value, None)
     windows.sort(key=lambda w: w.start_s)
@@ -325,7 +332,10 @@ def _json_key(key: Any) -> Any:
 
 
 def model_for(data: RunData):  # noqa: ANN201 - checker.models.Model
-    return by_name(data.model_name, None)
+    """The run's linearizability model (to describe a counterexample's operations); None for
+    a workload checked by other properties (`trainer`: checker/trainer.py), which has no
+    linearizability counterexample to draw."""
+    return by_name(data.model_name, None) if data.model_name in MODELS else None
 
 
 def fault_counts(data: RunData) -> Counter:

@@ -29,6 +29,7 @@ from nemesis.report.plots import OUTCOME_COLOURS, fault_colour
 PREFIX_SHOWN = 10  # placed operations drawn before the point of failure
 MAX_DRAWN_OPS = 80  # per counterexample timeline
 MAX_ANOMALIES_SHOWN = 20
+MAX_MARKERS_SHOWN = 60  # a trainer run records every lease change, resume and skip
 RUN_FILES = ("history.jsonl", "nemesis.jsonl", "results.json", "test.json", "harness.log",
              "timeline.html", "latency.png", "rate.png", "junit.xml")
 
@@ -133,7 +134,8 @@ def _overview(data: RunData) -> str:
         ("harness commit", test.get("source_version", "?")),
     ]
     if config.get("unsafe"):
-        rows.insert(3, ("canary", f"every node ran the deliberately broken --unsafe "
+        who = "coordinator" if "trainer_summary" in results else "node"
+        rows.insert(3, ("canary", f"every {who} ran the deliberately broken --unsafe "
                                   f"{config['unsafe']}: this run is meant to be caught"))
     out = ["<section id='overview'><h2>The run</h2>"]
     out.append("<table>" + "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
@@ -193,11 +195,32 @@ def _violations(data: RunData, cited: set[int]) -> str:
         if len(anomalies) > MAX_ANOMALIES_SHOWN:
             out.append(f"<p class='meta'>{len(anomalies) - MAX_ANOMALIES_SHOWN} more in "
                        f"<a href='results.json'>results.json</a>.</p>")
+    out.append(_trainer_anomalies(data, cited))
     if (data.run_dir / "timeline.html").exists():
         out.append("<p class='meta'>Every operation of each invalid key: "
                    "<a href='timeline.html'>timeline.html</a>.</p>")
     out.append("</section>")
     return "\n".join(out)
+
+
+def _trainer_anomalies(data: RunData, cited: set[int]) -> str:
+    """The broken trainer properties (checker/trainer.py), each anomaly with its lines."""
+    rows = []
+    for name, result in sorted(data.results.items()):
+        if not name.startswith("trainer-") or result.get("valid") is not False:
+            continue
+        for anomaly in (result.get("anomalies") or [])[:MAX_ANOMALIES_SHOWN]:
+            indexes = [i for i in anomaly.get("indexes") or [] if i is not None]
+            when = [t for t in (data.time_of(i) for i in indexes) if t is not None]
+            rows.append(f"<tr><td>{_e(name.removeprefix('trainer-'))}</td>"
+                        f"<td>{_e(anomaly.get('kind'))}</td><td>{_e(anomaly.get('text'))}</td>"
+                        f"<td>{' '.join(_line_link(i + 1, cited) for i in indexes)}</td>"
+                        f"<td class='n'>{f'{max(when):.2f} s' if when else ''}</td></tr>")
+    if not rows:
+        return ""
+    return ("<h3 id='trainer-properties'>Broken trainer properties</h3><table><tr><th>property"
+            "</th><th>anomaly</th><th>what</th><th>history lines</th><th>at</th></tr>"
+            + "".join(rows) + "</table>")
 
 
 def _legend() -> str:
@@ -395,9 +418,12 @@ def _faults(data: RunData, cited: set[int]) -> str:
                 f"{end}</td><td class='n'>{w.ops}</td><td class='n'>{share}</td></tr>")
         out.append("</table>")
     if data.markers:
+        shown = data.markers[:MAX_MARKERS_SHOWN]
+        more = len(data.markers) - len(shown)
         out.append("<p class='meta'>Other events: " + "; ".join(
             f"{_e(m.f)} at {m.time_s:.2f} s ({_e(m.description)}, line "
-            f"{_line_link(m.line, cited)})" for m in data.markers) + "</p>")
+            f"{_line_link(m.line, cited)})" for m in shown)
+            + (f"; and {more} more in history.jsonl" if more else "") + "</p>")
     out.append("</section>")
     return "\n".join(out)
 

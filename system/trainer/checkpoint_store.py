@@ -12,7 +12,9 @@ An Indeterminate or Unavailable answer is retried with the SAME request id (the 
 applies it at most once and returns the first result), as long as `keep_trying()` says
 the writer may still write (its lease is valid). A blob is deleted only once its head
 record is at least KEEP_SUPERSEDED records old, so a reader that read the head just
-before is not left without its blob.
+before is not left without its blob. A blob whose head was never written (its writer died
+or was fenced between the upload and the head CAS) is collected by the next coordinator,
+after its takeover rewrite: `collect_orphans`.
 
 What it must never do: retry under a new request id, or write a head without CAS.
 """
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from system.kv.client import CasMismatch, Indeterminate, KVClient, NotFound, Unavailable
 from system.trainer import checkpoint as codec
 from system.trainer import pause_points
-from system.trainer.object_store import ObjectStore, ObjectStoreError
+from system.trainer.object_store import ObjectStore, ObjectStoreError, object_name, parse_name
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024  # well under the store's 64 MiB value limit
 KEEP_SUPERSEDED = 2  # superseded checkpoints whose blobs are still kept for late readers
@@ -143,8 +145,10 @@ class CheckpointStore:
         inline: bytes | None = None
         if self.mode == "object":
             assert self.objects is not None
-            self.objects.put(meta.checksum, blob)
-            meta.pointer = meta.checksum
+            # The writer's lease version in the name: what lets a successor tell a fenced
+            # writer's orphan from a blob a live writer may still commit (collect_orphans).
+            meta.pointer = object_name(meta.checksum, meta.lease_version)
+            self.objects.put(meta.pointer, blob)
         elif len(blob) > self.chunk_bytes:
             meta.chunks = []
             for i in range(0, len(blob), self.chunk_bytes):
@@ -192,6 +196,29 @@ class CheckpointStore:
             return []
         entries = [*previous.history, previous.summary(previous_version)]
         return entries[-codec.HISTORY_LIMIT:]
+
+    def collect_orphans(self, head: codec.Metadata) -> list[str]:
+        """After a takeover rewrite of the head under lease version `head.lease_version`:
+        delete the object blobs of lower lease versions that neither the head nor its kept
+        records name. Safe because every lower-lease writer is fenced — the rewrite moved the
+        head past the version its CAS expects — so such a blob can never become referenced;
+        a blob of this lease or a newer one (a successor's upload in flight) is never
+        touched, nor one without a lease version in its name (unknown writer). Best effort;
+        returns the names deleted."""
+        if self.objects is None:
+            return []
+        kept = head.history[-KEEP_SUPERSEDED:] + [head.summary()]
+        live = {e.get("pointer") for e in kept}
+        deleted = []
+        try:
+            for name in self.objects.names():
+                lease, _ = parse_name(name)
+                if lease is not None and lease < head.lease_version and name not in live:
+                    self.objects.delete(name)
+                    deleted.append(name)
+        except (ObjectStoreError, OSError):
+            pass
+        return deleted
 
     def _collect(self, meta: codec.Metadata) -> None:
         """Delete the blobs of heads that fell out of the keep window, unless a newer

@@ -28,7 +28,7 @@ import grpc
 
 from system.kv.client import CasMismatch, KVClient, KVError
 from system.trainer import checkpoint as codec
-from system.trainer import data, local, model
+from system.trainer import data, local, model, pause_points
 from system.trainer.checkpoint_store import CheckpointStore, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.coordinator_core import CoordinatorCore
@@ -179,6 +179,9 @@ class Coordinator:
     def run(self) -> int:
         self.server.start()
         self._emit({"kind": "started", "detail": self.address})
+        # A pause point that stops this process says so first (the history shows where).
+        pause_points.on_pause = lambda point, step: self._emit(
+            {"kind": "paused-at", "step": step, "detail": point})
         try:
             self._probe_object_store()
             dataset = data.load(self.config)
@@ -264,6 +267,10 @@ class Coordinator:
                     "lease_version": self.lease.term, "outcome": "ok",
                     "from_version": latest.version if latest else 0,
                     "from_request_id": latest.meta.request_id if latest else ""})
+        collected = self.store.collect_orphans(meta)  # fenced predecessors' unreferenced blobs
+        if collected:
+            self._emit({"kind": "collected", "lease_version": self.lease.term,
+                        "detail": " ".join(collected)})
         with self.cond:
             self.core = CoordinatorCore(self.config, self.options.coordinator_id, self.lease.term,
                                         state, step, version, self.shard_rows,

@@ -43,6 +43,13 @@ class Dataset:
         return self.x_train.shape[1]
 
 
+# The packaged files the bundled datasets are read from (the Docker image copies just these
+# from the host's packages instead of installing scikit-learn and river).
+BUNDLED_FILES = (("sklearn", "datasets/data/breast_cancer.csv"),
+                 ("sklearn", "datasets/data/digits.csv.gz"),
+                 ("river", "datasets/shuttle.csv.gz"))
+
+
 def _package_file(package: str, relative: str) -> Path:
     """A data file shipped inside an installed package, found WITHOUT importing it:
     importing scikit-learn or river costs about 2 s of CPU per process, and every worker

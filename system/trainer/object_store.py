@@ -2,7 +2,11 @@
 directory (the default) and S3 (through boto3; tests use a moto server on loopback).
 
 A blob is named by its checksum ("sha256:<hex>"), so writing the same blob twice is
-harmless and a reader can verify what it got. `put` returns only once the blob is
+harmless and a reader can verify what it got. A checkpoint blob's name also carries the
+lease version of the coordinator that wrote it ("lease-<n>-sha256:<hex>", `object_name`):
+a new coordinator may then collect every unreferenced blob of a lower lease version — its
+writer was fenced and can never commit it — and never touches a blob a live writer (its
+own lease or a newer one) may still commit (checkpoint_store.collect_orphans). `put` returns only once the blob is
 durable (fsync of the file and its directory; S3's PUT is durable when it answers);
 only then may its metadata go through Raft.
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Protocol
 
@@ -32,8 +37,32 @@ class ObjectStore(Protocol):
     def names(self) -> list[str]: ...
 
 
+def object_name(checksum: str, lease_version: int | None = None) -> str:
+    return checksum if lease_version is None else f"lease-{lease_version}-{checksum}"
+
+
+def parse_name(name: str) -> tuple[int | None, str]:
+    """(lease version or None, checksum) of an object name."""
+    match = re.fullmatch(r"lease-(\d+)-(.+)", name)
+    return (int(match.group(1)), match.group(2)) if match else (None, name)
+
+
+def _stem(name: str) -> str:
+    """The name as a file name / S3 key: `<hex>` or `lease-<n>-<hex>`."""
+    lease, checksum = parse_name(name)
+    digest = checksum.partition(":")[2]
+    if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        raise ObjectStoreError(f"bad object name {name!r}")
+    return digest if lease is None else f"lease-{lease}-{digest}"
+
+
+def _from_stem(stem: str) -> str:
+    lease, digest = parse_name(stem)
+    return object_name(f"sha256:{digest}", lease)
+
+
 def _check(name: str, blob: bytes) -> None:
-    algorithm, _, digest = name.partition(":")
+    algorithm, _, digest = parse_name(name)[1].partition(":")
     if algorithm != "sha256" or hashlib.sha256(blob).hexdigest() != digest:
         raise ObjectStoreError(f"object {name} does not match its content")
 
@@ -48,10 +77,8 @@ class LocalObjectStore:
         self.url = str(self.root)
 
     def _path(self, name: str) -> Path:
-        digest = name.partition(":")[2]
-        if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
-            raise ObjectStoreError(f"bad object name {name!r}")
-        return self.root / digest[:2] / digest
+        stem = _stem(name)
+        return self.root / parse_name(name)[1].partition(":")[2][:2] / stem
 
     def put(self, name: str, blob: bytes) -> None:
         _check(name, blob)
@@ -84,7 +111,7 @@ class LocalObjectStore:
             self._path(name).unlink()
 
     def names(self) -> list[str]:
-        return sorted("sha256:" + p.name for p in self.root.glob("??/*") if ".tmp-" not in p.name)
+        return sorted(_from_stem(p.name) for p in self.root.glob("??/*") if ".tmp-" not in p.name)
 
 
 class S3ObjectStore:
@@ -103,8 +130,8 @@ class S3ObjectStore:
                                    region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
 
     def _key(self, name: str) -> str:
-        digest = name.partition(":")[2]
-        return f"{self.prefix}/{digest}" if self.prefix else digest
+        stem = _stem(name)
+        return f"{self.prefix}/{stem}" if self.prefix else stem
 
     def put(self, name: str, blob: bytes) -> None:
         _check(name, blob)
@@ -125,7 +152,7 @@ class S3ObjectStore:
         out = []
         for page in self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix):
-            out += ["sha256:" + o["Key"].rsplit("/", 1)[-1] for o in page.get("Contents", [])]
+            out += [_from_stem(o["Key"].rsplit("/", 1)[-1]) for o in page.get("Contents", [])]
         return sorted(out)
 
 

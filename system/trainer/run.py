@@ -108,8 +108,8 @@ class TrainerRun:
         # Request ids are unique across the whole store, and a coordinator's ids start with
         # its id: a per-run token keeps two runs (or jobs) in one store from colliding.
         cid = f"c{self._coordinator_count}-{self.run_token}"
-        self.procs[cid] = spawn(
-            ["coordinator", "--id", cid, "--config", self.config.to_json(),
+        self.procs[cid] = self.spawn_process(
+            cid, ["coordinator", "--id", cid, "--config", self.config.to_json(),
              "--kv", self.coordinator_kv(cid), "--checkpoint-store", self.checkpoint_store,
              "--object-dir", str(self.object_dir), "--lease-s", str(self.lease_s),
              "--gradient-deadline-s", str(self.gradient_deadline_s),
@@ -119,8 +119,19 @@ class TrainerRun:
              *self.coordinator_args],
             self.run_dir / f"{cid}.log",
             {**(self.first_coordinator_env or {} if self._coordinator_count == 1 else {}),
-             **self.coordinator_env} or None)
+             **self.coordinator_env, **self.coordinator_env_for(cid)} or None)
         return cid
+
+    def spawn_process(self, name: str, args: list[str], log_path: Path,
+                      extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+        """Start `python -m system.trainer ARGS` as child process `name` (the nemesis workload
+        overrides this to run it in a container on --platform docker)."""
+        return spawn(args, log_path, extra_env)
+
+    def coordinator_env_for(self, cid: str) -> dict[str, str]:
+        """Environment of coordinator `cid` alone (the nemesis workload: its pause-point
+        arm file)."""
+        return {}
 
     def worker_kv(self) -> str:
         """The store addresses workers are given, as `--kv` text (`n1=addr,...` when
@@ -137,9 +148,9 @@ class TrainerRun:
 
     def start_worker(self, worker: int) -> None:
         name = f"w{worker}"
-        self.procs[name] = spawn(["worker", "--index", str(worker), "--config", self.config.to_json(),
-                                  "--kv", self.worker_kv()],
-                                 self.run_dir / f"{name}.log")
+        self.procs[name] = self.spawn_process(
+            name, ["worker", "--index", str(worker), "--config", self.config.to_json(),
+                   "--kv", self.worker_kv()], self.run_dir / f"{name}.log")
         self.expected_exit.discard(name)
 
     # ----- observing -------------------------------------------------------------------

@@ -9,11 +9,12 @@ Canaries (names distinct from the store's, system/kv/unsafe.py, so `python -m ne
 - `no-fencing`: the checkpoint head is written with a plain put, ignoring the version the
   coordinator believes current. A coordinator paused past its lease then overwrites its
   successor's checkpoint: the "deposed coordinator never writes" check must report it.
-- `no-request-id`: a checkpoint whose write got no answer (Indeterminate / Unavailable) is
-  retried under a fresh request id each attempt. If the first attempt committed, the retry's
-  CAS finds the head moved and the coordinator records the write as failed and steps down;
-  its successor then resumes from the checkpoint recorded as failed: checker/trainer.py's
-  `failed-write-applied`.
+- `no-request-id`: every attempt of a checkpoint head write carries a fresh request id —
+  the coordinator's own retries and the transport's alike (one attempt per client call: the
+  KV client's internal retry would otherwise reuse the id it generated for the call). If an
+  attempt committed but its answer was lost, the retry's CAS finds the head moved and the
+  coordinator records the write as failed and steps down; its successor then resumes from
+  the checkpoint recorded as failed: checker/trainer.py's `failed-write-applied`.
 - `write-after-lease-loss`: a coordinator that loses its lease (paused past it, cut off
   from the store) saves its state in one last checkpoint before stepping down, taking the
   head's current version (re-read) as the expected one, so the CAS fence does not stop it.
@@ -52,10 +53,19 @@ def write_head_without_cas(kv: KVClient, key: str, value: bytes, request_id: str
     return kv.put(key, value, request_id=request_id).version
 
 
+_single_attempt: dict[int, KVClient] = {}
+
+
 def cas_without_request_id(kv: KVClient, key: str, value: bytes, expected_version: int) -> int:
     """WRONG ON PURPOSE (`no-request-id`): every attempt gets a fresh request id, so a retry
-    of a write that did commit is not recognised as the same write."""
-    return kv.cas(key, value, expected_version, request_id=None).version
+    of a write that did commit is not recognised as the same write. One attempt per call
+    (a client of the same nodes with `retries=0`): a retry is always a new call, new id."""
+    client = _single_attempt.get(id(kv))
+    if client is None:
+        client = _single_attempt[id(kv)] = KVClient(kv.node_addresses or kv.addresses, retries=0,
+                                                    timeout_s=kv.timeout_s,
+                                                    client_id=f"{kv.client_id}-no-rid")
+    return client.cas(key, value, expected_version, request_id=None).version
 
 
 def write_after_lease_loss(coordinator) -> None:  # noqa: ANN001 - coordinator.Coordinator

@@ -63,10 +63,20 @@ def test_a_short_trainer_run_under_kill_faults_is_valid(tmp_path: Path, platform
     assert results["properties"] == {"durable": True, "resume": True, "fencing": True,
                                      "request-ids": True, "reference": True}, out
     assert results["trainer_summary"]["counts"]["checkpoints"]["ok"] > 0
-    assert results["faults"].get("kill", 0) >= 2
+    # Docker applies a kill and its heal (a new container) in seconds, not milliseconds: on
+    # a loaded engine a 20 s run fits one (the active coordinator's, which leads each round).
+    assert results["faults"].get("kill", 0) >= (1 if platform == "docker" else 2), out
     history = (tmp_path / "store" / "latest" / "history.jsonl").read_text().splitlines()
     kinds = {json.loads(line)["f"] for line in history}
     assert {"checkpoint", "lease-acquired", "resume", "read-checkpoint", "kill"} <= kinds
+    if platform == "docker":
+        # The coordinators ran in containers on the run's network, and none outlived it.
+        started = [json.loads(line)["value"] for line in history if '"f":"started"' in line]
+        assert started and all(not s["detail"].startswith("127.0.0.1") for s in started), started
+        run_id = json.loads(((tmp_path / "store" / "latest") / "test.json").read_text())["run_id"]
+        left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=mao.run={run_id}"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+        assert left.split() == []
 
 
 def test_the_write_after_lease_loss_canary_is_caught_by_fencing(tmp_path: Path) -> None:
@@ -77,6 +87,40 @@ def test_the_write_after_lease_loss_canary_is_caught_by_fencing(tmp_path: Path) 
     assert results["properties"]["fencing"] is False, out
     kinds = {a["kind"] for a in results["trainer-fencing"]["anomalies"]}
     assert "write-after-fence" in kinds
+
+
+@pytest.mark.parametrize("canary,faults,seed,prop,kind", [
+    # seed 5 deals coordinator-mid-write second: paused at its head CAS, woken after the takeover
+    ("no-fencing", "pause", "5", "fencing", "write-after-fence"),
+    # seed 3 deals coordinator-reply-lost second: the committed write's answer lost, retried
+    ("no-request-id", "partition", "3", "request-ids", "failed-write-applied"),
+])
+@pytest.mark.parametrize("safe", [False, True], ids=["canary", "safe"])
+def test_the_faults_inside_a_checkpoint_write_catch_their_canary_and_pass_the_safe_trainer(
+        tmp_path: Path, canary: str, faults: str, seed: str, prop: str, kind: str, safe: bool) -> None:
+    code, out, results = _run(tmp_path, "--faults", faults, "--duration", "20", "--interval", "4",
+                              "--seed", seed, *([] if safe else ["--unsafe", canary]))
+    history = (tmp_path / "store" / "latest" / "history.jsonl").read_text().splitlines()
+    landed = [json.loads(line) for line in history if '"paused-at"' in line]
+    assert landed, f"no fault landed inside a checkpoint write\n{out}"
+    if safe:
+        assert code == 0, out
+        return
+    assert code == 1, out
+    assert results["properties"][prop] is False, out
+    assert kind in {a["kind"] for a in results[f"trainer-{prop}"]["anomalies"]}, out
+    # The run folder reads back: check, report and show name the broken property.
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    for command, code_wanted, says in (("check", 1, prop), ("report", 0, "report.html"),
+                                       ("show", 0, prop)):
+        again = subprocess.run([sys.executable, "-m", "nemesis", command, str(run_dir)],
+                               capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert again.returncode == code_wanted, (command, again.stdout, again.stderr)
+        assert says in again.stdout, (command, again.stdout)
+    report = (run_dir / "report.html").read_text()
+    assert "Broken trainer properties" in report and kind in report
+    assert "every coordinator ran the deliberately broken" in report
 
 
 def test_a_trainer_canary_needs_the_trainer_workload(tmp_path: Path) -> None:

@@ -173,3 +173,28 @@ def test_the_fencing_check_catches_the_no_fencing_canary(kv_cluster, job) -> Non
     assert deposed_writes(old, head) == [f"{old}:step-50"]
     # ...and the head went back to an older lease: the successor's checkpoints are gone from it.
     assert head[0].coordinator_id == old and head[0].lease_version == 1
+
+
+def test_a_blob_orphaned_by_a_coordinator_killed_before_its_head_cas_is_collected(kv_cluster, job) -> None:
+    """Object mode: c1 uploads its step-50 blob, stops at the pause point before the head
+    CAS and is SIGKILLed there — the blob is named by nothing. The standby's takeover
+    collects it (its lease version is lower than the successor's: its writer is fenced)."""
+    config = config_for(job, steps=120)
+    pause = {"TRAINER_PAUSE_AT": "before-head-cas:50", "MAO_ALLOW_UNSAFE": "1"}
+    with TrainerRun(config, standbys=0, kv=kv_cluster.addresses, lease_s=LEASE_S,
+                    checkpoint_store="object", first_coordinator_env=pause) as run:
+        run.start()
+        old = wait_step(run, 1).coordinator_id
+        run.wait_until(lambda: process_stopped(run.procs[old].pid), 60, "the pause point")
+        objects = run.checkpoint_store_reader().objects
+        head = run.checkpoint_store_reader().read_head()
+        named = {e.get("pointer") for e in [*head[0].history, head[0].summary()]}
+        orphans = [n for n in objects.names() if n not in named]
+        assert len(orphans) == 1 and orphans[0].startswith(f"lease-{head[0].lease_version}-")
+        run.expected_exit.add(old)
+        run.kill(old)
+        run.start_coordinator()
+        new = wait_step(run, 1, not_coordinator=old).coordinator_id
+        collected = [e for e in run.events(new) if e["kind"] == "collected"]
+        assert collected and orphans[0] in collected[0]["detail"].split()
+        assert orphans[0] not in objects.names()

@@ -12,7 +12,7 @@ import system.trainer  # noqa: F401
 from system.kv.client import CasMismatch, KVClient, NotFound
 from system.trainer import checkpoint as codec
 from system.trainer.checkpoint_store import CheckpointStore
-from system.trainer.object_store import LocalObjectStore, ObjectStoreError
+from system.trainer.object_store import LocalObjectStore, ObjectStoreError, object_name
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,8 @@ def test_latest_checkpoint_round_trips_exactly(kv_cluster, job: str, tmp_path: P
         if chunk_bytes == 1000:
             assert latest.meta.chunks and len(latest.meta.chunks) > 1  # chunk list committed last
         if mode == "object":
-            assert latest.meta.pointer == latest.meta.checksum
+            # named by the writer's lease version and the checksum (collect_orphans)
+            assert latest.meta.pointer == object_name(latest.meta.checksum, latest.meta.lease_version)
             assert objects is not None and latest.meta.pointer in objects.names()
 
 
@@ -89,6 +90,31 @@ def test_superseded_blobs_are_deleted_only_after_the_keep_window(kv_cluster, job
         first = inline.read_head()[0].history[0]
         with pytest.raises(NotFound):
             kv.get(first["chunks"][0])
+
+
+def test_a_takeover_collects_fenced_orphans_and_never_a_newer_leases_blob(kv_cluster, job: str,
+                                                                          tmp_path: Path) -> None:
+    """Lease 1 wrote steps 1-2 and uploaded step 3's blob but died before the head CAS; a
+    writer under lease 9 has uploaded a blob and not yet written its head. The takeover
+    under lease 5 deletes the lease-1 orphan, keeps what the head names and the lease-9
+    blob (its writer may still commit it)."""
+    with KVClient(kv_cluster.addresses) as kv:
+        objects = LocalObjectStore(tmp_path)
+        store = CheckpointStore(kv, job, "object", objects=objects)
+        write_series(store, [1, 2])
+        blob3 = codec.encode(make_checkpoint(3))
+        orphan = object_name(codec.blob_checksum(blob3), 1)
+        objects.put(orphan, blob3)
+        blob_in_flight = codec.encode(make_checkpoint(4))
+        in_flight = object_name(codec.blob_checksum(blob_in_flight), 9)
+        objects.put(in_flight, blob_in_flight)
+        latest = store.read_latest("cfg")
+        takeover = meta_for(0, "c2", lease=5)
+        takeover.kind, takeover.request_id = "resume", f"{job}-c2:resume-2"
+        store.rewrite_head(latest, latest.version, takeover)
+        assert store.collect_orphans(takeover) == [orphan]
+        assert set(objects.names()) == {takeover.history[0]["pointer"], latest.meta.pointer,
+                                        in_flight}
 
 
 def test_a_takeover_rewrite_fences_the_old_writer(kv_cluster, job: str) -> None:
