@@ -333,6 +333,8 @@ async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, node.log_debug_state)
+    if node.trace is not None:  # KV_STAGE_TRACE set: SIGUSR2 writes the stage summary
+        loop.add_signal_handler(signal.SIGUSR2, node.trace.dump_and_reset)
     await server.start()
     await node.start()
     log.info("serving", extra={"node": node.config.node_id, "listen": node.config.listen_address,

@@ -28,6 +28,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from system.kv.node import Node, NodeError, NotLeaderError
 from system.kv.proto import kv_pb2
+from system.kv.stage_trace import now_ns, received_ns
 from system.kv.state_machine import CommandRejected
 from system.kv.transport import CHANNEL_OPTIONS, PeerService
 from system.raft.core import MembershipChangeRefused
@@ -241,11 +242,13 @@ class KVService:
             cluster_id=self.node.identity.cluster_id if self.node.identity else "")
 
 
-def _handler(parse: type[ProtoMessage], method: Callable[[ProtoMessage], Awaitable[ProtoMessage]]
-             ) -> grpc.RpcMethodHandler:
+def _handler(parse: type[ProtoMessage], method: Callable[[ProtoMessage], Awaitable[ProtoMessage]],
+             tracing: bool = False) -> grpc.RpcMethodHandler:
     """A unary handler taking raw bytes, so bad payloads get INVALID_ARGUMENT with a reason."""
 
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if tracing:
+            received_ns.set(now_ns())
         try:
             try:
                 request = parse.FromString(raw)
@@ -276,7 +279,7 @@ def build_server(node: Node) -> grpc.aio.Server:
     server = grpc.aio.server(options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS])
     kv = KVService(node)
     handlers = {
-        "Put": _handler(kv_pb2.PutRequest, kv.put),
+        "Put": _handler(kv_pb2.PutRequest, kv.put, tracing=node.trace is not None),
         "Get": _handler(kv_pb2.GetRequest, kv.get),
         "Delete": _handler(kv_pb2.DeleteRequest, kv.delete),
         "Status": _handler(kv_pb2.StatusRequest, kv.status),
