@@ -95,6 +95,7 @@ class PySyncObjTarget(KVServiceTarget):
 
 class OursTarget(KVServiceTarget):
     name = "ours"
+    client_kind = ClientKind.KV_SESSION  # what our client library speaks
     durability = "fsync WAL before ack"
     id_prefix = "n"
 

@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--join", action="store_true",
                        help="join an existing cluster as a new member: run `member add` first; "
                             "--peers lists members to reach")
+    serve.add_argument("--no-forward", action="store_true",
+                       help="a follower answers writes and linearizable reads with the leader's "
+                            "address (UNAVAILABLE) instead of forwarding them to the leader")
     serve.add_argument("--unsafe", default=None,
                        help="TEST ONLY: run a deliberately broken canary (needs MAO_ALLOW_UNSAFE=1)")
 
@@ -183,6 +186,7 @@ def serve(args: argparse.Namespace) -> int:
         max_requests_per_s=args.max_requests_per_s,
         unsafe_mode=unsafe.name if unsafe is not None else None,
         join=args.join,
+        forward_to_leader=not args.no_forward,
     )
     try:
         storage = DurableStorage.open(config.data_dir)

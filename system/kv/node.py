@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from system.kv.forward import Forwarder
 from system.kv.identity import STATE_MEMBER, Identity, KnownMembers, save_identity
 from system.kv.stage_trace import StageTrace, now_ns
 from system.kv.state_machine import (
@@ -101,6 +102,9 @@ class NodeConfig:
     # This node joins an existing cluster as a learner (`serve --join`): `peers` are
     # members to reach, not a bootstrap membership that includes this node.
     join: bool = False
+    # A follower sends writes and linearizable reads on to the leader (one hop, the
+    # client's deadline) instead of answering "not the leader" (`serve --no-forward`).
+    forward_to_leader: bool = True
 
     @property
     def voters(self) -> tuple[NodeId, ...]:
@@ -200,6 +204,7 @@ class Node:
         self._identity_task: asyncio.Task[None] | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self.transport = Transport(config.node_id, config.peers)
+        self.forwarder = Forwarder(config.node_id)  # requests sent on to the leader
         self.snapshots_installed = 0
         self.last_installed_snapshot_index = 0
         self.trace = StageTrace.from_environment(config.node_id)  # None unless KV_STAGE_TRACE
@@ -278,6 +283,7 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._snapshot_task
         await self.transport.close()
+        await self.forwarder.close()
         self._storage_thread.shutdown(wait=True)
         self.storage.close()
         log.info("node stopped", extra={"node": self.config.node_id})

@@ -86,23 +86,11 @@ def test_stale_read_on_a_follower_says_it_is_stale_and_how_far_it_got(cluster: L
     assert got.value == b"v1"
 
 
-def test_follower_refuses_linearizable_read_with_leader_hint(cluster: LocalCluster) -> None:
+def test_client_reaches_the_leader_from_a_follower(cluster: LocalCluster) -> None:
     leader = cluster.wait_for_leader()
     follower = next(i for i in cluster.ids if i != leader)
-    channel, stub = _raw_stub(cluster.specs[follower].address)
-    with channel, pytest.raises(grpc.RpcError) as err:
-        stub.Get(kv_pb2.GetRequest(key="k"), timeout=5)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    metadata = dict(err.value.trailing_metadata())
-    assert metadata["leader-id"] == leader
-    assert metadata["leader-address"] == cluster.specs[leader].address
-    assert metadata["kv-outcome"] == "not-applied"
-
-
-def test_client_follows_redirect_from_a_follower(cluster: LocalCluster) -> None:
-    leader = cluster.wait_for_leader()
-    follower = next(i for i in cluster.ids if i != leader)
-    # The follower is listed first: the client must be redirected to the leader.
+    # The follower is listed first: it forwards (tests/kv/test_node_forwarding.py; with
+    # --no-forward the client follows its hint instead).
     addresses = [cluster.specs[follower].address, cluster.specs[leader].address]
     with KVClient(addresses) as kv:
         assert kv.put("redirected", b"1").node_id == leader
