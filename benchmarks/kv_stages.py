@@ -31,6 +31,7 @@ from benchmarks.kvbench.kv_targets import OursTarget  # noqa: E402
 from benchmarks.kvbench.loadgen import LoadSpec, Operation, run_load  # noqa: E402
 from benchmarks.kvbench.machine import load_average  # noqa: E402
 from benchmarks.kvbench.processes import wait_until  # noqa: E402
+from benchmarks.kvbench.profiling import Sampler  # noqa: E402
 from system.kv.stage_trace import ENV_VAR, STAGES  # noqa: E402
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -53,7 +54,8 @@ def leader_summary(target: OursTarget, leader: int, trace_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duration_s: float) -> dict:
+def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duration_s: float,
+            profile: bool) -> dict:
     leader = target.find_leader()
     assert leader is not None
     index = leader if via == "leader" else (leader + 1) % len(target.ids)
@@ -65,7 +67,16 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
         client_kind=target.client_kind, addresses=(addresses[index],), operation=Operation.PUT,
         clients=clients, value_size_bytes=256, warmup_s=0.0, duration_s=duration_s,
         max_measured_ops=100_000, keys_per_client=100, op_timeout_s=10.0)
+    sampler = None
+    if profile:  # py-spy on the leader for the load's duration (costs CPU: a separate run)
+        sampler = Sampler(target.members[leader].pid, duration_s,
+                          trace_dir / f"profile-{clients}-{via}.txt")
     load = run_load(spec, min(2, clients), target.work_dir)
+    top = []
+    if sampler is not None:
+        result = sampler.result()
+        top = [(f.function, f.self_percent, f.total_percent)
+               for f in (*result.top_self[:10], *result.top_total_in_project[:8])]
     cpu_after = [cpu_s(pid) for pid in pids]
     summary = leader_summary(target, leader, trace_dir)
     puts = max(1, load.acknowledged_ops)
@@ -75,7 +86,7 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
         "client_mean_ms": sum(load.latencies_us) / max(1, len(load.latencies_us)) / 1000,
         "cpu_ms_per_put": [(a - b) * 1000 / puts for a, b in zip(cpu_after, cpu_before, strict=True)],
         "leader_pid_index": pids.index(target.members[leader].pid),
-        "leader": summary, "load_average": load_average(),
+        "leader": summary, "load_average": load_average(), "profile": top,
     }
 
 
@@ -102,6 +113,11 @@ def render(rows: list[dict]) -> str:
         out.append(f"\nCPU ms per put: {cpus}. Entries per fsync on the leader: "
                    f"{s['entries_per_ready']:.1f}; fsync mean {s['fsync_mean_us'] / 1000:.2f} ms; "
                    f"{s['writes']} writes traced.\n")
+        if row["profile"]:
+            out.append("| leader profile (py-spy): function | self % | with callees % |")
+            out.append("|---|---|---|")
+            out += [f"| {name} | {own:.1f} | {total:.1f} |" for name, own, total in row["profile"]]
+            out.append("")
     return "\n".join(out)
 
 
@@ -110,6 +126,8 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--clients", default="1,64")
     parser.add_argument("--via", default="leader", help="comma-separated: leader, follower")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the leader with py-spy during each load (lowers the figures)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvstages-") as work:
@@ -121,7 +139,8 @@ def main() -> int:
             target.start()
             for via in args.via.split(","):
                 for clients in (int(c) for c in args.clients.split(",")):
-                    rows.append(measure(target, trace_dir, clients, via, args.duration_s))
+                    rows.append(measure(target, trace_dir, clients, via, args.duration_s,
+                                        args.profile))
                     print(render(rows[-1:]), flush=True)
         finally:
             target.stop()

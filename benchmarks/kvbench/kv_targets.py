@@ -64,6 +64,7 @@ class KVServiceTarget(Target):
 
 class PySyncObjTarget(KVServiceTarget):
     name = "pysyncobj"
+    client_kind = ClientKind.KV_SESSION  # its front speaks our Session stream too
     durability = "memory only, never fsyncs"
     id_prefix = "p"
 
