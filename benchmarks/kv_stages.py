@@ -70,7 +70,7 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
     sampler = None
     if profile:  # py-spy on the leader for the load's duration (costs CPU: a separate run)
         sampler = Sampler(target.members[leader].pid, duration_s,
-                          trace_dir / f"profile-{clients}-{via}.txt")
+                          trace_dir / f"profile-{clients}-{via}.txt", gil_only=True)
     load = run_load(spec, min(2, clients), target.work_dir)
     top = []
     if sampler is not None:
@@ -114,7 +114,7 @@ def render(rows: list[dict]) -> str:
                    f"{s['entries_per_ready']:.1f}; fsync mean {s['fsync_mean_us'] / 1000:.2f} ms; "
                    f"{s['writes']} writes traced.\n")
         if row["profile"]:
-            out.append("| leader profile (py-spy): function | self % | with callees % |")
+            out.append("| leader profile (py-spy --gil: samples holding the GIL): function | self % | with callees % |")
             out.append("|---|---|---|")
             out += [f"| {name} | {own:.1f} | {total:.1f} |" for name, own, total in row["profile"]]
             out.append("")

@@ -84,10 +84,11 @@ class KVServiceClient(_ChannelClient):
     """manyasone.kv.KV: every put carries a fresh request id, as our client library's do,
     so the store pays for its deduplication table as it would in use.
 
-    Our nodes do not forward: a follower answers UNAVAILABLE with the leader's address in
-    the trailing metadata. Like our client library, this client then moves to that address
-    for its next operations (etcd and the PySyncObj front forward instead, so they never
-    send a hint). The failed operation itself is not retried: it counts as an error."""
+    A member that cannot serve a request and cannot forward it (our nodes with no leader
+    known, or started with --no-forward; the PySyncObj front) answers UNAVAILABLE with the
+    leader's address in the trailing metadata. Like our client library, this client then
+    moves to that address for its next operations. The failed operation itself is not
+    retried: it counts as an error."""
 
     def __init__(self, address: str, follow_leader_hints: bool = True):
         super().__init__(address)
