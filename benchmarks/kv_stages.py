@@ -1,6 +1,7 @@
 """Where a put's time goes, stage by stage, on our store at 1 and 64 clients.
 
     python benchmarks/kv_stages.py [--duration-s 5] [--clients 1,64] [--via leader,follower]
+                                   [--unary] [--profile] [--json FILE]
 
 Starts one 3-member cluster of ours with KV_STAGE_TRACE set (system/kv/stage_trace.py), runs
 the benchmark's load generator (benchmarks/kvbench/loadgen.py, the same clients as
@@ -27,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.kvbench.clients import ClientKind  # noqa: E402
 from benchmarks.kvbench.kv_targets import OursTarget  # noqa: E402
 from benchmarks.kvbench.loadgen import LoadSpec, Operation, run_load  # noqa: E402
 from benchmarks.kvbench.machine import load_average  # noqa: E402
@@ -81,7 +83,7 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
     summary = leader_summary(target, leader, trace_dir)
     puts = max(1, load.acknowledged_ops)
     return {
-        "clients": clients, "via": via, "ops_per_s": load.ops_per_s, "errors": load.errors,
+        "clients": clients, "via": via, "protocol": "unary calls" if target.client_kind is ClientKind.KV else "Session stream", "ops_per_s": load.ops_per_s, "errors": load.errors,
         "client_p50_ms": load.latency_ms(50), "client_p99_ms": load.latency_ms(99),
         "client_mean_ms": sum(load.latencies_us) / max(1, len(load.latencies_us)) / 1000,
         "cpu_ms_per_put": [(a - b) * 1000 / puts for a, b in zip(cpu_after, cpu_before, strict=True)],
@@ -94,7 +96,7 @@ def render(rows: list[dict]) -> str:
     out = []
     for row in rows:
         s = row["leader"]
-        out.append(f"### {row['clients']} client(s), puts sent to the {row['via']}\n")
+        out.append(f"### {row['clients']} client(s), puts sent to the {row['via']} ({row['protocol']})\n")
         out.append(f"{row['ops_per_s']:,.0f} puts/s, client latency mean {row['client_mean_ms']:.2f} ms, "
                    f"p50 {row['client_p50_ms']:.2f} ms, p99 {row['client_p99_ms']:.2f} ms; "
                    f"{row['errors']} errors; load average {row['load_average']}.\n")
@@ -126,6 +128,8 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--clients", default="1,64")
     parser.add_argument("--via", default="leader", help="comma-separated: leader, follower")
+    parser.add_argument("--unary", action="store_true",
+                        help="unary calls instead of the Session stream (the path other clients take)")
     parser.add_argument("--profile", action="store_true",
                         help="sample the leader with py-spy during each load (lowers the figures)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
@@ -134,6 +138,8 @@ def main() -> int:
         trace_dir = Path(work) / "trace"
         os.environ[ENV_VAR] = str(trace_dir)
         target = OursTarget(Path(work) / "cluster")
+        if args.unary:
+            target.client_kind = ClientKind.KV
         rows = []
         try:
             target.start()

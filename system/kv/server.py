@@ -150,8 +150,7 @@ class KVService:
         try:
             result = await self.node.put(request.key, value, expected, request.request_id)
         except NotLeaderError as exc:
-            return await self._forward(exc, "Put", request, kv_pb2.PutResponse, timeout_s,
-                                       forwarded, write=True)
+            return await self._forward(exc, "put", request, timeout_s, forwarded, write=True)
         except NodeError as exc:
             raise self._node_error(exc) from None
         if isinstance(result, CommandRejected):
@@ -168,8 +167,8 @@ class KVService:
         try:
             result = await self.node.delete(request.key, expected, request.request_id)
         except NotLeaderError as exc:
-            return await self._forward(exc, "Delete", request, kv_pb2.DeleteResponse,
-                                       timeout_s, forwarded, write=True)
+            return await self._forward(exc, "delete", request, timeout_s, forwarded,
+                                       write=True)
         except NodeError as exc:
             raise self._node_error(exc) from None
         if isinstance(result, CommandRejected):
@@ -190,8 +189,8 @@ class KVService:
             try:
                 await self.node.read_barrier()
             except NotLeaderError as exc:
-                return await self._forward(exc, "Get", request, kv_pb2.GetResponse,
-                                           timeout_s, forwarded, write=False)
+                return await self._forward(exc, "get", request, timeout_s, forwarded,
+                                           write=False)
             except NodeError as exc:
                 raise self._node_error(exc) from None
         # No await between the barrier and this read: the state is at least the barrier's.
@@ -205,8 +204,7 @@ class KVService:
         return response
 
     async def _forward(self, exc: NotLeaderError, method: str, request: ProtoMessage,
-                       response_type: type[ProtoMessage], timeout_s: float | None,
-                       forwarded: bool, write: bool) -> ProtoMessage:
+                       timeout_s: float | None, forwarded: bool, write: bool) -> ProtoMessage:
         """Send a request this node cannot serve on to the leader it knows (one hop), or
         refuse it with the leader hint: when it came forwarded already, when no leader is
         known, or when forwarding is off (--no-forward)."""
@@ -214,7 +212,7 @@ class KVService:
             raise self._not_leader(exc)
         try:
             return await self.node.forwarder.call(exc.leader_address, method, request,
-                                                  response_type, timeout_s, write)
+                                                  timeout_s, write)
         except ForwardFailed as failed:
             raise _Reject(failed.code, failed.message, failed.outcome, failed.metadata) from None
 
@@ -344,7 +342,8 @@ def _session_handler(kv: KVService, tracing: bool) -> grpc.RpcMethodHandler:
     a slow write does not hold up the reads behind it), answers tagged with their seq."""
     methods = {"put": kv.put, "get": kv.get, "delete": kv.delete}
 
-    async def serve_one(request: kv_pb2.SessionRequest, outbox: _Outbox) -> None:
+    async def serve_one(request: kv_pb2.SessionRequest, outbox: _Outbox, forwarded: bool
+                        ) -> None:
         if tracing:
             received_ns.set(now_ns())
         which = request.WhichOneof("request")
@@ -354,7 +353,7 @@ def _session_handler(kv: KVService, tracing: bool) -> grpc.RpcMethodHandler:
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
                               "session request carries no put, get or delete")
             timeout_s = request.timeout_ms / 1000 if request.timeout_ms else None
-            answer = await methods[which](getattr(request, which), timeout_s)
+            answer = await methods[which](getattr(request, which), timeout_s, forwarded)
             getattr(response, which).CopyFrom(answer)
         except _Reject as rej:
             response.error.CopyFrom(_session_error(rej))
@@ -367,6 +366,7 @@ def _session_handler(kv: KVService, tracing: bool) -> grpc.RpcMethodHandler:
 
     async def session(request_iterator, context: grpc.aio.ServicerContext) -> None:  # noqa: ANN001
         outbox = _Outbox(context)
+        _, forwarded = _call_info(context)  # a follower's forwarding stream: one hop only
         loop = asyncio.get_running_loop()
         pending: set[asyncio.Task[None]] = set()
         try:
@@ -380,7 +380,7 @@ def _session_handler(kv: KVService, tracing: bool) -> grpc.RpcMethodHandler:
                     await outbox.send(kv_pb2.SessionResponse(
                         error=_session_error(rej)).SerializeToString())
                     continue
-                task = loop.create_task(serve_one(request, outbox))
+                task = loop.create_task(serve_one(request, outbox, forwarded))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
             if pending:

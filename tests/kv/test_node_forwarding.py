@@ -67,11 +67,21 @@ def test_a_forwarded_request_is_never_forwarded_again(cluster: LocalCluster) -> 
         with pytest.raises(grpc.RpcError) as err:
             stub.Put(kv_pb2.PutRequest(key="k", value=b"v", request_id="twice"), timeout=5,
                      metadata=((FORWARDED_BY, "n-elsewhere"),))
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    metadata = dict(err.value.trailing_metadata())
-    assert metadata["leader-id"] == leader
-    assert metadata["leader-address"] == cluster.specs[leader].address
-    assert metadata["kv-outcome"] == "not-applied"
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        metadata = dict(err.value.trailing_metadata())
+        assert metadata["leader-id"] == leader
+        assert metadata["leader-address"] == cluster.specs[leader].address
+        assert metadata["kv-outcome"] == "not-applied"
+        # The same on a Session stream marked as forwarded (how followers forward).
+        session = channel.stream_stream("/manyasone.kv.KV/Session")
+        frame = kv_pb2.SessionRequest(seq=9, put=kv_pb2.PutRequest(key="k", value=b"v"))
+        answers = session(iter([frame.SerializeToString()]), timeout=5,
+                          metadata=((FORWARDED_BY, "n-elsewhere"),))
+        answer = kv_pb2.SessionResponse.FromString(next(answers))
+    assert answer.seq == 9
+    assert answer.error.code == grpc.StatusCode.UNAVAILABLE.value[0]
+    assert (answer.error.leader_id, answer.error.outcome) == (leader, "not-applied")
+    assert answer.error.leader_address == cluster.specs[leader].address
 
 
 def test_with_no_forward_a_follower_refuses_with_the_leader_hint(tmp_path) -> None:
