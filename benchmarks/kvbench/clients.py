@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 
 from benchmarks.kvbench import etcd_rpc_pb2, etcd_rpc_pb2_grpc
+from system.kv.client import SESSION_MAX_PAYLOAD_BYTES
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 
 # Enough for the 1 MiB row with room to spare; our store must take 64 MiB checkpoints.
@@ -127,7 +128,7 @@ class KVServiceClient(_ChannelClient):
 
 class KVSessionClient(KVServiceClient):
     """manyasone.kv.KV over one long-lived Session stream per client, as our client library
-    does: one request in flight at a time here, so answers come back in order. A follower
+    does (values above 256 KiB as unary calls, as it does too): one request in flight at a time here, so answers come back in order. A follower
     forwards to the leader; an UNAVAILABLE answer with a leader address (no forwarding
     possible) moves the client there, as KVServiceClient does."""
 
@@ -137,6 +138,9 @@ class KVSessionClient(KVServiceClient):
         self._seq = itertools.count(1)
 
     async def put(self, key: str, value: bytes, timeout_s: float) -> None:
+        if len(value) > SESSION_MAX_PAYLOAD_BYTES:  # as our client library: large values go unary
+            await super().put(key, value, timeout_s)
+            return
         request_id = f"{self._id_prefix}-{next(_request_counter)}"
         frame = kv_pb2.SessionRequest(put=kv_pb2.PutRequest(key=key, value=value, request_id=request_id))
         await self._exchange(frame, timeout_s, follow_hint=True)

@@ -44,8 +44,9 @@ ATTEMPT_TIMEOUT_S = 0.5
 ATTEMPT_BYTES_PER_S = 2 * 1024 * 1024  # generous: a loaded 2-core machine moves a 64 MiB put in 2-10 s
 _U64_MAX = 2**64 - 1
 # Values above this go as unary calls: on the shared stream a large message would hold up
-# every request behind it, and next to its transfer the cost of a call does not matter.
-SESSION_MAX_PAYLOAD_BYTES = 1024 * 1024
+# every request behind it, and next to its transfer the cost of a call does not matter
+# (1 MiB puts measured no faster on the stream, docs/benchmarks.md).
+SESSION_MAX_PAYLOAD_BYTES = 256 * 1024
 
 
 def _check_expected_version(expected_version: object) -> None:
@@ -192,7 +193,7 @@ class KVClient:
     outside the nodes' network (a Docker bridge, a proxy per link) may not be able to reach.
 
     Requests travel on one long-lived `Session` stream per node, shared by the client's
-    threads (values above 1 MiB as unary calls); a node that does not offer the stream is
+    threads (values above 256 KiB as unary calls); a node that does not offer the stream is
     spoken to with unary calls, as is every node when `session=False`. Both paths give the
     same answers and errors.
 
