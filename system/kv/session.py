@@ -90,6 +90,9 @@ class Session:
         with self._lock:
             self.failure = error
             pending, self._pending = self._pending, {}
+        # Let gRPC's thread that reads our request iterator finish too (it would otherwise
+        # wait on the queue for as long as the process lives).
+        self._requests.put(_END)
         for future in pending.values():
             future.set_exception(error)
 

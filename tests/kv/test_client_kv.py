@@ -192,6 +192,21 @@ def test_nothing_listening_is_unavailable_not_indeterminate() -> None:
         kv.put("k", b"v")
 
 
+def test_sessions_that_fail_leave_no_thread_behind() -> None:
+    """Each failed Session stream must end its threads (the answer reader and gRPC's
+    request feeder): a harness client lives through hundreds of node kills."""
+    (port,) = free_ports(1)
+    before = threading.active_count()
+    with KVClient([f"127.0.0.1:{port}"], timeout_s=0.5) as kv:
+        for _ in range(5):  # every attempt opens a new stream that fails
+            with pytest.raises(Unavailable):
+                kv.put("k", b"v")
+        deadline = time.monotonic() + 5
+        while threading.active_count() > before + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() <= before + 2, "failed sessions left threads running"
+
+
 def test_an_unknown_outcome_followed_by_refusals_stays_indeterminate(nodes) -> None:
     node = nodes(fail(grpc.StatusCode.UNKNOWN, "unknown"),
                  fail(grpc.StatusCode.UNAVAILABLE, "not-applied"))
