@@ -69,6 +69,7 @@ class _LeaderSession:
         self._seq = itertools.count(1)
         self._queue: collections.deque[bytes] = collections.deque()
         self._writing = False
+        self._writer: asyncio.Task[None] | None = None
         self.failure: BaseException | None = None
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="forward-read")
 
@@ -95,11 +96,17 @@ class _LeaderSession:
             if not future.done():
                 future.set_exception(error)
 
-    async def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes) -> None:
+        """Queue `data`; a writer task drains the queue (one write at a time, as gRPC
+        allows). The caller never waits on a write, so its deadline also covers a stream
+        that cannot be written (a paused leader that never finished the handshake)."""
         self._queue.append(data)
-        if self._writing:
-            return  # the task writing now takes it
-        self._writing = True
+        if not self._writing:
+            self._writing = True
+            self._writer = asyncio.get_running_loop().create_task(self._drain(),
+                                                                  name="forward-write")
+
+    async def _drain(self) -> None:
         try:
             while self._queue:
                 await self._call.write(self._queue.popleft())
@@ -117,13 +124,15 @@ class _LeaderSession:
             asyncio.get_running_loop().create_future())
         self._pending[frame.seq] = future
         try:
-            await self._send(frame.SerializeToString())
+            self._send(frame.SerializeToString())
             return await asyncio.wait_for(future, timeout_s)
         finally:
             self._pending.pop(frame.seq, None)
 
     def close(self) -> None:
         self._reader.cancel()
+        if self._writer is not None:
+            self._writer.cancel()
         self._call.cancel()
 
 

@@ -7,6 +7,8 @@ Real processes on loopback; every wait is on a condition with a deadline.
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
@@ -82,6 +84,29 @@ def test_a_forwarded_request_is_never_forwarded_again(cluster: LocalCluster) -> 
     assert answer.error.code == grpc.StatusCode.UNAVAILABLE.value[0]
     assert (answer.error.leader_id, answer.error.outcome) == (leader, "not-applied")
     assert answer.error.leader_address == cluster.specs[leader].address
+
+
+def test_a_forwarded_request_carries_the_clients_deadline(cluster: LocalCluster) -> None:
+    """The leader is paused: the follower gives up on the hop when the client's deadline
+    (800 ms, sent in the request) runs out, with the outcome unknown, rather than after
+    its own default of 5 s."""
+    leader, follower = _follower(cluster)
+    frame = kv_pb2.SessionRequest(seq=1, timeout_ms=800, put=kv_pb2.PutRequest(
+        key="deadline", value=b"v", request_id="deadline-1"))
+    cluster.pause(leader)
+    try:
+        with grpc.insecure_channel(cluster.specs[follower].address) as channel:
+            session = channel.stream_stream("/manyasone.kv.KV/Session")
+            started = time.monotonic()
+            answers = session(iter([frame.SerializeToString()]), timeout=10)
+            answer = kv_pb2.SessionResponse.FromString(next(answers))
+            elapsed = time.monotonic() - started
+    finally:
+        cluster.resume(leader)
+    assert answer.error.code == grpc.StatusCode.UNKNOWN.value[0], answer
+    assert answer.error.outcome == "unknown"
+    assert elapsed < 3.0, f"the hop outlived the client's deadline: {elapsed:.2f} s"
+    cluster.wait_for_leader(timeout_s=20)
 
 
 def test_with_no_forward_a_follower_refuses_with_the_leader_hint(tmp_path) -> None:
