@@ -2,7 +2,10 @@
 
 What it does: validates every client request against the node's limits, turns it into a
 call on `Node`, and maps the outcome to a response or a gRPC status with a message that
-says what was wrong and what the limit is. Requests arrive as raw bytes and are parsed
+says what was wrong and what the limit is. Put, Get and Delete come as unary calls or on
+a client's long-lived `Session` stream (each request in a task of its own, its answer or
+error tagged with its seq); a follower forwards writes and linearizable reads to the
+leader (system/kv/forward.py) unless the request was forwarded already. Requests arrive as raw bytes and are parsed
 here, so a payload that is not a valid protobuf gets INVALID_ARGUMENT instead of gRPC's
 generic INTERNAL.
 
