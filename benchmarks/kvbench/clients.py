@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 
 from benchmarks.kvbench import etcd_rpc_pb2, etcd_rpc_pb2_grpc
+from system.kv.client import SESSION_MAX_PAYLOAD_BYTES
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 
 # Enough for the 1 MiB row with room to spare; our store must take 64 MiB checkpoints.
@@ -34,7 +35,8 @@ class ClientKind(enum.Enum):
     """Which wire protocol a cluster's members speak to clients."""
 
     ETCD = "etcd"  # etcdserverpb.KV (Put, Range)
-    KV = "kv"  # manyasone.kv.KV (ours, and the PySyncObj front)
+    KV = "kv"  # manyasone.kv.KV unary calls (the PySyncObj front)
+    KV_SESSION = "kv-session"  # manyasone.kv.KV Session stream, as our client library (ours)
 
 
 class AsyncClient(Protocol):
@@ -83,10 +85,11 @@ class KVServiceClient(_ChannelClient):
     """manyasone.kv.KV: every put carries a fresh request id, as our client library's do,
     so the store pays for its deduplication table as it would in use.
 
-    Our nodes do not forward: a follower answers UNAVAILABLE with the leader's address in
-    the trailing metadata. Like our client library, this client then moves to that address
-    for its next operations (etcd and the PySyncObj front forward instead, so they never
-    send a hint). The failed operation itself is not retried: it counts as an error."""
+    A member that cannot serve a request and cannot forward it (our nodes with no leader
+    known, or started with --no-forward; the PySyncObj front) answers UNAVAILABLE with the
+    leader's address in the trailing metadata. Like our client library, this client then
+    moves to that address for its next operations. The failed operation itself is not
+    retried: it counts as an error."""
 
     def __init__(self, address: str, follow_leader_hints: bool = True):
         super().__init__(address)
@@ -123,10 +126,78 @@ class KVServiceClient(_ChannelClient):
         await old.close(grace=None)
 
 
+class KVSessionClient(KVServiceClient):
+    """manyasone.kv.KV over one long-lived Session stream per client, as our client library
+    does (values above 256 KiB as unary calls, as it does too): one request in flight at a time here, so answers come back in order. A follower
+    forwards to the leader; an UNAVAILABLE answer with a leader address (no forwarding
+    possible) moves the client there, as KVServiceClient does."""
+
+    def __init__(self, address: str, follow_leader_hints: bool = True):
+        super().__init__(address, follow_leader_hints)
+        self._stream = None
+        self._seq = itertools.count(1)
+
+    async def put(self, key: str, value: bytes, timeout_s: float) -> None:
+        if len(value) > SESSION_MAX_PAYLOAD_BYTES:  # as our client library: large values go unary
+            await super().put(key, value, timeout_s)
+            return
+        request_id = f"{self._id_prefix}-{next(_request_counter)}"
+        frame = kv_pb2.SessionRequest(put=kv_pb2.PutRequest(key=key, value=value, request_id=request_id))
+        await self._exchange(frame, timeout_s, follow_hint=True)
+
+    async def get(self, key: str, linearizable: bool, timeout_s: float) -> None:
+        consistency = kv_pb2.LINEARIZABLE if linearizable else kv_pb2.STALE
+        frame = kv_pb2.SessionRequest(get=kv_pb2.GetRequest(key=key, consistency=consistency))
+        await self._exchange(frame, timeout_s, follow_hint=linearizable)
+
+    async def _exchange(self, frame: kv_pb2.SessionRequest, timeout_s: float, follow_hint: bool) -> None:
+        import asyncio
+
+        if self._stream is None or self._stream.done():
+            self._stream = self.channel.stream_stream(
+                "/manyasone.kv.KV/Session", request_serializer=None, response_deserializer=None
+            )()
+        frame.seq = next(self._seq)
+        frame.timeout_ms = int(timeout_s * 1000)
+        stream = self._stream
+        # A timer cancels this task at the deadline (cheaper than wait_for's extra task).
+        task = asyncio.current_task()
+        timer = asyncio.get_running_loop().call_later(timeout_s, task.cancel)
+        try:
+            await stream.write(frame.SerializeToString())
+            raw = await stream.read()
+        except asyncio.CancelledError:
+            self._stream = None
+            stream.cancel()
+            raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "session request timed out") from None
+        finally:
+            timer.cancel()
+        if raw is grpc.aio.EOF:
+            self._stream = None
+            raise _rpc_error(grpc.StatusCode.UNAVAILABLE, "session stream ended")
+        answer = kv_pb2.SessionResponse.FromString(raw)
+        if answer.WhichOneof("response") != "error":
+            return
+        error = answer.error
+        if self.follow_leader_hints and follow_hint and error.code == grpc.StatusCode.UNAVAILABLE.value[0]:
+            self._stream = None
+            await self._move_to(error.leader_address)
+        raise _rpc_error(_CODES.get(error.code, grpc.StatusCode.UNKNOWN), error.message)
+
+
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
 def open_client(kind: ClientKind, address: str, follow_leader_hints: bool = True) -> AsyncClient:
     """A client for one member; call inside a running event loop (grpc.aio binds to it).
     follow_leader_hints=False pins it to that member (the leader-kill probe wants that: a
     survivor may still name the dead leader)."""
     if kind is ClientKind.ETCD:
         return EtcdClient(address)
+    if kind is ClientKind.KV_SESSION:
+        return KVSessionClient(address, follow_leader_hints)
     return KVServiceClient(address, follow_leader_hints)

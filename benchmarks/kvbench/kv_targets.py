@@ -64,6 +64,7 @@ class KVServiceTarget(Target):
 
 class PySyncObjTarget(KVServiceTarget):
     name = "pysyncobj"
+    client_kind = ClientKind.KV_SESSION  # its front speaks our Session stream too
     durability = "memory only, never fsyncs"
     id_prefix = "p"
 
@@ -95,6 +96,7 @@ class PySyncObjTarget(KVServiceTarget):
 
 class OursTarget(KVServiceTarget):
     name = "ours"
+    client_kind = ClientKind.KV_SESSION  # what our client library speaks
     durability = "fsync WAL before ack"
     id_prefix = "n"
 

@@ -35,7 +35,8 @@ class Profile:
 class Sampler:
     """Start py-spy on a pid for duration_s; `result()` waits for it and summarises."""
 
-    def __init__(self, pid: int, duration_s: float, output: Path, rate_hz: int = 100):
+    def __init__(self, pid: int, duration_s: float, output: Path, rate_hz: int = 100,
+                 gil_only: bool = False):
         self.output = output
         executable = shutil.which("py-spy")
         if executable is None:
@@ -49,6 +50,9 @@ class Sampler:
                 "--format", "raw",
                 "--output", str(output),
                 "--nonblocking",  # never pause the server it samples
+                # --gil: only the thread holding the GIL, i.e. where Python CPU goes
+                # (without it a thread blocked in C, such as fsync, counts as busy).
+                *(["--gil"] if gil_only else []),
             ]),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -126,6 +126,51 @@ class Front(kv_pb2_grpc.KVServicer):
             header=self._header(),
         )
 
+    async def Session(self, request_iterator, context):
+        """The stream our client library speaks (kv.proto Session), so PySyncObj pays the
+        same client hop as our store: each request in a task, answers tagged by seq."""
+        pending = set()
+        writing = asyncio.Lock()
+
+        async def serve_one(request):
+            response = kv_pb2.SessionResponse(seq=request.seq)
+            which = request.WhichOneof("request")
+            if which == "put":
+                put = request.put
+                expected = put.expected_version if put.HasField("expected_version") else None
+                result, error = await self._replicate(self.store.put, put.key, put.value, expected)
+                if error == FAIL_REASON.SUCCESS:
+                    response.put.CopyFrom(kv_pb2.PutResponse(applied=result[0], version=result[1], header=self._header()))
+            elif which == "get":
+                get = request.get
+                error = FAIL_REASON.SUCCESS
+                if get.consistency == kv_pb2.LINEARIZABLE:
+                    entry, error = await self._replicate(self.store.read_through_log, get.key)
+                else:
+                    entry = self.store.read_local(get.key)
+                if error == FAIL_REASON.SUCCESS:
+                    value, version = entry if entry is not None else (b"", 0)
+                    response.get.CopyFrom(kv_pb2.GetResponse(
+                        found=entry is not None, value=value, version=version,
+                        stale=get.consistency == kv_pb2.STALE, header=self._header()))
+            else:
+                error = -1
+            if response.WhichOneof("response") is None:
+                leader = self._leader_id()
+                response.error.CopyFrom(kv_pb2.SessionError(
+                    code=grpc.StatusCode.UNAVAILABLE.value[0], outcome="not-applied",
+                    message=f"PySyncObj member {self.member_id} could not serve (reason {error})",
+                    leader_id=leader, leader_address=self.members[leader][0] if leader else ""))
+            async with writing:
+                await context.write(response)
+
+        async for request in request_iterator:
+            task = asyncio.get_running_loop().create_task(serve_one(request))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
     async def Delete(self, request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the PySyncObj front has no Delete")
 

@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--join", action="store_true",
                        help="join an existing cluster as a new member: run `member add` first; "
                             "--peers lists members to reach")
+    serve.add_argument("--no-forward", action="store_true",
+                       help="a follower answers writes and linearizable reads with the leader's "
+                            "address (UNAVAILABLE) instead of forwarding them to the leader")
     serve.add_argument("--unsafe", default=None,
                        help="TEST ONLY: run a deliberately broken canary (needs MAO_ALLOW_UNSAFE=1)")
 
@@ -183,6 +186,7 @@ def serve(args: argparse.Namespace) -> int:
         max_requests_per_s=args.max_requests_per_s,
         unsafe_mode=unsafe.name if unsafe is not None else None,
         join=args.join,
+        forward_to_leader=not args.no_forward,
     )
     try:
         storage = DurableStorage.open(config.data_dir)
@@ -333,6 +337,8 @@ async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGUSR1, node.log_debug_state)
+    if node.trace is not None:  # KV_STAGE_TRACE set: SIGUSR2 writes the stage summary
+        loop.add_signal_handler(signal.SIGUSR2, node.trace.dump_and_reset)
     await server.start()
     await node.start()
     log.info("serving", extra={"node": node.config.node_id, "listen": node.config.listen_address,

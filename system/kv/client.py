@@ -28,22 +28,25 @@ import itertools
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any
 
 import grpc
 
 from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.kv.session import Session, error_of
 from system.kv.transport import CHANNEL_OPTIONS
-
-R = TypeVar("R")
 
 # One attempt's default timeout: short enough that a paused leader costs about an election
 # timeout, not the whole deadline; plus transfer time for large values.
 ATTEMPT_TIMEOUT_S = 0.5
 ATTEMPT_BYTES_PER_S = 2 * 1024 * 1024  # generous: a loaded 2-core machine moves a 64 MiB put in 2-10 s
 _U64_MAX = 2**64 - 1
+# Values above this go as unary calls: on the shared stream a large message would hold up
+# every request behind it, and next to its transfer the cost of a call does not matter
+# (1 MiB puts measured no faster on the stream, docs/benchmarks.md).
+SESSION_MAX_PAYLOAD_BYTES = 256 * 1024
 
 
 def _check_expected_version(expected_version: object) -> None:
@@ -189,6 +192,11 @@ class KVClient:
     leader's id, not by the address the leader advertises to its peers — which a client
     outside the nodes' network (a Docker bridge, a proxy per link) may not be able to reach.
 
+    Requests travel on one long-lived `Session` stream per node, shared by the client's
+    threads (values above 256 KiB as unary calls); a node that does not offer the stream is
+    spoken to with unary calls, as is every node when `session=False`. Both paths give the
+    same answers and errors.
+
     `timeout_s` bounds each call (all attempts together); `attempt_timeout_s` bounds one
     attempt, so a paused or partitioned node costs at most that before the client tries
     the NEXT node with the same request id (default: 0.5 s plus 1 s per 2 MiB of payload,
@@ -202,7 +210,8 @@ class KVClient:
 
     def __init__(self, addresses: Sequence[str] | Mapping[str, str], *, timeout_s: float = 5.0,
                  retries: int = 100, attempt_timeout_s: float | None = None,
-                 client_id: str | None = None, max_key_bytes: int = 1024) -> None:
+                 client_id: str | None = None, max_key_bytes: int = 1024,
+                 session: bool = True) -> None:
         if not addresses:
             raise ValueError("KVClient needs at least one node address")
         _check_timeout("timeout_s", timeout_s)
@@ -221,6 +230,9 @@ class KVClient:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, kv_pb2_grpc.KVStub] = {}
+        self.use_session = session
+        self._sessions: dict[str, Session] = {}
+        self._unary_only: set[str] = set()  # nodes that answered UNIMPLEMENTED to Session
         self._leader: str | None = None
         self._next = 0
 
@@ -246,7 +258,7 @@ class KVClient:
         request = kv_pb2.PutRequest(key=key, value=value, request_id=rid)
         if expected_version is not None:
             request.expected_version = expected_version
-        response = self._call(lambda s, t: s.Put(request, timeout=t), write=True,
+        response = self._call("put", request, write=True,
                               request_id=rid, timeout_s=timeout_s, payload_bytes=len(value))
         if not response.applied:
             raise CasMismatch(key, expected_version if expected_version is not None else -1,
@@ -272,7 +284,7 @@ class KVClient:
         request = kv_pb2.DeleteRequest(key=key, request_id=rid)
         if expected_version is not None:
             request.expected_version = expected_version
-        response = self._call(lambda s, t: s.Delete(request, timeout=t), write=True,
+        response = self._call("delete", request, write=True,
                               request_id=rid, timeout_s=timeout_s)
         if not response.applied:
             raise DeleteVersionMismatch(
@@ -295,7 +307,7 @@ class KVClient:
         if consistency not in levels:
             raise InvalidArgument(f"consistency must be 'linearizable' or 'stale', got {consistency!r}")
         request = kv_pb2.GetRequest(key=key, consistency=levels[consistency])
-        response = self._call(lambda s, t: s.Get(request, timeout=t), write=False,
+        response = self._call("get", request, write=False,
                               request_id="", timeout_s=timeout_s,
                               any_node=consistency == "stale",
                               first=self.node_addresses.get(via, via) if via else None)
@@ -308,6 +320,10 @@ class KVClient:
         return self._stub(address).Status(kv_pb2.StatusRequest(), timeout=timeout_s)
 
     def close(self) -> None:
+        with self._lock:
+            sessions, self._sessions = list(self._sessions.values()), {}
+        for session in sessions:
+            session.close()
         for channel in self._channels.values():
             channel.close()
         self._channels.clear()
@@ -360,9 +376,39 @@ class KVClient:
             self._next += 1
             return address
 
-    def _call(self, rpc: Callable[[kv_pb2_grpc.KVStub, float], R], *, write: bool,
+    def _session(self, address: str) -> Session:
+        self._stub(address)  # the channel
+        with self._lock:
+            session = self._sessions.get(address)
+            if session is None or session.failure is not None:
+                session = self._sessions[address] = Session(self._channels[address])
+            return session
+
+    def _invoke(self, address: str, kind: str, request: Any, timeout_s: float,
+                payload_bytes: int) -> Any:
+        """One attempt of `kind` ("put", "get", "delete") at `address`: on the node's
+        session stream when it has one, else a unary call. Raises grpc.RpcError."""
+        if (self.use_session and address not in self._unary_only
+                and payload_bytes <= SESSION_MAX_PAYLOAD_BYTES):
+            frame = kv_pb2.SessionRequest()
+            getattr(frame, kind).CopyFrom(request)
+            try:
+                answer = self._session(address).call(frame, timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                with self._lock:  # nothing was served: ask again the unary way
+                    self._unary_only.add(address)
+            else:
+                if answer.WhichOneof("response") == "error":
+                    raise error_of(answer.error)
+                return getattr(answer, kind)
+        method = getattr(self._stub(address), kind.capitalize())
+        return method(request, timeout=timeout_s)
+
+    def _call(self, kind: str, request: Any, *, write: bool,
               request_id: str, timeout_s: float | None, any_node: bool = False,
-              payload_bytes: int = 0, first: str | None = None) -> R:
+              payload_bytes: int = 0, first: str | None = None) -> Any:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_s)
         maybe_applied = False  # some attempt of this write may have taken effect
         last = "no attempt made"
@@ -378,7 +424,8 @@ class KVClient:
             address = self._pick(hint, avoid)
             hint = None
             try:
-                response = rpc(self._stub(address), min(remaining, per_attempt_s))
+                response = self._invoke(address, kind, request, min(remaining, per_attempt_s),
+                                        payload_bytes)
             except grpc.RpcError as exc:
                 result = _Attempt(exc)
                 last = f"{address}: {result.code.name}: {result.details}"

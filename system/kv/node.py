@@ -46,7 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from system.kv.forward import Forwarder
 from system.kv.identity import STATE_MEMBER, Identity, KnownMembers, save_identity
+from system.kv.stage_trace import StageTrace, now_ns
 from system.kv.state_machine import (
     CommandRejected,
     DeleteResult,
@@ -100,6 +102,9 @@ class NodeConfig:
     # This node joins an existing cluster as a learner (`serve --join`): `peers` are
     # members to reach, not a bootstrap membership that includes this node.
     join: bool = False
+    # A follower sends writes and linearizable reads on to the leader (one hop, the
+    # client's deadline) instead of answering "not the leader" (`serve --no-forward`).
+    forward_to_leader: bool = True
 
     @property
     def voters(self) -> tuple[NodeId, ...]:
@@ -199,8 +204,10 @@ class Node:
         self._identity_task: asyncio.Task[None] | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self.transport = Transport(config.node_id, config.peers)
+        self.forwarder = Forwarder(config.node_id)  # requests sent on to the leader
         self.snapshots_installed = 0
         self.last_installed_snapshot_index = 0
+        self.trace = StageTrace.from_environment(config.node_id)  # None unless KV_STAGE_TRACE
         self._write_waiters: dict[int, _WriteWaiter] = {}
         self._read_waiters: list[_ReadWaiter] = []  # heap by index
         # Linearizable reads that arrived since the drive task last ran: they share ONE
@@ -276,6 +283,7 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._snapshot_task
         await self.transport.close()
+        await self.forwarder.close()
         self._storage_thread.shutdown(wait=True)
         self.storage.close()
         log.info("node stopped", extra={"node": self.config.node_id})
@@ -326,9 +334,14 @@ class Node:
         )
         waiter = _WriteWaiter(term=term, future=future)
         self._write_waiters[index] = waiter
+        if self.trace is not None:
+            self.trace.proposed(index)
         self._kick()
         try:
-            return await future
+            result = await future
+            if self.trace is not None:
+                self.trace.replied(index)
+            return result
         finally:
             # The caller went away (deadline, cancellation): forget the waiter so an entry
             # that never commits here does not pin it in memory. The entry itself stays.
@@ -384,6 +397,8 @@ class Node:
                     if not self.core.has_ready():
                         break
                     ready = self.core.ready()
+                    if self.trace is not None and ready.entries:
+                        self.trace.mark([e.index for e in ready.entries], "taken")
                     if ready.messages_before_persist:
                         # A leader's APPENDs leave while it fsyncs its own copy (thesis
                         # §10.2.1; the core counts that copy only once `advance` says it
@@ -465,7 +480,11 @@ class Node:
                 need_sync = True
             self._hard_state = ready.hard_state
         if need_sync:
+            started = now_ns() if self.trace is not None else 0
             self.storage.sync()
+            if self.trace is not None:
+                self.trace.ready_persisted(len(ready.entries), now_ns() - started)
+                self.trace.mark([e.index for e in ready.entries], "persisted")
 
     def _may_apply_before_persist(self, ready: Ready) -> bool:
         """Whether steps 3-4 (apply, serve reads) may run while this Ready is persisted.
@@ -498,8 +517,12 @@ class Node:
         # 3. Apply: a received snapshot replaces the state machine first.
         if ready.snapshot is not None:
             self._restore_snapshot(ready.snapshot, ready.snapshot_data)
+        if self.trace is not None and ready.committed_entries:
+            self.trace.mark([e.index for e in ready.committed_entries], "committed")
         for entry in ready.committed_entries:
             self._apply(entry)
+        if self.trace is not None and ready.committed_entries:
+            self.trace.mark([e.index for e in ready.committed_entries], "applied")
 
         # 4. Reads.
         for read_state in ready.read_states:

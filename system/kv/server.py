@@ -2,7 +2,10 @@
 
 What it does: validates every client request against the node's limits, turns it into a
 call on `Node`, and maps the outcome to a response or a gRPC status with a message that
-says what was wrong and what the limit is. Requests arrive as raw bytes and are parsed
+says what was wrong and what the limit is. Put, Get and Delete come as unary calls or on
+a client's long-lived `Session` stream (each request in a task of its own, its answer or
+error tagged with its seq); a follower forwards writes and linearizable reads to the
+leader (system/kv/forward.py) unless the request was forwarded already. Requests arrive as raw bytes and are parsed
 here, so a payload that is not a valid protobuf gets INVALID_ARGUMENT instead of gRPC's
 generic INTERNAL.
 
@@ -18,6 +21,8 @@ says it is committed and applied.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,8 +31,10 @@ import grpc
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
+from system.kv.forward import FORWARDED_BY, ForwardFailed
 from system.kv.node import Node, NodeError, NotLeaderError
 from system.kv.proto import kv_pb2
+from system.kv.stage_trace import now_ns, received_ns
 from system.kv.state_machine import CommandRejected
 from system.kv.transport import CHANNEL_OPTIONS, PeerService
 from system.raft.core import MembershipChangeRefused
@@ -135,7 +142,8 @@ class KVService:
 
     # ----- handlers --------------------------------------------------------------------
 
-    async def put(self, request: kv_pb2.PutRequest) -> kv_pb2.PutResponse:
+    async def put(self, request: kv_pb2.PutRequest, timeout_s: float | None = None,
+                  forwarded: bool = False) -> kv_pb2.PutResponse:
         self._check_rate()
         self._check_key(request.key)
         value = request.value  # each access copies the bytes: read a 64 MiB value once
@@ -144,6 +152,8 @@ class KVService:
         expected = request.expected_version if request.HasField("expected_version") else None
         try:
             result = await self.node.put(request.key, value, expected, request.request_id)
+        except NotLeaderError as exc:
+            return await self._forward(exc, "put", request, timeout_s, forwarded, write=True)
         except NodeError as exc:
             raise self._node_error(exc) from None
         if isinstance(result, CommandRejected):
@@ -151,13 +161,17 @@ class KVService:
         return kv_pb2.PutResponse(applied=result.applied, version=result.version,
                                   header=self._header())
 
-    async def delete(self, request: kv_pb2.DeleteRequest) -> kv_pb2.DeleteResponse:
+    async def delete(self, request: kv_pb2.DeleteRequest, timeout_s: float | None = None,
+                     forwarded: bool = False) -> kv_pb2.DeleteResponse:
         self._check_rate()
         self._check_key(request.key)
         self._check_request_id(request.request_id)
         expected = request.expected_version if request.HasField("expected_version") else None
         try:
             result = await self.node.delete(request.key, expected, request.request_id)
+        except NotLeaderError as exc:
+            return await self._forward(exc, "delete", request, timeout_s, forwarded,
+                                       write=True)
         except NodeError as exc:
             raise self._node_error(exc) from None
         if isinstance(result, CommandRejected):
@@ -165,7 +179,8 @@ class KVService:
         return kv_pb2.DeleteResponse(applied=result.applied, existed=result.existed,
                                      version=result.version, header=self._header())
 
-    async def get(self, request: kv_pb2.GetRequest) -> kv_pb2.GetResponse:
+    async def get(self, request: kv_pb2.GetRequest, timeout_s: float | None = None,
+                  forwarded: bool = False) -> kv_pb2.GetResponse:
         self._check_rate()
         self._check_key(request.key)
         if request.consistency not in (kv_pb2.LINEARIZABLE, kv_pb2.STALE):
@@ -176,6 +191,9 @@ class KVService:
         if not stale:
             try:
                 await self.node.read_barrier()
+            except NotLeaderError as exc:
+                return await self._forward(exc, "get", request, timeout_s, forwarded,
+                                           write=False)
             except NodeError as exc:
                 raise self._node_error(exc) from None
         # No await between the barrier and this read: the state is at least the barrier's.
@@ -187,6 +205,19 @@ class KVService:
             response.value = value
             response.version = version
         return response
+
+    async def _forward(self, exc: NotLeaderError, method: str, request: ProtoMessage,
+                       timeout_s: float | None, forwarded: bool, write: bool) -> ProtoMessage:
+        """Send a request this node cannot serve on to the leader it knows (one hop), or
+        refuse it with the leader hint: when it came forwarded already, when no leader is
+        known, or when forwarding is off (--no-forward)."""
+        if forwarded or not exc.leader_address or not self.config.forward_to_leader:
+            raise self._not_leader(exc)
+        try:
+            return await self.node.forwarder.call(exc.leader_address, method, request,
+                                                  timeout_s, write)
+        except ForwardFailed as failed:
+            raise _Reject(failed.code, failed.message, failed.outcome, failed.metadata) from None
 
     async def status(self, request: kv_pb2.StatusRequest) -> kv_pb2.StatusResponse:
         core = self.node.core
@@ -241,11 +272,20 @@ class KVService:
             cluster_id=self.node.identity.cluster_id if self.node.identity else "")
 
 
-def _handler(parse: type[ProtoMessage], method: Callable[[ProtoMessage], Awaitable[ProtoMessage]]
-             ) -> grpc.RpcMethodHandler:
-    """A unary handler taking raw bytes, so bad payloads get INVALID_ARGUMENT with a reason."""
+def _call_info(context: grpc.aio.ServicerContext) -> tuple[float | None, bool]:
+    """(what is left of the caller's deadline in seconds, whether another node forwarded it)."""
+    forwarded = any(key == FORWARDED_BY for key, _ in context.invocation_metadata() or ())
+    return context.time_remaining(), forwarded
+
+
+def _handler(parse: type[ProtoMessage], method: Callable[..., Awaitable[ProtoMessage]],
+             tracing: bool = False, forwardable: bool = False) -> grpc.RpcMethodHandler:
+    """A unary handler taking raw bytes, so bad payloads get INVALID_ARGUMENT with a reason.
+    `forwardable` methods get the caller's deadline and whether the call was forwarded."""
 
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        if tracing:
+            received_ns.set(now_ns())
         try:
             try:
                 request = parse.FromString(raw)
@@ -253,7 +293,10 @@ def _handler(parse: type[ProtoMessage], method: Callable[[ProtoMessage], Awaitab
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
                               f"request is not a valid {parse.DESCRIPTOR.full_name} protobuf: {exc}"
                               ) from None
-            response = await method(request)
+            if forwardable:
+                response = await method(request, *_call_info(context))
+            else:
+                response = await method(request)
             return response.SerializeToString()
         except _Reject as rej:
             await context.abort(rej.code, rej.message, trailing_metadata=rej.metadata)
@@ -269,16 +312,101 @@ def _handler(parse: type[ProtoMessage], method: Callable[[ProtoMessage], Awaitab
     return grpc.unary_unary_rpc_method_handler(handle)
 
 
+class _Outbox:
+    """The answers of one session stream: one write at a time (gRPC allows no more), the
+    answers that finish meanwhile leave right after it, in the order they finished."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._writing = False
+
+    async def send(self, data: bytes) -> None:
+        self._queue.append(data)
+        if self._writing:
+            return  # the task writing now takes it
+        self._writing = True
+        try:
+            while self._queue:
+                await self._context.write(self._queue.popleft())
+        finally:
+            self._writing = False
+
+
+def _session_error(rej: _Reject) -> kv_pb2.SessionError:
+    metadata = dict(rej.metadata)
+    return kv_pb2.SessionError(
+        code=rej.code.value[0], message=rej.message, outcome=metadata.get("kv-outcome", ""),
+        leader_id=metadata.get("leader-id", ""), leader_address=metadata.get("leader-address", ""))
+
+
+def _session_handler(kv: KVService, tracing: bool) -> grpc.RpcMethodHandler:
+    """KV.Session: requests on one long-lived stream, each served in a task of its own (so
+    a slow write does not hold up the reads behind it), answers tagged with their seq."""
+    methods = {"put": kv.put, "get": kv.get, "delete": kv.delete}
+
+    async def serve_one(request: kv_pb2.SessionRequest, outbox: _Outbox, forwarded: bool
+                        ) -> None:
+        if tracing:
+            received_ns.set(now_ns())
+        which = request.WhichOneof("request")
+        response = kv_pb2.SessionResponse(seq=request.seq)
+        try:
+            if which is None:
+                raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                              "session request carries no put, get or delete")
+            timeout_s = request.timeout_ms / 1000 if request.timeout_ms else None
+            answer = await methods[which](getattr(request, which), timeout_s, forwarded)
+            getattr(response, which).CopyFrom(answer)
+        except _Reject as rej:
+            response.error.CopyFrom(_session_error(rej))
+        except Exception:
+            log.exception("unexpected error serving a session request")
+            response.error.CopyFrom(kv_pb2.SessionError(
+                code=grpc.StatusCode.INTERNAL.value[0], outcome="unknown",
+                message="internal error on the node; see its log; outcome unknown"))
+        await outbox.send(response.SerializeToString())
+
+    async def session(request_iterator, context: grpc.aio.ServicerContext) -> None:  # noqa: ANN001
+        outbox = _Outbox(context)
+        _, forwarded = _call_info(context)  # a follower's forwarding stream: one hop only
+        loop = asyncio.get_running_loop()
+        pending: set[asyncio.Task[None]] = set()
+        try:
+            async for raw in request_iterator:
+                try:
+                    request = kv_pb2.SessionRequest.FromString(raw)
+                except (DecodeError, ValueError) as exc:
+                    rej = _Reject(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"request is not a valid manyasone.kv.SessionRequest "
+                                  f"protobuf: {exc}")
+                    await outbox.send(kv_pb2.SessionResponse(
+                        error=_session_error(rej)).SerializeToString())
+                    continue
+                task = loop.create_task(serve_one(request, outbox, forwarded))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        finally:
+            for task in pending:
+                task.cancel()
+
+    return grpc.stream_stream_rpc_method_handler(session)
+
+
 def build_server(node: Node) -> grpc.aio.Server:
     """A gRPC server carrying both services of `node`, bound to its listen address."""
     from system.kv.proto import raft_pb2_grpc
 
     server = grpc.aio.server(options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS])
     kv = KVService(node)
+    tracing = node.trace is not None
     handlers = {
-        "Put": _handler(kv_pb2.PutRequest, kv.put),
-        "Get": _handler(kv_pb2.GetRequest, kv.get),
-        "Delete": _handler(kv_pb2.DeleteRequest, kv.delete),
+        "Put": _handler(kv_pb2.PutRequest, kv.put, tracing=tracing, forwardable=True),
+        "Get": _handler(kv_pb2.GetRequest, kv.get, forwardable=True),
+        "Delete": _handler(kv_pb2.DeleteRequest, kv.delete, forwardable=True),
+        "Session": _session_handler(kv, tracing),
         "Status": _handler(kv_pb2.StatusRequest, kv.status),
         "ChangeMembership": _handler(kv_pb2.ChangeMembershipRequest, kv.change_membership),
         "Introduce": _handler(kv_pb2.IntroduceRequest, kv.introduce),

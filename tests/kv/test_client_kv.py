@@ -5,6 +5,7 @@ id, and outcomes that tell "certainly not applied" (Unavailable) from "maybe app
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -46,11 +47,31 @@ def fail(code: grpc.StatusCode, outcome: str | None, leader_address: str = "") -
     return behave
 
 
-class FakeNode:
-    """A KV server answering Put from a script (the last behaviour repeats)."""
+class _Aborted(Exception):
+    pass
 
-    def __init__(self, script: list[Behaviour]) -> None:
+
+class _SessionContext:
+    """What a behaviour sees of a request that came on the Session stream: its abort ends
+    that request (a SessionError), not the stream."""
+
+    def __init__(self) -> None:
+        self.trailing: tuple[tuple[str, str], ...] = ()
+
+    def set_trailing_metadata(self, metadata) -> None:  # noqa: ANN001
+        self.trailing = tuple(metadata)
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise _Aborted(code, details)
+
+
+class FakeNode:
+    """A KV server answering Put from a script (the last behaviour repeats), by unary
+    calls only (an older node, another implementation) or on the Session stream too."""
+
+    def __init__(self, script: list[Behaviour], session: bool = False) -> None:
         self.script = list(script)
+        self.session = session
         self.request_ids: list[str] = []
         self.release = threading.Event()  # for behaviours that hold a request
         self._server = grpc.server(futures.ThreadPoolExecutor(4))
@@ -59,8 +80,13 @@ class FakeNode:
         handler = grpc.unary_unary_rpc_method_handler(
             self._put, request_deserializer=kv_pb2.PutRequest.FromString,
             response_serializer=kv_pb2.PutResponse.SerializeToString)
+        handlers = {"Put": handler}
+        if session:
+            handlers["Session"] = grpc.stream_stream_rpc_method_handler(
+                self._session, request_deserializer=kv_pb2.SessionRequest.FromString,
+                response_serializer=kv_pb2.SessionResponse.SerializeToString)
         self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("manyasone.kv.KV", {"Put": handler}),))
+            (grpc.method_handlers_generic_handler("manyasone.kv.KV", handlers),))
         self._server.add_insecure_port(self.address)
         self._server.start()
 
@@ -69,17 +95,47 @@ class FakeNode:
         behave = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         return behave(request, context)
 
+    def _answer(self, frame: kv_pb2.SessionRequest) -> kv_pb2.SessionResponse:
+        context = _SessionContext()
+        try:
+            return kv_pb2.SessionResponse(seq=frame.seq, put=self._put(frame.put, context))
+        except _Aborted as aborted:
+            code, details = aborted.args
+            trailing = dict(context.trailing)
+            return kv_pb2.SessionResponse(seq=frame.seq, error=kv_pb2.SessionError(
+                code=code.value[0], message=details, outcome=trailing.get("kv-outcome", ""),
+                leader_id=trailing.get("leader-id", ""),
+                leader_address=trailing.get("leader-address", "")))
+
+    def _session(self, frames, context):  # noqa: ANN001, ANN202 - a stream handler
+        answers: queue.SimpleQueue = queue.SimpleQueue()
+
+        def read() -> None:
+            try:
+                for frame in frames:  # each in a thread: a held request holds only itself
+                    threading.Thread(target=lambda f=frame: answers.put(self._answer(f)),
+                                     daemon=True).start()
+            except grpc.RpcError:
+                pass  # the client closed the stream
+            answers.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        while (answer := answers.get(timeout=30)) is not None:
+            yield answer
+
     def stop(self) -> None:
         self.release.set()
         self._server.stop(grace=None)
 
 
-@pytest.fixture
-def nodes():
+@pytest.fixture(params=["unary-only", "session"])
+def nodes(request: pytest.FixtureRequest):
+    """Every scripted test runs against nodes that offer only unary calls (the client falls
+    back to them) and against nodes that offer the Session stream (the client's default)."""
     created: list[FakeNode] = []
 
     def make(*script: Behaviour) -> FakeNode:
-        node = FakeNode(list(script))
+        node = FakeNode(list(script), session=request.param == "session")
         created.append(node)
         return node
 
@@ -105,6 +161,15 @@ def test_retry_after_unknown_outcome_reuses_the_request_id_and_succeeds(nodes) -
     assert node.request_ids == ["caller-chosen-1", "caller-chosen-1"]
 
 
+def test_the_client_uses_the_session_stream_where_the_node_offers_it(nodes) -> None:
+    node = nodes(ok(version=3))
+    with KVClient([node.address]) as kv:
+        assert kv.put("k", b"v").version == 3
+        assert kv.put("k", b"w").version == 3
+        assert (node.address in kv._unary_only) is (not node.session)
+    assert len(node.request_ids) == 2
+
+
 def test_generated_request_ids_are_distinct_per_call(nodes) -> None:
     node = nodes(ok())
     with KVClient([node.address]) as kv:
@@ -125,6 +190,21 @@ def test_nothing_listening_is_unavailable_not_indeterminate() -> None:
     (port,) = free_ports(1)
     with KVClient([f"127.0.0.1:{port}"], timeout_s=0.5) as kv, pytest.raises(Unavailable):
         kv.put("k", b"v")
+
+
+def test_sessions_that_fail_leave_no_thread_behind() -> None:
+    """Each failed Session stream must end its threads (the answer reader and gRPC's
+    request feeder): a harness client lives through hundreds of node kills."""
+    (port,) = free_ports(1)
+    before = threading.active_count()
+    with KVClient([f"127.0.0.1:{port}"], timeout_s=0.5) as kv:
+        for _ in range(5):  # every attempt opens a new stream that fails
+            with pytest.raises(Unavailable):
+                kv.put("k", b"v")
+        deadline = time.monotonic() + 5
+        while threading.active_count() > before + 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() <= before + 2, "failed sessions left threads running"
 
 
 def test_an_unknown_outcome_followed_by_refusals_stays_indeterminate(nodes) -> None:

@@ -6,6 +6,8 @@ Real processes on loopback; every wait is on a condition with a deadline.
 
 from __future__ import annotations
 
+import queue
+
 import grpc
 import pytest
 
@@ -86,23 +88,11 @@ def test_stale_read_on_a_follower_says_it_is_stale_and_how_far_it_got(cluster: L
     assert got.value == b"v1"
 
 
-def test_follower_refuses_linearizable_read_with_leader_hint(cluster: LocalCluster) -> None:
+def test_client_reaches_the_leader_from_a_follower(cluster: LocalCluster) -> None:
     leader = cluster.wait_for_leader()
     follower = next(i for i in cluster.ids if i != leader)
-    channel, stub = _raw_stub(cluster.specs[follower].address)
-    with channel, pytest.raises(grpc.RpcError) as err:
-        stub.Get(kv_pb2.GetRequest(key="k"), timeout=5)
-    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-    metadata = dict(err.value.trailing_metadata())
-    assert metadata["leader-id"] == leader
-    assert metadata["leader-address"] == cluster.specs[leader].address
-    assert metadata["kv-outcome"] == "not-applied"
-
-
-def test_client_follows_redirect_from_a_follower(cluster: LocalCluster) -> None:
-    leader = cluster.wait_for_leader()
-    follower = next(i for i in cluster.ids if i != leader)
-    # The follower is listed first: the client must be redirected to the leader.
+    # The follower is listed first: it forwards (tests/kv/test_node_forwarding.py; with
+    # --no-forward the client follows its hint instead).
     addresses = [cluster.specs[follower].address, cluster.specs[leader].address]
     with KVClient(addresses) as kv:
         assert kv.put("redirected", b"1").node_id == leader
@@ -161,6 +151,45 @@ def test_raw_bad_requests_get_invalid_argument_and_the_node_survives(cluster: Lo
         # Every node still answers.
         for node_id in cluster.ids:
             assert cluster.status(node_id, timeout_s=5) is not None
+
+
+def test_the_session_stream_answers_each_request_by_seq_and_refuses_garbage_per_request(
+        cluster: LocalCluster) -> None:
+    """One stream carries many requests; a bad one gets its own error and the stream and
+    the node carry on."""
+    leader = cluster.wait_for_leader()
+    frames = [
+        kv_pb2.SessionRequest(seq=1, put=kv_pb2.PutRequest(key="sess", value=b"a",
+                                                           request_id="sess-1")),
+        kv_pb2.SessionRequest(seq=2, get=kv_pb2.GetRequest(key="sess")),
+        kv_pb2.SessionRequest(seq=3, put=kv_pb2.PutRequest(key="", value=b"a")),
+        kv_pb2.SessionRequest(seq=4),  # no request in it
+        kv_pb2.SessionRequest(seq=5, delete=kv_pb2.DeleteRequest(key="sess")),
+    ]
+    raw = [frame.SerializeToString() for frame in frames]
+    raw.insert(3, b"\xff\xff\xff")  # not a SessionRequest at all
+    with grpc.insecure_channel(cluster.specs[leader].address) as channel:
+        session = channel.stream_stream("/manyasone.kv.KV/Session")  # bytes in, bytes out
+        # One request at a time (the next leaves once the previous is answered): the
+        # node serves a stream's requests concurrently, in no promised order.
+        outbox: queue.SimpleQueue = queue.SimpleQueue()
+        call = session(iter(outbox.get, None), timeout=10)
+        answers = []
+        for frame in raw:
+            outbox.put(frame)
+            answers.append(kv_pb2.SessionResponse.FromString(next(call)))
+        outbox.put(None)
+    by_seq = {a.seq: a for a in answers}
+    assert by_seq[1].put.version >= 1 and by_seq[1].put.applied
+    assert by_seq[1].put.header.node_id == leader
+    assert (by_seq[2].get.found, by_seq[2].get.value) == (True, b"a")
+    assert by_seq[3].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "key is empty" in by_seq[3].error.message
+    assert by_seq[3].error.outcome == "not-applied"
+    assert by_seq[4].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "no put, get or delete" in by_seq[4].error.message
+    assert "not a valid manyasone.kv.SessionRequest" in by_seq[0].error.message
+    assert by_seq[5].delete.existed
 
 
 def test_rate_limit_answers_resource_exhausted_with_the_limit(tmp_path) -> None:

@@ -64,6 +64,11 @@ class KVStub:
                 request_serializer=system_dot_kv_dot_proto_dot_kv__pb2.IntroduceRequest.SerializeToString,
                 response_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.IntroduceResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/manyasone.kv.KV/Session',
+                request_serializer=system_dot_kv_dot_proto_dot_kv__pb2.SessionRequest.SerializeToString,
+                response_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class KVServicer:
@@ -111,6 +116,16 @@ class KVServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """One long-lived stream per client connection carrying Put, Get and Delete: the same
+        requests and answers as the unary calls, each tagged with a sequence number chosen
+        by the client. Answers come back in any order. A unary call costs the server about
+        three times the CPU of a message on an open stream (docs/benchmarks.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +158,11 @@ def add_KVServicer_to_server(servicer, server):
                     servicer.Introduce,
                     request_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.IntroduceRequest.FromString,
                     response_serializer=system_dot_kv_dot_proto_dot_kv__pb2.IntroduceResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=system_dot_kv_dot_proto_dot_kv__pb2.SessionRequest.FromString,
+                    response_serializer=system_dot_kv_dot_proto_dot_kv__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +327,33 @@ class KV:
             '/manyasone.kv.KV/Introduce',
             system_dot_kv_dot_proto_dot_kv__pb2.IntroduceRequest.SerializeToString,
             system_dot_kv_dot_proto_dot_kv__pb2.IntroduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/manyasone.kv.KV/Session',
+            system_dot_kv_dot_proto_dot_kv__pb2.SessionRequest.SerializeToString,
+            system_dot_kv_dot_proto_dot_kv__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,159 @@
+"""Where a put's time goes, stage by stage, on our store at 1 and 64 clients.
+
+    python benchmarks/kv_stages.py [--duration-s 5] [--clients 1,64] [--via leader,follower]
+                                   [--unary] [--profile] [--json FILE]
+
+Starts one 3-member cluster of ours with KV_STAGE_TRACE set (system/kv/stage_trace.py), runs
+the benchmark's load generator (benchmarks/kvbench/loadgen.py, the same clients as
+kv_bench.py) with 256-byte puts, and after each load asks the leader for its stage summary
+(SIGUSR2). It prints, per load: the client's latency, the leader's time per stage (mean and
+p99), the part the leader does not see (client library, gRPC and the kernel on both sides),
+the CPU each member spent per put, entries per fsync, and the machine's load average.
+`--via follower` sends the puts to a follower, which forwards them to the leader.
+
+A benchmark, not a test: it prints figures and asserts nothing about speed. Every process
+it starts is stopped in a `finally`; loads are bounded in time and count; loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.kvbench.clients import ClientKind  # noqa: E402
+from benchmarks.kvbench.kv_targets import OursTarget  # noqa: E402
+from benchmarks.kvbench.loadgen import LoadSpec, Operation, run_load  # noqa: E402
+from benchmarks.kvbench.machine import load_average  # noqa: E402
+from benchmarks.kvbench.processes import wait_until  # noqa: E402
+from benchmarks.kvbench.profiling import Sampler  # noqa: E402
+from system.kv.stage_trace import ENV_VAR, STAGES  # noqa: E402
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
+def leader_summary(target: OursTarget, leader: int, trace_dir: Path) -> dict:
+    path = trace_dir / f"{target.ids[leader]}.json"
+    path.unlink(missing_ok=True)
+    member = target.members[leader]
+    assert member is not None
+    os.kill(member.pid, signal.SIGUSR2)
+    wait_until(lambda: path.exists() or None, 10.0, what="the leader's stage summary")
+    time.sleep(0.05)  # written in one call; let it land whole
+    return json.loads(path.read_text())
+
+
+def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duration_s: float,
+            profile: bool) -> dict:
+    leader = target.find_leader()
+    assert leader is not None
+    index = leader if via == "leader" else (leader + 1) % len(target.ids)
+    addresses = target.client_addresses()
+    leader_summary(target, leader, trace_dir)  # resets the leader's trace
+    pids = target.server_pids()
+    cpu_before = [cpu_s(pid) for pid in pids]
+    spec = LoadSpec(
+        client_kind=target.client_kind, addresses=(addresses[index],), operation=Operation.PUT,
+        clients=clients, value_size_bytes=256, warmup_s=0.0, duration_s=duration_s,
+        max_measured_ops=100_000, keys_per_client=100, op_timeout_s=10.0)
+    sampler = None
+    if profile:  # py-spy on the leader for the load's duration (costs CPU: a separate run)
+        sampler = Sampler(target.members[leader].pid, duration_s,
+                          trace_dir / f"profile-{clients}-{via}.txt", gil_only=True)
+    load = run_load(spec, min(2, clients), target.work_dir)
+    top = []
+    if sampler is not None:
+        result = sampler.result()
+        top = [(f.function, f.self_percent, f.total_percent)
+               for f in (*result.top_self[:10], *result.top_total_in_project[:8])]
+    cpu_after = [cpu_s(pid) for pid in pids]
+    summary = leader_summary(target, leader, trace_dir)
+    puts = max(1, load.acknowledged_ops)
+    return {
+        "clients": clients, "via": via, "protocol": "unary calls" if target.client_kind is ClientKind.KV else "Session stream", "ops_per_s": load.ops_per_s, "errors": load.errors,
+        "client_p50_ms": load.latency_ms(50), "client_p99_ms": load.latency_ms(99),
+        "client_mean_ms": sum(load.latencies_us) / max(1, len(load.latencies_us)) / 1000,
+        "cpu_ms_per_put": [(a - b) * 1000 / puts for a, b in zip(cpu_after, cpu_before, strict=True)],
+        "leader_pid_index": pids.index(target.members[leader].pid),
+        "leader": summary, "load_average": load_average(), "profile": top,
+    }
+
+
+def render(rows: list[dict]) -> str:
+    out = []
+    for row in rows:
+        s = row["leader"]
+        out.append(f"### {row['clients']} client(s), puts sent to the {row['via']} ({row['protocol']})\n")
+        out.append(f"{row['ops_per_s']:,.0f} puts/s, client latency mean {row['client_mean_ms']:.2f} ms, "
+                   f"p50 {row['client_p50_ms']:.2f} ms, p99 {row['client_p99_ms']:.2f} ms; "
+                   f"{row['errors']} errors; load average {row['load_average']}.\n")
+        out.append("| stage (on the leader) | mean ms | p99 ms |")
+        out.append("|---|---|---|")
+        for stage in STAGES[1:]:
+            st = s["stages_us"][stage]
+            out.append(f"| {stage} | {st['mean'] / 1000:.3f} | {st['p99'] / 1000:.3f} |")
+        total = s["total_us"]
+        outside = row["client_mean_ms"] - total["mean"] / 1000
+        out.append(f"| **leader total** (received -> replied) | {total['mean'] / 1000:.3f} | {total['p99'] / 1000:.3f} |")
+        out.append(f"| outside the leader's handler (client, gRPC, kernel{', follower hop' if row['via'] == 'follower' else ''}) | {outside:.3f} | |")
+        leader_i = row["leader_pid_index"]
+        cpus = ", ".join(f"{'leader' if i == leader_i else 'member'} {c:.3f}"
+                         for i, c in enumerate(row["cpu_ms_per_put"]))
+        out.append(f"\nCPU ms per put: {cpus}. Entries per fsync on the leader: "
+                   f"{s['entries_per_ready']:.1f}; fsync mean {s['fsync_mean_us'] / 1000:.2f} ms; "
+                   f"{s['writes']} writes traced.\n")
+        if row["profile"]:
+            out.append("| leader profile (py-spy --gil: samples holding the GIL): function | self % | with callees % |")
+            out.append("|---|---|---|")
+            out += [f"| {name} | {own:.1f} | {total:.1f} |" for name, own, total in row["profile"]]
+            out.append("")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--clients", default="1,64")
+    parser.add_argument("--via", default="leader", help="comma-separated: leader, follower")
+    parser.add_argument("--unary", action="store_true",
+                        help="unary calls instead of the Session stream (the path other clients take)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the leader with py-spy during each load (lowers the figures)")
+    parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kvstages-") as work:
+        trace_dir = Path(work) / "trace"
+        os.environ[ENV_VAR] = str(trace_dir)
+        target = OursTarget(Path(work) / "cluster")
+        if args.unary:
+            target.client_kind = ClientKind.KV
+        rows = []
+        try:
+            target.start()
+            for via in args.via.split(","):
+                for clients in (int(c) for c in args.clients.split(",")):
+                    rows.append(measure(target, trace_dir, clients, via, args.duration_s,
+                                        args.profile))
+                    print(render(rows[-1:]), flush=True)
+        finally:
+            target.stop()
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
