@@ -75,10 +75,20 @@ DEFAULT_BUDGET_S = 60.0
 DEFAULT_MAX_MEMO_ENTRIES = 2_000_000  # per key; about 200 MB of memo with its transitions
 DEFAULT_MAX_MEMORY_MB = 512  # per key: memo, transition table and distinct model states
 _INT_BYTES = sys.getsizeof(2**40)  # a transition's target id, when not a cached small int
-_STACK_ENTRY_BYTES = sys.getsizeof((0,) * 7) + 4 * _INT_BYTES
+
+
+def _measure_transition_bytes() -> int:
+    """What one entry of a transition table costs here, measured on a table of 1,000."""
+    table = {sid: sid + 2**40 for sid in range(1000)}
+    return sys.getsizeof(table) // 1000 + _INT_BYTES
+
+
+_TRANSITION_BYTES = _measure_transition_bytes()
+_FRAME_BYTES = sys.getsizeof((0,) * 11) + 4 * _INT_BYTES + sys.getsizeof([])  # a frame, its ints, its list
 _CHECK_EVERY = 1024
 _SOURCES_SHOWN = 5  # counterexample: ops that write the value the blocking op needs
-_PRODUCER_DEPTH = 3  # how far back _candidates follows "leaves the state that op requires"  # search iterations between budget checks
+_PRODUCER_DEPTH = 3
+_NOTHING_TRIED: frozenset[int] = frozenset()  # how far back _candidates follows "leaves the state that op requires"  # search iterations between budget checks
 
 
 def check_linearizable(
@@ -99,9 +109,11 @@ def check_linearizable(
     at the first invalid key, as Porcupine does; `all_keys=True` checks every key.
     `partition=False` checks the whole history as one object (slow; for stress tests).
     """
+    # A budget at or below zero is spent at the first check (callers use it to force
+    # "unknown"); the command line refuses negative ones. NaN would never compare as spent.
     for name, value in (("budget_s", budget_s), ("max_memo_entries", max_memo_entries), ("max_memory_mb", max_memory_mb)):
-        if not value >= 0:  # also refuses NaN
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        if value != value:
+            raise ValueError(f"{name} must be a number, got {value!r}")
     started = time.perf_counter()
     operations = _operations(history)
     if not partition:
@@ -323,10 +335,8 @@ class _Search:
     def _transition(self, i: int, sid: int) -> int:
         new = self.apply[i](self.states[sid])
         result = -1 if new is ILLEGAL else self._intern(new)
-        table = self.transitions[i]
-        before = sys.getsizeof(table)
-        table[sid] = result
-        self.transition_bytes += sys.getsizeof(table) - before + _INT_BYTES
+        self.transitions[i][sid] = result
+        self.transition_bytes += _TRANSITION_BYTES
         self.transition_count += 1
         return result
 
@@ -337,7 +347,6 @@ class _Search:
             sys.getsizeof(memo)
             + memo_bytes
             + sys.getsizeof(stack)
-            + len(stack) * _STACK_ENTRY_BYTES
             + self.transition_bytes
             + self.state_bytes
             + sys.getsizeof(self.states)
@@ -367,8 +376,10 @@ class _Search:
         memo: set[tuple[int, int, int, int]] = set()
         memo_bytes = 0
         memo_counted = 0
-        # (op, state id, forced, window limit, frontier, above, info, phase) before the op
-        stack: list[tuple[int, int, bool, int, int, int, int, int]] = []
+        stack_bytes = 0  # the frames and the candidate lists they hold
+        # (op, state id, forced, window limit, frontier, above, info, phase, candidates, next
+        # candidate, info ops tried in phase 0): the configuration before the op
+        stack: list[tuple] = []
         sid = 0
         frontier = 0
         above = 0
@@ -382,8 +393,8 @@ class _Search:
         entry = nxt[head]
         candidates: list[int] = []
         next_candidate = 0
-        info_tried: set[int] = set()  # info ops phase 0 tried already
-        window_requires: set[int] = set()
+        info_tried: set[int] | frozenset[int] = _NOTHING_TRIED  # info ops phase 0 tried already
+        window_requires: set[int] | None = None
         window_unhinted: list[int] = []
         best_depth = -1
         placed_completed = 0
@@ -410,7 +421,7 @@ class _Search:
                     # The newest key stands for those added since the last check.
                     memo_bytes += (len(memo) - memo_counted) * _key_bytes((sid, frontier, above, linearized_info))
                     memo_counted = len(memo)
-                if self.memory_bytes(memo, memo_bytes, stack) > max_memory_bytes:
+                if self.memory_bytes(memo, memo_bytes, stack) + stack_bytes > max_memory_bytes:
                     return _Outcome(
                         UNKNOWN,
                         len(memo),
@@ -438,8 +449,7 @@ class _Search:
                 if next_candidate == len(candidates):
                     phase = 1
                     entry = nxt[info_head]
-                    if filter_info_writes:
-                        window_requires, window_unhinted = self._window_needs()
+                    window_requires = None  # computed when a blind info op first needs it
                     continue
                 i = candidates[next_candidate]
                 next_candidate += 1
@@ -460,6 +470,8 @@ class _Search:
                         # The next operation after it must observe its state (a blind one
                         # would erase it): skip it when nothing pending could.
                         v = produces[i]
+                        if window_requires is None:
+                            window_requires, window_unhinted = self._window_needs()
                         if v not in window_requires and v not in info_requires and not any(
                             transition(q, v) >= 0 if (t := transitions[q].get(v)) is None else t >= 0
                             for q in window_unhinted
@@ -506,7 +518,12 @@ class _Search:
                     continue
                 else:
                     memo.add(memo_key)
-                    stack.append((i, sid, forced, limit, frontier, above, linearized_info, phase))
+                    # The frame keeps this configuration's candidates, so that resuming it
+                    # after a failure costs nothing (recomputing them made wide windows slow).
+                    stack.append(
+                        (i, sid, forced, limit, frontier, above, linearized_info, phase, candidates, next_candidate, info_tried)
+                    )
+                    stack_bytes += _FRAME_BYTES + 8 * len(candidates)
                     sid, frontier, above, linearized_info = new_sid, new_frontier, new_above, new_info
                     # lift: remove the op's call (and return) from its list
                     a = prv[entry]
@@ -541,7 +558,11 @@ class _Search:
             while True:
                 if not stack:
                     return _Outcome(False, len(memo), "", best_path)
-                i, sid, forced, limit, frontier, above, linearized_info, phase = stack.pop()
+                (
+                    i, sid, forced, limit, frontier, above, linearized_info, phase,
+                    candidates, next_candidate, info_tried,
+                ) = stack.pop()
+                stack_bytes -= _FRAME_BYTES + 8 * len(candidates)
                 if len(stack) < low_water:
                     low_water = len(stack)
                 # unlift, in the reverse order of lift
@@ -555,17 +576,11 @@ class _Search:
                 prv[nxt[c]] = c
                 if not forced:
                     break
-            # Resume the configuration after op i: the same candidates, in the same order.
-            first_return = nxt[head]
-            while not first_return & 1:
-                first_return = nxt[first_return]
-            candidates, limit, info_tried = candidates_of(first_return, sid, linearized_info, stack)
-            if phase == 0:
-                next_candidate = candidates.index(i) + 1
-            else:
+            # Resume the configuration after op i: its candidates and their position are
+            # in the frame (phase 0); phase 1 goes on along the info list.
+            if phase == 1:
                 entry = nxt[2 * i]
-                if filter_info_writes:
-                    window_requires, window_unhinted = self._window_needs()
+                window_requires = None
 
     def _doomed(self, sid: int, frontier: int, above: int, linearized_info: int) -> bool:
         """Whether a window op requires a state that nothing can leave before it returns:
@@ -644,7 +659,7 @@ class _Search:
 
     def _candidates(
         self, first_return: int, sid: int, linearized_info: int, stack: list
-    ) -> tuple[list[int], int, set[int]]:
+    ) -> tuple[list[int], int, set[int] | frozenset[int]]:
         """Phase 0's candidates, just in time (Lowe), ordered by the model's hints: the
         window's ops legal only in the current state (it may not come back), the op of the
         window's first return, the ops that leave the state it requires (and those that leave
@@ -657,6 +672,18 @@ class _Search:
         after_info = bool(stack) and self.info[stack[-1][0]]
         first = first_return >> 1
         limit = self.position[first_return]
+        if not self.producers_known:
+            # Without a hint on every state-changing op the order below guesses from half the
+            # picture, and measured worse than call order (Porcupine's kv c50-ok: 3x the
+            # configurations on one key): the window in call order then, as before.
+            plain = []
+            entry = nxt[self.head]
+            while entry != first_return:
+                i = entry >> 1
+                entry = nxt[entry]
+                if not (read_only[i] or (after_info and blind[i])):
+                    plain.append(i)
+            return plain, limit, _NOTHING_TRIED
         enabled: list[int] = []
         head: list[int] = []
         window: list[int] = []

@@ -1211,7 +1211,7 @@ class Simulation:
         """Is the clients' history linearizable for the register? The project's checker
         decides (`checker.check_linearizable`, model `versioned-kv`), every key checked.
 
-        `budget_s` is wall-clock time per key, the only thing here that is not a function
+        `budget_s` is CPU time per key, the only thing here that is not a function
         of the seed: when it runs out the verdict is "unknown" (reported as such, never as
         valid), so a slow machine can turn a verdict into "unknown" but never flip it."""
         result = checker.check_linearizable(
