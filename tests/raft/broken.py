@@ -5,7 +5,7 @@ code), so that the named-interleaving tests and the randomized simulation can sh
 they detect the broken rule: a safety test that cannot fail proves nothing.
 
 Each is a `SimVariant`, importable by the CLI to replay a failing seed, e.g.
-    python -m system.raft.sim --seed 12 --variant tests.raft.broken:VOTES_TWICE
+    python -m system.sim --seed 12 --variant tests.raft.broken:VOTES_TWICE
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready
-from system.raft.history import Function
 from system.raft.messages import Message, MessageType
-from system.raft.register import Command, Operation, Register, WriteResult, encode_command
-from system.raft.sim import Attempt, ClientOp, NodeShell, SimVariant
 from system.raft.types import SnapshotMeta
+from system.sim.clients import Attempt, ClientOp
+from system.sim.history import Function
+from system.sim.register import Command, Operation, Register, WriteResult, encode_command
+from system.sim.shell import NodeShell
+from system.sim.variant import SimVariant
 
 # -- the core ---------------------------------------------------------------------------
 

@@ -15,10 +15,12 @@ import random
 import pytest
 
 from system.raft.core import Role
-from system.raft.invariants import Rule
 from system.raft.messages import MessageType
-from system.raft.sim import OpStatus, Simulation, SimVariant
 from system.raft.types import EntryKind
+from system.sim.clients import OpStatus
+from system.sim.invariants import Rule
+from system.sim.simulation import Simulation
+from system.sim.variant import SimVariant
 from tests.raft import broken
 
 APPEND = MessageType.APPEND

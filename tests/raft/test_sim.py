@@ -15,7 +15,12 @@ from checker import check_linearizable
 from checker.models import versioned_kv
 from histories.read import read_history
 from system.raft.core import Role
-from system.raft.history import (
+from system.raft.messages import MessageType
+from system.raft.types import Entry, EntryKind, HardState, SnapshotMeta
+from system.sim.cli import main, write_history
+from system.sim.clients import OpStatus
+from system.sim.disk import FakeDisk
+from system.sim.history import (
     NEVER_READ,
     EventType,
     Function,
@@ -23,9 +28,8 @@ from system.raft.history import (
     forget_unread_values,
     to_records,
 )
-from system.raft.invariants import Rule, SafetyMonitor
-from system.raft.messages import MessageType
-from system.raft.register import (
+from system.sim.invariants import Rule, SafetyMonitor
+from system.sim.register import (
     Command,
     CorruptSnapshot,
     Operation,
@@ -33,9 +37,8 @@ from system.raft.register import (
     decode_command,
     encode_command,
 )
-from system.raft.sim import FakeDisk, OpStatus, Simulation, main, write_history
-from system.raft.swarm import SwarmRun, draw_swarm, run_seed
-from system.raft.types import Entry, EntryKind, HardState, SnapshotMeta
+from system.sim.simulation import Simulation
+from system.sim.swarm import SwarmRun, draw_swarm, run_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 APPEND = MessageType.APPEND
@@ -72,7 +75,7 @@ def test_trace_hash_does_not_depend_on_the_process_hash_seed() -> None:
     """String hashing is randomized per process; the simulator must not iterate anything
     whose order depends on it. Two fresh interpreters with different PYTHONHASHSEED
     print the hash this process computes."""
-    code = "from system.raft.swarm import run_seed; print(run_seed(23).trace_hash)"
+    code = "from system.sim.swarm import run_seed; print(run_seed(23).trace_hash)"
     hashes = set()
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
@@ -502,7 +505,7 @@ def test_cli_failing_seed_prints_the_line_that_replays_it(
     variant = "tests.raft.broken:SKIPS_PRE_VOTE"
     assert main(["--seed", "0", "--variant", variant]) == 1
     out = capsys.readouterr().out
-    assert f"python -m system.raft.sim --seed 0 --variant {variant}" in out
+    assert f"python -m system.sim --seed 0 --variant {variant}" in out
     assert "pre-vote before raising the term" in out
 
 

@@ -34,9 +34,12 @@ from system.raft.core import (
     NotLeader,
     ProposalDropped,
 )
-from system.raft.history import Function
-from system.raft.invariants import Rule, Violation
-from system.raft.sim import AttemptState, ClientOp, InFlight, OpStatus, Simulation, SimVariant
+from system.sim.clients import AttemptState, ClientOp, OpStatus
+from system.sim.history import Function
+from system.sim.invariants import Rule, Violation
+from system.sim.network import InFlight
+from system.sim.simulation import Simulation
+from system.sim.variant import SimVariant
 
 # Defaults chosen so that 500 seeds take well under four minutes on one core (measured;
 # see docs/raft-testing.md) while still driving several elections, crashes and snapshot
@@ -514,7 +517,7 @@ def run_seed(
 
 
 def replay_command(seed: int, variant_path: str | None) -> str:
-    command = f"python -m system.raft.sim --seed {seed}"
+    command = f"python -m system.sim --seed {seed}"
     if variant_path:
         command += f" --variant {variant_path}"
     return command

@@ -3,7 +3,7 @@
 What it is for: the simulator records every client operation as Jepsen does (an `invoke`,
 later one completion: `ok` it happened, `fail` it certainly did not, `info` unknown) as
 `HistoryEvent`s. At the end of a run the history must be linearizable for the versioned
-register of `system.raft.register`; the project's checker (`checker/`, model
+register of `system.sim.register`; the project's checker (`checker/`, model
 `versioned-kv`, docs/checker.md) decides that, so `to_records` turns the events into its
 `histories.Op` records (docs/histories.md), one record per event, same index, same order.
 

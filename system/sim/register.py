@@ -1,7 +1,7 @@
 """A versioned register per key that remembers request ids: the simulator's replicated
 state machine.
 
-What it is for: the deterministic simulator (`system.raft.sim`) needs something real to
+What it is for: the deterministic simulator (`system.sim`) needs something real to
 replicate so that client operations can be proposed, retried and read back, and so that
 "applied exactly once" and "no acknowledged write lost" can be checked. Each key holds a
 value and a version (0 = never written); `put` bumps the version, `cas` bumps it only when
