@@ -1,7 +1,7 @@
 """`python -m nemesis run|check|clean|report|serve|show`: the harness's command line.
 
     python -m nemesis run --faults partition,kill --duration 120 [--nodes 5] [--workload kv]
-        [--platform docker|local] [--seed N] [--store DIR] [--concurrency N] [--rate N]
+        [--platform docker|local|sim] [--seed N] [--store DIR] [--concurrency N] [--rate N]
         [--interval S] [--read-consistency linearizable|stale] [--unsafe NAME]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
     python -m nemesis clean [--run ID]    remove what a crashed run left behind
@@ -63,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default %(default)s)")
     run.add_argument("--nodes", type=_positive(int), default=5, help="default %(default)s")
     run.add_argument("--workload", choices=WORKLOADS, default="kv")
-    run.add_argument("--platform", choices=("docker", "local"), default=None,
-                     help="default: docker when a Docker engine answers, else local")
+    run.add_argument("--platform", choices=("docker", "local", "sim"), default=None,
+                     help="default: docker when a Docker engine answers, else local; sim: "
+                          "the deterministic simulator in simulated time (same seed, same "
+                          "history)")
     run.add_argument("--seed", type=int, default=None, help="repeat a run's fault schedule and op mix")
     run.add_argument("--store", type=Path, default=Path("store"), help="default %(default)s/")
     run.add_argument("--concurrency", type=_positive(int), default=None,
@@ -182,6 +184,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.unsafe in TRAINER_CANARIES and args.workload != "trainer":
         return _refuse(f"--unsafe {args.unsafe} is a trainer canary; it needs --workload trainer")
+    if args.platform == "sim" and args.workload != "kv":
+        return _refuse(f"--platform sim runs the kv workload only (the simulator holds the "
+                       f"store, not the trainer); got --workload {args.workload}")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
     if args.interval * 2 > args.duration and faults != ["none"]:

@@ -16,9 +16,8 @@ from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, R
 from system.raft.types import Entry, NodeId, SnapshotMeta
 from system.sim.clients import Attempt, ClientOp
 from system.sim.disk import FakeDisk
-from system.sim.history import Function
 from system.sim.invariants import Rule
-from system.sim.register import Command, CorruptSnapshot, Operation, Register, encode_command
+from system.sim.state_machine import CorruptSnapshot, Replica, encode_write
 
 if TYPE_CHECKING:
     from system.sim.simulation import Simulation
@@ -35,8 +34,8 @@ class NodeShell:
         self.disk = FakeDisk()
         self.incarnation = 0
         self.core: RaftCore | None = None
-        self.register: Register = sim.variant.register_class()
-        self.applied_index = 0  # highest index applied to `register`
+        self.replica = Replica(sim.variant.state_machine_class())
+        self.applied_index = 0  # highest index applied to `replica`
         self.applied_term = 0  # term of the entry at applied_index
         self.snapshot_index = 0  # highest index our own or an installed snapshot covers
         # Writes waiting for their entry to come out committed: index -> [(term, op, attempt)].
@@ -53,18 +52,15 @@ class NodeShell:
     def start(self) -> None:
         """Boot (or reboot) from whatever the disk holds."""
         restored = self.disk.load()
-        register_class = self.sim.variant.register_class
-        self.register = register_class()
+        self.replica = Replica(self.sim.variant.state_machine_class())
         self.applied_index = self.applied_term = self.snapshot_index = 0
         if restored.snapshot is not None:
-            try:
-                self.register = register_class.restore(restored.snapshot_data)
-            except CorruptSnapshot as error:
-                self.sim.monitor.violate(Rule.SNAPSHOT, f"{self.node_id} restart: {error}")
+            self.replica = self.restored_replica(restored.snapshot.index,
+                                                 restored.snapshot_data, "restart")
             self.applied_index = self.snapshot_index = restored.snapshot.index
             self.applied_term = restored.snapshot.term
             self.sim.monitor.restored_state(
-                self.node_id, self.applied_index, self.register.digest()
+                self.node_id, self.applied_index, self.replica.digest()
             )
         self.sim.monitor.node_started(self.node_id, restored.snapshot, restored.entries)
         self.incarnation += 1
@@ -139,22 +135,19 @@ class NodeShell:
 
     def restore_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         self.sim.record(f"{self.node_id} restores snapshot ({meta.index},{meta.term})")
-        try:
-            self.register = self.sim.variant.register_class.restore(data)
-        except CorruptSnapshot as error:
-            self.sim.monitor.violate(Rule.SNAPSHOT, f"{self.node_id} install: {error}")
+        self.replica = self.restored_replica(meta.index, data, "install")
         self.applied_index = self.snapshot_index = meta.index
         self.applied_term = meta.term
-        self.sim.monitor.restored_state(self.node_id, meta.index, self.register.digest())
+        self.sim.monitor.restored_state(self.node_id, meta.index, self.replica.digest())
         # Writes waiting at covered indexes: the request-id table says whether they happened.
         for index in sorted(i for i in self.write_waiters if i <= meta.index):
             for _, op, attempt in self.write_waiters.pop(index):
-                first = self.register.result_of(op.request_id)
+                first = self.replica.result_of(op.request_id)
                 if first is None:
                     self.sim.attempt_refused(op, attempt, "not in the installed snapshot")
                 else:
                     self.sim.attempt_answered(
-                        op, attempt, self.node_id, first.ok, first.value, first.version,
+                        op, attempt, self.node_id, first.ok, op.value, first.version,
                         first.error, mismatch=first.cas_mismatch,
                     )
 
@@ -167,11 +160,12 @@ class NodeShell:
                 f"{self.node_id} was asked to apply index {entry.index} after "
                 f"{self.applied_index}: a gap",
             )
-        result = self.register.apply(entry)
+            return  # the store's state machine refuses to apply out of order
+        result = self.replica.apply(entry)
         self.applied_index, self.applied_term = entry.index, entry.term
         self.sim.entries_applied += 1
         monitor = self.sim.monitor
-        digest = self.register.digest() if monitor.needs_state_digest(entry.index) else None
+        digest = self.replica.digest() if monitor.needs_state_digest(entry.index) else None
         monitor.applied_entry(self.node_id, entry, digest)
         for term, op, attempt in self.write_waiters.pop(entry.index, ()):
             if term != entry.term:
@@ -181,7 +175,7 @@ class NodeShell:
             elif result is None:
                 self.sim.attempt_refused(op, attempt, f"entry {entry.index} is a no-op")
             else:
-                self.acknowledge(op, attempt, entry, result.ok, result.value, result.version,
+                self.acknowledge(op, attempt, entry, result.ok, op.value, result.version,
                                  result.error, mismatch=result.cas_mismatch)
 
     def acknowledge(
@@ -200,7 +194,7 @@ class NodeShell:
         ready = [r for r in self.reads_to_serve if r[0] <= self.applied_index]
         self.reads_to_serve = [r for r in self.reads_to_serve if r[0] > self.applied_index]
         for _, op, attempt in ready:
-            read = self.register.read(op.key)
+            read = self.replica.read(op.key)
             self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version)
 
     def maybe_compact(self) -> None:
@@ -216,23 +210,43 @@ class NodeShell:
             self.applied_index, self.applied_term, membership.voters, membership.learners,
             membership.member_info,
         )
-        data = self.register.snapshot()
+        data = self.replica.snapshot()
         self.disk.save_snapshot(meta, data)
         core.compact(self.applied_index, data)
         self.snapshot_index = self.applied_index
         self.sim.record(f"{self.node_id} compacts to ({meta.index},{meta.term})")
-        self.sim.monitor.compacted(self.node_id, meta.index, self.register.digest())
+        self.sim.monitor.compacted(self.node_id, meta.index, self.replica.digest())
+
+    def restored_replica(self, index: int, data: bytes, what: str) -> Replica:
+        """The state machine rebuilt from snapshot bytes; a snapshot that does not verify is
+        a violation, and the node goes on from an empty machine at that index."""
+        machine_class = self.sim.variant.state_machine_class
+        try:
+            return Replica.restore(machine_class, data)
+        except CorruptSnapshot as error:
+            self.sim.monitor.violate(Rule.SNAPSHOT, f"{self.node_id} {what}: {error}")
+            return Replica(machine_class(applied_index=index))
 
     # -- client requests ---------------------------------------------------------------------
+
+    # Two seams the store's canaries override (system/sim/unsafe.py), as the real node
+    # calls system/kv/unsafe.py's hooks: the request id a write is proposed with, and
+    # whether a linearizable read may skip the ReadIndex barrier.
+
+    def proposal_request_id(self, op: ClientOp) -> str:
+        return op.request_id
+
+    def serves_reads_locally(self) -> bool:
+        return False
 
     def submit_write(self, op: ClientOp, attempt: Attempt) -> None:
         core = self.core
         assert core is not None
-        operation = Operation.PUT if op.f is Function.PUT else Operation.CAS
         assert op.value is not None
-        command = Command(op.request_id, operation, op.key, op.value, op.expected_version)
+        command = encode_write(self.proposal_request_id(op), op.key, op.value,
+                               op.expected_version)
         try:
-            index, term = core.propose(encode_command(command))
+            index, term = core.propose(command)
         except NotLeader as error:
             attempt.leader_hint = error.leader_id
             self.sim.attempt_refused(op, attempt, f"not leader (leader: {error.leader_id})")
@@ -247,8 +261,8 @@ class NodeShell:
     def submit_read(self, op: ClientOp, attempt: Attempt) -> None:
         core = self.core
         assert core is not None
-        if op.stale:
-            read = self.register.read(op.key)
+        if op.stale or self.serves_reads_locally():
+            read = self.replica.read(op.key)
             self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version)
             return
         attempt.context = f"read:{op.id}:{len(op.attempts)}".encode()

@@ -16,9 +16,9 @@ What it is for: to test the Raft core by controlling the interleaving, not the c
 Each node runs a shell like the real one: it takes the core's `Ready`, writes it to its
 `FakeDisk` (a synced part that survives power loss and an unsynced part that a crash
 with `lose_unsynced=True` loses), fsyncs when told, sends the messages into the
-`FakeNetwork`, applies committed entries to its `Register` (the replicated state
-machine), serves ReadIndex reads once applied, answers waiting clients, then calls
-`advance`. Every event is one line of `trace`; `trace_hash()` fingerprints a run, and
+`FakeNetwork`, applies committed entries to its `Replica` (the store's own state
+machine, system/kv/state_machine.py), serves ReadIndex reads once applied, answers
+waiting clients, then calls `advance`. Every event is one line of `trace`; `trace_hash()` fingerprints a run, and
 the same seed always gives the same hash. A `SafetyMonitor` sees every persisted and
 applied entry and the core's role/term/commit after every input, and records violations
 of Raft's safety properties; the clients' operations form a Jepsen-style history that
@@ -56,8 +56,8 @@ from system.sim.history import (
 )
 from system.sim.invariants import Rule, SafetyMonitor, Violation
 from system.sim.network import FakeNetwork, InFlight, describe
-from system.sim.register import Register
 from system.sim.shell import NodeShell
+from system.sim.state_machine import Replica
 from system.sim.variant import SimVariant
 
 
@@ -195,8 +195,9 @@ class Simulation:
             )
         return index, term
 
-    def register(self, node: NodeId) -> Register:
-        return self.nodes[node].register
+    def replica(self, node: NodeId) -> Replica:
+        """`node`'s copy of the store's state machine."""
+        return self.nodes[node].replica
 
     def alive(self) -> list[NodeId]:
         return [n for n in self.node_ids if self.nodes[n].alive]
@@ -414,6 +415,13 @@ class Simulation:
         self._begin_step()
         self.network.cut_links.clear()
         self.record("heal")
+
+    def heal_link(self, src: NodeId, dst: NodeId) -> None:
+        """Reconnect the one link src -> dst (the other direction is left as it is)."""
+        self._check_nodes([src, dst])
+        self._begin_step()
+        self.network.cut_links.discard((src, dst))
+        self.record(f"heal {src}->{dst}")
 
     def _drop_on_cut_links(self) -> None:
         for flight in list(self.network.in_flight.values()):
@@ -763,14 +771,14 @@ class Simulation:
         caught_up = [n for n in alive if self.nodes[n].applied_index == top]
         for op in self.acknowledged_writes:
             for node in caught_up:
-                if self.register(node).result_of(op.request_id) is None:
+                if self.replica(node).result_of(op.request_id) is None:
                     self.monitor.violate(
                         Rule.ACKNOWLEDGED_WRITE_LOST,
                         f"write {op.request_id!r} ({op.f.value} {op.key}={op.value!r}) was "
                         f"acknowledged by {op.answered_by} but {node} (applied {top}) has "
                         "no record of it",
                     )
-        digests = {n: self.register(n).digest() for n in caught_up}
+        digests = {n: self.replica(n).digest() for n in caught_up}
         if len(set(digests.values())) > 1:
             self.monitor.violate(
                 Rule.STATE_MACHINE_SAFETY,

@@ -459,7 +459,7 @@ class SwarmRun:
     def guess_version(self, key: str) -> int:
         """A plausible expected version: what some node's state machine holds now."""
         node = self.rng.choice(self.sim.node_ids)
-        return self.sim.register(node).read(key).version
+        return self.sim.replica(node).read(key).version
 
     def pick_node(self, client: _Client) -> str:
         rng = self.rng

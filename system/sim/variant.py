@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from system.kv.state_machine import KVStateMachine
 from system.raft.core import RaftCore
-from system.sim.register import Register
 
 if TYPE_CHECKING:
     from system.sim.shell import NodeShell
@@ -25,7 +25,7 @@ class SimVariant:
     name: str = "correct"
     core_class: type[RaftCore] = RaftCore
     shell_class: type[NodeShell] | None = None  # None: NodeShell
-    register_class: type[Register] = Register
-    description: str = "the real core, shell and register"
+    state_machine_class: type[KVStateMachine] = KVStateMachine
+    description: str = "the real core, shell and state machine (the store's own)"
 
 

@@ -1,4 +1,4 @@
-"""Deliberately broken variants of the Raft core, the node shell and the register.
+"""Deliberately broken variants of the Raft core, the node shell and the store's state machine.
 
 Each variant breaks exactly one safety rule, by subclassing (never by flags in production
 code), so that the named-interleaving tests and the randomized simulation can show that
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from system.kv.state_machine import KVStateMachine
 from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready
 from system.raft.messages import Message, MessageType
 from system.raft.types import SnapshotMeta
 from system.sim.clients import Attempt, ClientOp
-from system.sim.history import Function
-from system.sim.register import Command, Operation, Register, WriteResult, encode_command
 from system.sim.shell import NodeShell
+from system.sim.state_machine import encode_write
 from system.sim.variant import SimVariant
 
 # -- the core ---------------------------------------------------------------------------
@@ -116,15 +116,14 @@ class AcknowledgesAtAppend(NodeShell):
     def submit_write(self, op: ClientOp, attempt: Attempt) -> None:
         core = self.core
         assert core is not None and op.value is not None
-        operation = Operation.PUT if op.f is Function.PUT else Operation.CAS
-        command = Command(op.request_id, operation, op.key, op.value, op.expected_version)
+        command = encode_write(op.request_id, op.key, op.value, op.expected_version)
         try:
-            index, term = core.propose(encode_command(command))
+            index, term = core.propose(command)
         except (NotLeader, ProposalDropped) as error:
             self.sim.attempt_refused(op, attempt, str(error))
             return
         attempt.index, attempt.term = index, term
-        current = self.register.read(op.key)
+        current = self.replica.read(op.key)
         self.sim.monitor.acknowledged_write(index, term, op.request_id)
         self.sim.attempt_answered(op, attempt, self.node_id, True, op.value, current.version + 1)
         self.after_input()
@@ -142,13 +141,12 @@ class SkipsFsync(NodeShell):
 # -- the state machine ------------------------------------------------------------------
 
 
-class IgnoresRequestIds(Register):
-    """Exactly-once broken: a retried write (same request id) is applied again."""
+class IgnoresRequestIds(KVStateMachine):
+    """Exactly-once broken: a retried write (same request id) is applied again (the
+    store's state machine never finds the id it remembered)."""
 
-    def apply_command(self, command: Command) -> WriteResult:
-        result = self._execute(command)
-        self._results[command.request_id] = result
-        return result
+    def _lookup(self, request_id: str, index: int) -> None:
+        return None
 
 
 COMMITS_OLD_TERM_ENTRIES = SimVariant(
@@ -183,7 +181,7 @@ SKIPS_FSYNC = SimVariant(
     "skips-fsync", shell_class=SkipsFsync, description=SkipsFsync.__doc__ or ""
 )
 IGNORES_REQUEST_IDS = SimVariant(
-    "ignores-request-ids", register_class=IgnoresRequestIds,
+    "ignores-request-ids", state_machine_class=IgnoresRequestIds,
     description=IgnoresRequestIds.__doc__ or "",
 )
 

@@ -14,6 +14,7 @@ import pytest
 from checker import check_linearizable
 from checker.models import versioned_kv
 from histories.read import read_history
+from system.kv.state_machine import KVStateMachine
 from system.raft.core import Role
 from system.raft.messages import MessageType
 from system.raft.types import Entry, EntryKind, HardState, SnapshotMeta
@@ -29,15 +30,8 @@ from system.sim.history import (
     to_records,
 )
 from system.sim.invariants import Rule, SafetyMonitor
-from system.sim.register import (
-    Command,
-    CorruptSnapshot,
-    Operation,
-    Register,
-    decode_command,
-    encode_command,
-)
 from system.sim.simulation import Simulation
+from system.sim.state_machine import CorruptSnapshot, Replica, encode_write
 from system.sim.swarm import SwarmRun, draw_swarm, run_seed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -211,7 +205,7 @@ def test_crash_loses_volatile_state_and_restart_rebuilds_from_disk() -> None:
     sim.settle()
     sim.tick()
     sim.settle()
-    before = sim.register("n2").digest()
+    before = sim.replica("n2").digest()
     sim.crash("n2")
     with pytest.raises(LookupError, match="crashed"):
         sim.core("n2")
@@ -219,7 +213,7 @@ def test_crash_loses_volatile_state_and_restart_rebuilds_from_disk() -> None:
     sim.settle()  # heartbeats to n2 are lost while it is down
     assert any("lost (destination down)" in line for line in sim.trace)
     sim.restart("n2")
-    assert sim.register("n2").digest() == before
+    assert sim.replica("n2").digest() == before
     assert sim.core("n2").role is Role.FOLLOWER
     with pytest.raises(ValueError, match="is running"):
         sim.restart("n2")
@@ -299,47 +293,46 @@ def test_monitor_reports_a_campaign_without_a_pre_vote_majority() -> None:
     assert [v.rule for v in monitor.violations] == [Rule.PRE_VOTE]
 
 
-# -- register ------------------------------------------------------------------------------
+# -- the replicated state machine (the store's own) ----------------------------------------
 
 
-def entry_of(index: int, command: Command) -> Entry:
-    return Entry(1, index, encode_command(command))
+def entry_of(index: int, request_id: str, value: str, expected: int | None = None) -> Entry:
+    return Entry(1, index, encode_write(request_id, "x", value, expected))
 
 
-def test_register_put_cas_and_a_duplicate_request_returns_the_first_result() -> None:
-    register = Register()
-    first = register.apply(entry_of(1, Command("r1", Operation.PUT, "x", "a")))
+def test_replica_put_cas_and_a_duplicate_request_returns_the_first_result() -> None:
+    replica = Replica(KVStateMachine())
+    first = replica.apply(entry_of(1, "r1", "a"))
     assert (first.ok, first.version) == (True, 1)
-    mismatch = register.apply(entry_of(2, Command("r2", Operation.CAS, "x", "b", 0)))
-    assert not mismatch.ok and "expected 0, found 1" in mismatch.error
-    swapped = register.apply(entry_of(3, Command("r3", Operation.CAS, "x", "c", 1)))
-    assert (swapped.ok, swapped.version, swapped.value) == (True, 2, "c")
-    again = register.apply(entry_of(4, Command("r1", Operation.PUT, "x", "a")))
-    assert again == first and register.read("x").version == 2
-    assert register.apply(Entry(1, 5, b"", EntryKind.NOOP)) is None
+    mismatch = replica.apply(entry_of(2, "r2", "b", 0))
+    assert mismatch.cas_mismatch and mismatch.version == 1
+    swapped = replica.apply(entry_of(3, "r3", "c", 1))
+    assert (swapped.ok, swapped.version) == (True, 2) and replica.read("x").value == "c"
+    again = replica.apply(entry_of(4, "r1", "a"))
+    assert again == first and replica.read("x").version == 2
+    assert replica.apply(Entry(1, 5, b"", EntryKind.NOOP)) is None
+    assert replica.applied_index == 5
 
 
-def test_register_refuses_bad_commands_without_changing_state() -> None:
-    register = Register()
-    before = register.digest()
-    for data in (b"\xff", b"[1]", b'{"op":"delete"}', b'{"op":"cas","request_id":"r",'
-                 b'"key":"x","value":"v"}'):
-        result = register.apply(Entry(1, 1, data))
-        assert not result.ok and result.error.startswith("rejected:")
-    assert register.digest() == before
-    with pytest.raises(ValueError, match="expected_version"):
-        decode_command(b'{"op":"cas","request_id":"r","key":"x","value":"v"}')
+def test_replica_refuses_bad_commands_without_changing_state() -> None:
+    replica = Replica(KVStateMachine())
+    replica.apply(entry_of(1, "r1", "a"))
+    before = replica.read("x")
+    for index, data in enumerate((b"\xff", b"[1]", encode_write("r1", "x", "other", None)), 2):
+        result = replica.apply(Entry(1, index, data))
+        assert not result.ok and not result.cas_mismatch and result.error.startswith("rejected:")
+    assert replica.read("x") == before
 
 
-def test_register_snapshot_round_trips_and_corruption_is_detected() -> None:
-    register = Register()
-    register.apply(entry_of(1, Command("r1", Operation.PUT, "x", "a")))
-    data = register.snapshot()
-    copy = Register.restore(data)
-    assert copy.digest() == register.digest() and copy.result_of("r1") is not None
+def test_replica_snapshot_round_trips_and_corruption_is_detected() -> None:
+    replica = Replica(KVStateMachine())
+    replica.apply(entry_of(1, "r1", "a"))
+    data = replica.snapshot()
+    copy = Replica.restore(KVStateMachine, data)
+    assert copy.digest() == replica.digest() and copy.result_of("r1") is not None
     for bad in (data[:-3], data[:20] + b"0" + data[21:], data + data, b""):
         with pytest.raises(CorruptSnapshot):
-            Register.restore(bad)
+            Replica.restore(KVStateMachine, bad)
 
 
 # -- linearizability (the project's checker on the sim's history) -------------------------
