@@ -4,6 +4,7 @@
         [--platform docker|local|sim] [--seed N] [--store DIR] [--concurrency N] [--rate N]
         [--interval S] [--read-consistency linearizable|stale] [--unsafe NAME]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
+    python -m nemesis shrink RUN_DIR [--test-out FILE]   minimise a failing --platform sim run
     python -m nemesis clean [--run ID]    remove what a crashed run left behind
     python -m nemesis report RUN_DIR [--junit FILE]   regenerate report.html (and JUnit XML)
     python -m nemesis serve [--store DIR] [--port 8080] [--host 127.0.0.1]   browse the store
@@ -89,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
     chk.add_argument("--budget-s", type=_positive(float), default=60.0, metavar="S")
 
+    shrink = sub.add_parser("shrink", help="minimise a failing --platform sim run into a "
+                                           "named-step schedule and a pytest test")
+    shrink.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
+    shrink.add_argument("--test-out", type=Path, default=None, metavar="FILE",
+                        help="write the minimal schedule as a pytest test")
+
     clean = sub.add_parser("clean", help="remove containers, networks, volumes and processes "
                                          "a crashed run left")
     clean.add_argument("--run", default=None, metavar="RUN_ID", help="only this run's")
@@ -163,6 +170,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check(args)
     if args.command in ("report", "serve", "show"):
         return _report_commands(args)
+    if args.command == "shrink":
+        from nemesis.shrink import ShrinkRefused, shrink_run
+
+        try:
+            return shrink_run(args.run_dir.resolve(), args.test_out, sys.stdout)
+        except ShrinkRefused as exc:
+            return _refuse(str(exc))
     return _clean(args)
 
 

@@ -114,7 +114,7 @@ class SimClients:
             last = op.attempts[-1]
             if last.state is AttemptState.WAITING:
                 if now_s - client.started_s >= ATTEMPT_TIMEOUT_S * len(op.attempts):
-                    self.sim.attempt_unknown(op, last, "attempt timed out")
+                    self.sim.time_out(op, "attempt timed out")
                     client.leader_hint = None
                     client.retry_at_s = now_s
                 continue
@@ -310,17 +310,39 @@ def run_sim(config, run_dir: Path, run_id: str, out, test: dict[str, Any]) -> in
     (0 valid, 1 invalid, 2 unknown, 3 harness error), as `runner.run` does."""
     from nemesis.runner import finish_run, print_line
 
-    platform = SimPlatform(ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir),
-                           seed=config.seed, variant=variant_for_run(config.unsafe))
-    workload = KVWorkload(concurrency=config.concurrency, rate=config.rate,
-                          op_timeout_s=config.op_timeout_s,
-                          read_consistency=config.read_consistency)
+    workload = make_workload(config)
     test["workload"] = workload.describe()
-    test["sim"] = {"tick_s": TICK_S, "variant": platform.sim.variant.name,
-                   "attempt_timeout_s": ATTEMPT_TIMEOUT_S}
+    test["sim"] = {"tick_s": TICK_S, "attempt_timeout_s": ATTEMPT_TIMEOUT_S,
+                   "variant": variant_for_run(config.unsafe).name if config.unsafe else "correct"}
     write_json(run_dir / "test.json", test)
     run_info: dict[str, Any] = {"run_id": run_id, "platform": "sim", "crashed_nodes": [],
                                 "nemesis_errors": [], "harness_error": None}
+    platform = simulate(config, run_dir, run_id, out, run_info)
+    write_json(run_dir / "results.json", run_info)
+    if platform.sim.violations:
+        print_line(out, f"the simulator's safety monitor saw {len(platform.sim.violations)} "
+                        f"violation(s); first: {platform.sim.violations[0].line()}")
+    return finish_run(config, run_dir, run_info, out)
+
+
+def make_workload(config) -> KVWorkload:  # noqa: ANN001 - a RunConfig
+    return KVWorkload(concurrency=config.concurrency, rate=config.rate,
+                      op_timeout_s=config.op_timeout_s, read_consistency=config.read_consistency)
+
+
+def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any],  # noqa: ANN001
+             record_schedule: bool = False) -> SimPlatform:
+    """The whole run in simulated time: history.jsonl, nemesis.jsonl and nodes/ written
+    to `run_dir`, what happened added to `run_info`. With `record_schedule`, the
+    simulation's `schedule` records every step (for `python -m nemesis shrink`)."""
+    from nemesis.runner import print_line
+
+    platform = SimPlatform(ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir),
+                           seed=config.seed, variant=variant_for_run(config.unsafe),
+                           record_trace=not record_schedule)
+    if record_schedule:
+        platform.sim.schedule = []
+    workload = make_workload(config)
     history = HistoryWriter(run_dir / "history.jsonl", clock_ns=platform.now_ns)
     with (run_dir / "nemesis.jsonl").open("w", encoding="utf-8") as nemesis_events:
 
@@ -365,11 +387,7 @@ def run_sim(config, run_dir: Path, run_id: str, out, test: dict[str, Any]) -> in
                 "steps": platform.sim.step_count, "trace_hash": platform.sim.trace_hash(),
                 "monitor_violations": [v.line() for v in platform.sim.violations][:20],
             }
-            write_json(run_dir / "results.json", run_info)
-    if platform.sim.violations:
-        print_line(out, f"the simulator's safety monitor saw {len(platform.sim.violations)} "
-                        f"violation(s); first: {platform.sim.violations[0].line()}")
-    return finish_run(config, run_dir, run_info, out)
+    return platform
 
 
 def variant_for_run(unsafe: str | None):  # noqa: ANN201 - SimVariant | None

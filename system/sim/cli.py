@@ -89,13 +89,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-out", metavar="DIR",
                         help="write the client history of each failing seed (and of --seed "
                         "always) to DIR/seed-N/history.jsonl, for `python -m checker check`")
+    parser.add_argument("--shrink", action="store_true",
+                        help="with --seed: minimise the failing seed's schedule (delta "
+                        "debugging) and print it as named steps")
+    parser.add_argument("--test-out", metavar="FILE",
+                        help="with --shrink: write the minimal schedule as a pytest test")
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error("--seeds must be at least 1")
+    if (args.shrink or args.test_out) and args.seed is None:
+        parser.error("--shrink needs --seed N (the failing seed to minimise)")
+    if args.test_out and not args.shrink:
+        parser.error("--test-out goes with --shrink")
     try:
         variant = load_variant(args.variant) if args.variant else None
     except (ImportError, ValueError) as error:
         parser.error(str(error))
+    if args.shrink:
+        return shrink_seed(args.seed, variant, args.variant, args.safety_steps,
+                           args.liveness_steps, args.test_out)
 
     seeds = [args.seed] if args.seed is not None else list(
         range(args.start_seed, args.start_seed + args.seeds)
@@ -160,3 +172,48 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
+
+
+def shrink_seed(seed: int, variant: SimVariant | None, variant_path: str | None,
+                safety_steps: int, liveness_steps: int, test_out: str | None) -> int:
+    """`--seed N --shrink`: record the seed's schedule, minimise it, print it (and write
+    it as a test). Exit 0 with a verified minimal schedule, 1 if the seed passes or its
+    failure cannot be shrunk, 2 if the result could not be verified."""
+    from pathlib import Path
+
+    from system.sim import swarm
+    from system.sim.invariants import Rule
+    from system.sim.schedule import counts
+    from system.sim.shrink import shrink, test_source
+
+    run = swarm.SwarmRun(seed, variant, safety_steps, liveness_steps, record_trace=False)
+    run.sim.schedule = []
+    result = run.run()
+    origin = swarm.replay_command(seed, variant_path)
+    if result.ok:
+        print(f"seed {seed} passed: nothing to shrink ({origin})")
+        return 1
+    rule = result.violations[0].rule
+    if rule is Rule.LIVENESS:
+        print(f"seed {seed} fails only liveness ({result.violations[0].line()}); a shorter "
+              f"schedule is not a shorter wait, so it is not shrunk")
+        return 1
+    schedule = list(run.sim.schedule)
+    print(f"seed {seed}: {rule.value} broken; shrinking its schedule of {len(schedule)} steps ...",
+          flush=True)
+    shrunk = shrink(run.sim.settings, variant, schedule, rule)
+    c = counts(shrunk.steps)
+    print(f"minimal schedule: {c['steps']} steps ({c['faults']} faults, {c['client ops']} client "
+          f"ops) on {shrunk.settings['node_count']} nodes, from {len(schedule)}; "
+          f"{shrunk.replays} replays in {shrunk.cpu_seconds:.1f} s CPU ({shrunk.seconds:.1f} s wall)"
+          + ("" if shrunk.minimal else " (time budget reached: not 1-minimal)"))
+    for number, step in enumerate(shrunk.steps, 1):
+        print(f"  {number:3}. {step.line()}")
+    for note in shrunk.notes:
+        print(f"  note: {note}")
+    if test_out:
+        name = (variant.name if variant else "real-core").replace("-", "_") + f"_seed_{seed}"
+        Path(test_out).write_text(test_source(shrunk, name, variant_path or "", origin),
+                                  encoding="utf-8")
+        print(f"test written to {test_out}")
+    return 0 if shrunk.verified else 2

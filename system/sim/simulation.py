@@ -56,6 +56,7 @@ from system.sim.history import (
 )
 from system.sim.invariants import Rule, SafetyMonitor, Violation
 from system.sim.network import FakeNetwork, InFlight, describe
+from system.sim.schedule import Step, message_key
 from system.sim.shell import NodeShell
 from system.sim.state_machine import Replica
 from system.sim.variant import SimVariant
@@ -99,6 +100,15 @@ class Simulation:
             raise ValueError(f"node_count must be at least 1, got {node_count}")
         self.seed = seed
         self.variant = variant or SimVariant()
+        # What it takes to build this simulation again (system/sim/schedule.py replays it).
+        self.settings: dict[str, object] = {
+            "node_count": node_count, "seed": seed,
+            "compact_every_entries": compact_every_entries, "spare_nodes": spare_nodes,
+            **config,
+        }
+        # When a list: every action taken on the simulation from outside is appended as a
+        # `Step`, so a run can be replayed and shrunk (system/sim/schedule.py, shrink.py).
+        self.schedule: list[Step] | None = None
         self.compact_every_entries = compact_every_entries  # 0: never snapshot
         self.record_trace = record_trace
         # n1..n{node_count} are the bootstrap voters; the spare nodes after them run from
@@ -147,6 +157,10 @@ class Simulation:
             hasher.update(b"\n")
         return hasher.hexdigest()
 
+    def _note(self, kind: str, *args: object) -> None:
+        if self.schedule is not None:
+            self.schedule.append(Step(kind, args))
+
     def _begin_step(self) -> None:
         self.step_count += 1
         self.monitor.step = self.step_count
@@ -184,6 +198,7 @@ class Simulation:
         """Ask leader `node` for a membership change of `target` (MembershipChangeKind);
         with `wait`, run until the change is committed (and applied) on the leader."""
         self._begin_step()
+        self._note("membership", node, getattr(kind, "value", kind), target)
         self.record(f"membership {getattr(kind, 'value', kind)} {target} via {node}")
         self.count_fault(f"membership {getattr(kind, 'value', kind)}")
         index, term = self.core(node).change_membership(kind, target)  # type: ignore[arg-type]
@@ -298,6 +313,8 @@ class Simulation:
             self.record(f"release #{flight.id}")
 
     def _deliver(self, flight: InFlight) -> None:
+        if self.schedule is not None:
+            self._note("deliver", message_key(flight, self.network.in_flight.values()))
         del self.network.in_flight[flight.id]
         self.network.held.discard(flight.id)
         message = flight.message
@@ -316,12 +333,16 @@ class Simulation:
         self._deliver(flight)
 
     def drop_flight(self, flight: InFlight, reason: str = "drop") -> None:
+        if self.schedule is not None:
+            self._note("drop", message_key(flight, self.network.in_flight.values()))
         self._begin_step()
         del self.network.in_flight[flight.id]
         self.record(f"{reason} #{flight.id} {describe(flight.message)}")
         self.count_fault(reason)
 
     def duplicate_flight(self, flight: InFlight) -> None:
+        if self.schedule is not None:
+            self._note("duplicate", message_key(flight, self.network.in_flight.values()))
         self._begin_step()
         copy = self.network.add(flight.message, self.step_count)
         self.record(f"duplicate #{flight.id} as #{copy.id}")
@@ -383,6 +404,7 @@ class Simulation:
         """Cut the link src -> dst (and dst -> src unless both_ways=False). Messages in
         flight on a cut link are lost, and so is everything sent on it until healed."""
         self._check_nodes([src, dst])
+        self._note("cut", src, dst, both_ways)
         self._begin_step()
         links = [(src, dst), (dst, src)] if both_ways else [(src, dst)]
         for link in links:
@@ -397,6 +419,7 @@ class Simulation:
         sets = [sorted(set(g)) for g in groups]
         for group in sets:
             self._check_nodes(group)
+        self._note("partition", tuple(tuple(g) for g in sets))
         self._begin_step()
         for i, group in enumerate(sets):
             for other in sets[i + 1 :]:
@@ -412,6 +435,7 @@ class Simulation:
 
     def heal(self) -> None:
         """Reconnect every link."""
+        self._note("heal")
         self._begin_step()
         self.network.cut_links.clear()
         self.record("heal")
@@ -419,6 +443,7 @@ class Simulation:
     def heal_link(self, src: NodeId, dst: NodeId) -> None:
         """Reconnect the one link src -> dst (the other direction is left as it is)."""
         self._check_nodes([src, dst])
+        self._note("heal_link", src, dst)
         self._begin_step()
         self.network.cut_links.discard((src, dst))
         self.record(f"heal {src}->{dst}")
@@ -443,6 +468,7 @@ class Simulation:
         shell = self.nodes[node]
         if not shell.alive:
             raise ValueError(f"{node} is already crashed")
+        self._note("crash", node, lose_unsynced)
         self._begin_step()
         self.record(f"crash {node}{' losing unsynced writes' if lose_unsynced else ''}")
         self.count_fault("crash losing unsynced writes" if lose_unsynced else "crash")
@@ -476,6 +502,7 @@ class Simulation:
         shell = self.nodes[node]
         if shell.alive:
             raise ValueError(f"{node} is running; crash it first")
+        self._note("restart", node)
         self._begin_step()
         self.record(f"restart {node}")
         self.count_fault("restart")
@@ -490,6 +517,10 @@ class Simulation:
         """One step in which exactly `nodes` (live ones) advance their clocks by a tick."""
         targets = list(nodes)
         self._check_nodes(targets)
+        for target in targets:
+            if self.nodes[target].core is None:
+                raise ValueError(f"cannot tick {target}: it is crashed")
+        self._note("tick", tuple(targets))
         self._begin_step()
         self.record(f"tick {','.join(targets)}")
         for target in targets:
@@ -624,6 +655,8 @@ class Simulation:
             stale=stale, retry_on_refusal=retry_on_refusal, invoked_step=self.step_count,
         )
         self.ops.append(op)
+        self._note("invoke", op.id, f.value, key, value, expected_version, process,
+                   op.request_id, stale, retry_on_refusal)
         self._history(op, EventType.INVOKE)
         return op
 
@@ -650,6 +683,7 @@ class Simulation:
         if op.done:
             raise ValueError(f"operation {op.id} already completed ({op.status.value})")
         self._check_nodes([node])
+        self._note("submit", op.id, node)
         self._begin_step()
         attempt = Attempt(node=node, step=self.step_count)
         op.attempts.append(attempt)
@@ -692,11 +726,20 @@ class Simulation:
         """The client stops waiting: info if any attempt may still apply, else fail."""
         if op.done:
             return
+        self._note("give_up", op.id)
         for attempt in op.attempts:
             if attempt.state is AttemptState.WAITING:
                 attempt.state, attempt.reason = AttemptState.UNKNOWN, reason
         op.error = reason
         self._complete(op, OpStatus.INFO if op.maybe_applied() else OpStatus.FAIL)
+
+    def time_out(self, op: ClientOp, reason: str = "client timed out") -> None:
+        """The client stops waiting for its latest attempt (it may still apply) and is
+        free to retry elsewhere with the same request id."""
+        if op.done or not op.attempts or op.attempts[-1].state is not AttemptState.WAITING:
+            raise ValueError(f"operation {op.id} has no attempt waiting to time out")
+        self._note("time_out", op.id)
+        self.attempt_unknown(op, op.attempts[-1], reason)
 
     def finish(self) -> None:
         """End of the run: every open operation completes as info (or fail if certain)."""
@@ -770,6 +813,8 @@ class Simulation:
         top = max(self.nodes[n].applied_index for n in alive)
         caught_up = [n for n in alive if self.nodes[n].applied_index == top]
         for op in self.acknowledged_writes:
+            if not self.nodes[op.answered_by].proposal_request_id(op):
+                continue  # proposed without its id (a canary): no table entry to look for
             for node in caught_up:
                 if self.replica(node).result_of(op.request_id) is None:
                     self.monitor.violate(

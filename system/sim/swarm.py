@@ -487,7 +487,7 @@ class SwarmRun:
             last = op.attempts[-1]
             if last.state is AttemptState.WAITING:
                 if sim.step_count - last.step > swarm.op_timeout_steps:
-                    sim.attempt_unknown(op, last, "client timed out")
+                    sim.time_out(op)
                 continue
             if last.leader_hint is not None:
                 client.leader_hint = last.leader_hint

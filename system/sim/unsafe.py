@@ -96,6 +96,10 @@ _VARIANTS = {
                              description=NoDedupShell.__doc__ or ""),
 }
 assert tuple(_VARIANTS) == CANARIES, "every store canary has a simulator variant"
+# By name, for `python -m system.sim --variant system.sim.unsafe:NO_DEDUP`.
+ACK_BEFORE_COMMIT = _VARIANTS[AckBeforeCommit.name]
+STALE_READ = _VARIANTS[StaleRead.name]
+NO_DEDUP = _VARIANTS[NoDedup.name]
 
 
 def variant_for(canary: str) -> SimVariant:
