@@ -24,7 +24,7 @@ from system.sim import swarm
 from system.sim.cli import load_variant
 from system.sim.invariants import Rule
 from system.sim.schedule import counts
-from system.sim.shrink import shrink, test_source
+from system.sim.shrink import generated_test_source, shrink
 
 MAX_SEEDS = 500
 VARIANTS = [f"tests.raft.broken:{name}" for name in (
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             test_name = name.lower()
             origin = swarm.replay_command(seed, path)
             (args.write_tests / f"test_{test_name}.py").write_text(
-                test_source(shrunk, test_name, path, origin), encoding="utf-8")
+                generated_test_source(shrunk, test_name, path, origin), encoding="utf-8")
     headers = ["variant", "seed", "broken rule", "original steps / faults / ops",
                "minimal steps", "faults", "client ops", "nodes", "1-minimal", "CPU s",
                "wall s", "test fails on it, passes on the real core"]

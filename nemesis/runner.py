@@ -186,9 +186,10 @@ class _Output:
         return not self.broken and hasattr(self.stream, "isatty") and self.stream.isatty()
 
 
-def run(config: RunConfig, out=sys.stdout) -> int:  # noqa: ANN001 - a text stream
+def run(config: RunConfig, out=None) -> int:  # noqa: ANN001 - a text stream
     """The whole run; returns the exit code (0 valid, 1 invalid, 2 unknown, 3 harness error)."""
-    out = _Output(out)
+    # sys.stdout at call time, not at import time (a test's captured stream may be gone).
+    out = _Output(out if out is not None else sys.stdout)
     run_dir = new_run_dir(config.store, config.workload)
     run_id = f"{config.workload}-{run_dir.name}-{config.seed}"
     handler = logging.FileHandler(run_dir / "harness.log")

@@ -47,7 +47,7 @@ def load_config(run_dir: Path):  # noqa: ANN201 - a RunConfig
 
 def shrink_run(run_dir: Path, test_out: Path | None, out) -> int:  # noqa: ANN001 - a text stream
     from nemesis.sim_runner import simulate, variant_for_run
-    from system.sim.shrink import shrink, test_source
+    from system.sim.shrink import generated_test_source, shrink
 
     config = load_config(run_dir)
     print(f"replaying {run_dir} (seed {config.seed}) with every step recorded ...",
@@ -88,7 +88,7 @@ def shrink_run(run_dir: Path, test_out: Path | None, out) -> int:  # noqa: ANN00
             return EXIT_UNVERIFIED
         attribute = variant.name.upper().replace("-", "_")
         name = f"{variant.name.replace('-', '_')}_seed_{config.seed}"
-        test_out.write_text(test_source(result, name, f"system.sim.unsafe:{attribute}",
+        test_out.write_text(generated_test_source(result, name, f"system.sim.unsafe:{attribute}",
                                         config.reproduce()), encoding="utf-8")
         print(f"test written to {test_out}", file=out)
     return EXIT_SHRUNK if result.verified else EXIT_UNVERIFIED

@@ -184,7 +184,7 @@ def shrink_seed(seed: int, variant: SimVariant | None, variant_path: str | None,
     from system.sim import swarm
     from system.sim.invariants import Rule
     from system.sim.schedule import counts
-    from system.sim.shrink import shrink, test_source
+    from system.sim.shrink import generated_test_source, shrink
 
     run = swarm.SwarmRun(seed, variant, safety_steps, liveness_steps, record_trace=False)
     run.sim.schedule = []
@@ -213,7 +213,7 @@ def shrink_seed(seed: int, variant: SimVariant | None, variant_path: str | None,
         print(f"  note: {note}")
     if test_out:
         name = (variant.name if variant else "real-core").replace("-", "_") + f"_seed_{seed}"
-        Path(test_out).write_text(test_source(shrunk, name, variant_path or "", origin),
+        Path(test_out).write_text(generated_test_source(shrunk, name, variant_path or "", origin),
                                   encoding="utf-8")
         print(f"test written to {test_out}")
     return 0 if shrunk.verified else 2

@@ -216,19 +216,19 @@ class Replay:
             self.sim.submit(found, node)
         return found is not None
 
-    def time_out(self, op: int) -> bool:
+    def time_out(self, op: int, reason: str = "client timed out") -> bool:
         from system.sim.clients import AttemptState
 
         found = self._open(op)
         if found is None or not found.attempts or found.attempts[-1].state is not AttemptState.WAITING:
             return False
-        self.sim.time_out(found)
+        self.sim.time_out(found, reason)
         return True
 
-    def give_up(self, op: int) -> bool:
+    def give_up(self, op: int, reason: str = "client gave up") -> bool:
         found = self._open(op)
         if found is not None:
-            self.sim.give_up(found)
+            self.sim.give_up(found, reason)
         return found is not None
 
 

@@ -210,7 +210,7 @@ def _mentions_other_nodes(step: Step, kept: set[str]) -> bool:
 # ---------------------------------------------------------------------------------------
 
 
-def test_source(result: ShrinkResult, name: str, variant_path: str, origin: str) -> str:
+def generated_test_source(result: ShrinkResult, name: str, variant_path: str, origin: str) -> str:
     """A pytest module: the scenario as named calls, a test that the real core keeps the
     property, and a test that the broken variant breaks it."""
     settings = "".join(f"        {k}={v!r},\n" for k, v in result.settings.items())

@@ -198,10 +198,10 @@ class Simulation:
         """Ask leader `node` for a membership change of `target` (MembershipChangeKind);
         with `wait`, run until the change is committed (and applied) on the leader."""
         self._begin_step()
-        self._note("membership", node, getattr(kind, "value", kind), target)
         self.record(f"membership {getattr(kind, 'value', kind)} {target} via {node}")
         self.count_fault(f"membership {getattr(kind, 'value', kind)}")
         index, term = self.core(node).change_membership(kind, target)  # type: ignore[arg-type]
+        self._note("membership", node, getattr(kind, "value", kind), target)  # not if refused
         self.nodes[node].after_input()
         if wait:
             self.run_until(
@@ -726,7 +726,7 @@ class Simulation:
         """The client stops waiting: info if any attempt may still apply, else fail."""
         if op.done:
             return
-        self._note("give_up", op.id)
+        self._note("give_up", op.id, reason)
         for attempt in op.attempts:
             if attempt.state is AttemptState.WAITING:
                 attempt.state, attempt.reason = AttemptState.UNKNOWN, reason
@@ -738,7 +738,7 @@ class Simulation:
         free to retry elsewhere with the same request id."""
         if op.done or not op.attempts or op.attempts[-1].state is not AttemptState.WAITING:
             raise ValueError(f"operation {op.id} has no attempt waiting to time out")
-        self._note("time_out", op.id)
+        self._note("time_out", op.id, reason)
         self.attempt_unknown(op, op.attempts[-1], reason)
 
     def finish(self) -> None:

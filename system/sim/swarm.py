@@ -90,6 +90,16 @@ class Swarm:
     # caught-up learner or remove a member (the leader itself sometimes).
     spare_nodes: int = 0
     membership_probability: float = 0.0
+    # The core's configuration (each from its own rng, like membership, so a seed's other
+    # settings are what they were before): PreVote and CheckQuorum hide election rules
+    # that must hold without them too (etcd runs with PreVote off by default).
+    pre_vote: bool = True
+    check_quorum: bool = True
+    # Holding messages across terms: the chance per step that a message in flight is kept
+    # back for `hold_steps` steps (several elections' worth) and only then becomes
+    # deliverable, so rules about stale messages from older terms get exercised.
+    hold_probability: float = 0.0
+    hold_steps: int = 0
 
     def line(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
@@ -104,7 +114,14 @@ def draw_swarm(seed: int) -> Swarm:
 
     membership_rng = random.Random(f"raft-sim:{seed}:membership")
     membership_on = membership_rng.random() < 0.4
+    config_rng = random.Random(f"raft-sim:{seed}:config")
+    hold_rng = random.Random(f"raft-sim:{seed}:hold")
+    hold_on = hold_rng.random() < 0.4
     return Swarm(
+        pre_vote=config_rng.random() < 0.7,
+        check_quorum=config_rng.random() < 0.7,
+        hold_probability=hold_rng.uniform(0.002, 0.02) if hold_on else 0.0,
+        hold_steps=hold_rng.choice((200, 500, 1500)) if hold_on else 0,
         spare_nodes=membership_rng.choice((1, 2)) if membership_on else 0,
         membership_probability=membership_rng.uniform(0.002, 0.02) if membership_on else 0.0,
         node_count=rng.choice((3, 3, 3, 5)),
@@ -191,12 +208,15 @@ class SwarmRun:
             max_inflight_appends=swarm.max_inflight_appends,
             snapshot_chunk_bytes=swarm.snapshot_chunk_bytes,
             spare_nodes=swarm.spare_nodes,
+            pre_vote=swarm.pre_vote,
+            check_quorum=swarm.check_quorum,
         )
         self.sim.record(f"swarm {swarm.line()}")
         self.clients = [_Client(self.sim.new_process()) for _ in range(swarm.clients)]
         self.keys = [f"k{i}" for i in range(1, swarm.keys + 1)]
         self.faults_on = True
         self.new_ops_on = True
+        self.held_until: dict[int, int] = {}  # message id -> step from which it may go
 
     # -- the run -------------------------------------------------------------------------
 
@@ -314,7 +334,7 @@ class SwarmRun:
             fault_budget = (
                 swarm.partition_probability + swarm.heal_probability
                 + swarm.crash_probability + swarm.restart_probability
-                + swarm.membership_probability
+                + swarm.membership_probability + swarm.hold_probability
             )
             if roll < fault_budget:
                 self.inject_fault(roll)
@@ -323,7 +343,7 @@ class SwarmRun:
         if self.new_ops_on and roll < swarm.client_probability:
             self.start_operation()
             return
-        in_flight = sim.network.in_flight
+        in_flight = self.deliverable()
         # Once healed, time only advances when the network is idle: Raft needs the
         # broadcast time well below the election timeout (§9), and a schedule that ticks
         # faster than it delivers tests the schedule, not the core's liveness.
@@ -333,7 +353,7 @@ class SwarmRun:
             else True
         )
         if in_flight and deliver_now:
-            flight = self.next_flight()
+            flight = self.next_flight(in_flight)
             if self.faults_on and rng.random() < swarm.drop_probability:
                 sim.drop_flight(flight)
                 return
@@ -353,14 +373,34 @@ class SwarmRun:
         if ticking:
             sim.tick_nodes(ticking)
 
-    def next_flight(self) -> InFlight:
-        """The message to deliver next. Once healed, links deliver in order (a healed
-        network is a set of working TCP streams); before, as the swarm drew."""
-        in_flight = self.sim.network.in_flight
+    def deliverable(self) -> list[InFlight]:
+        """Messages in flight, oldest first, but those held back (`hold_message`) until
+        their release step."""
+        flights = list(self.sim.network.in_flight.values())
+        if not self.held_until:
+            return flights
+        now = self.sim.step_count
+        for flight_id in [i for i, until in self.held_until.items()
+                          if until <= now or i not in self.sim.network.in_flight]:
+            del self.held_until[flight_id]
+        return [f for f in flights if f.id not in self.held_until]
+
+    def hold_message(self) -> None:
+        """Keep one message in flight back for `hold_steps` steps: it arrives terms late."""
+        flights = self.deliverable()
+        if flights:
+            flight = flights[self.rng.randrange(len(flights))]
+            self.held_until[flight.id] = self.sim.step_count + self.swarm.hold_steps
+            self.sim.count_fault("hold across terms")
+            self.sim.record(f"hold #{flight.id} for {self.swarm.hold_steps} steps")
+
+    def next_flight(self, flights: list[InFlight]) -> InFlight:
+        """The message to deliver next, of `flights` (oldest first). Once healed, links
+        deliver in order (a healed network is a set of working TCP streams); before, as
+        the swarm drew."""
         delivery = self.swarm.delivery if self.faults_on else "links"
         if delivery == "fifo":
-            return next(iter(in_flight.values()))
-        flights = list(in_flight.values())
+            return flights[0]
         chosen = flights[self.rng.randrange(len(flights))]
         if delivery == "random":
             return chosen
@@ -403,6 +443,10 @@ class SwarmRun:
             crashed = [n for n in sim.node_ids if not sim.nodes[n].alive]
             if crashed:
                 sim.restart(rng.choice(crashed))
+            return
+        roll -= swarm.restart_probability
+        if roll < swarm.hold_probability:
+            self.hold_message()
             return
         self.change_membership()
 

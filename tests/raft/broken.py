@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from system.kv.state_machine import KVStateMachine
-from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready
+from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready, Role
 from system.raft.messages import Message, MessageType
 from system.raft.types import SnapshotMeta
 from system.sim.clients import Attempt, ClientOp
@@ -270,4 +270,109 @@ MEMBERSHIP_AND_LOST_STATE = {
     "VOTES_AFTER_LOSING_ENTRIES": VOTES_AFTER_LOSING_ENTRIES,
     "ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT": ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT,
     "CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM": CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM,
+}
+
+
+# -- snapshot metadata (issue 12, point 0: the monitor takes no snapshot on trust) -----------
+
+
+class SnapshotsWithCurrentTerm(NodeShell):
+    """Snapshot metadata broken: the shell labels its snapshot with the node's current term
+    instead of the term of the last entry it covers, so the (index, term) a follower
+    installs names no entry of the log (Raft §7: the last included index AND term)."""
+
+    def apply(self, entry) -> None:  # noqa: ANN001
+        super().apply(entry)
+        if self.core is not None and entry.index == self.applied_index:
+            self.applied_term = self.core.term
+
+
+SNAPSHOTS_WITH_CURRENT_TERM = SimVariant(
+    "snapshots-with-current-term", shell_class=SnapshotsWithCurrentTerm,
+    description=SnapshotsWithCurrentTerm.__doc__ or "",
+)
+
+
+# -- Figure 2's receiver rules (issue 12, point 0; tests/raft/test_figure2_receivers.py) ----
+
+
+class CountsVotesFromOlderTerms(_WithoutLocalAssertions):
+    """Broken: a granting vote response from an earlier term counts for this election."""
+
+    def step(self, m: Message) -> None:
+        if m.type is MessageType.VOTE_RESPONSE and m.term < self.term and self.role is Role.CANDIDATE:
+            m = replace(m, term=self.term)
+        super().step(m)
+
+
+class AcceptsAppendsFromOlderTerms(_WithoutLocalAssertions):
+    """Broken: an append from a deposed leader is taken as if it were current."""
+
+    def step(self, m: Message) -> None:
+        if m.type is MessageType.APPEND and m.term < self.term:
+            m = replace(m, term=self.term)
+        super().step(m)
+
+
+class CommitsPastVerifiedEntries(_WithoutLocalAssertions):
+    """Broken: the follower commits up to the leader's commit index as far as its own log
+    goes, including entries the append did not verify (left by an older leader)."""
+
+    def handle_append(self, m: Message) -> None:
+        super().handle_append(m)
+        if self.log.match_term(m.index, m.log_term):
+            self.log.commit_to(min(m.commit, self.log.last_index()))
+
+
+class TruncatesWithoutAConflict(_WithoutLocalAssertions):
+    """Broken: every accepted append replaces the log after its entries, so a delayed,
+    shorter append erases entries the follower already acknowledged."""
+
+    def handle_append(self, m: Message) -> None:
+        if m.entries and self.log.match_term(m.index, m.log_term) \
+                and m.index >= self.log.committed:
+            self.log.append(m.entries)
+        super().handle_append(m)
+
+
+class IgnoresHigherTermAnswers(_WithoutLocalAssertions):
+    """Broken: a leader ignores a follower's answer that carries a higher term."""
+
+    def step(self, m: Message) -> None:
+        if self.role is Role.LEADER and m.term > self.term and m.type in (
+                MessageType.APPEND_RESPONSE, MessageType.HEARTBEAT_RESPONSE):
+            return
+        super().step(m)
+
+
+COUNTS_VOTES_FROM_OLDER_TERMS = SimVariant(
+    "counts-votes-from-older-terms", core_class=CountsVotesFromOlderTerms,
+    description=CountsVotesFromOlderTerms.__doc__ or "",
+)
+ACCEPTS_APPENDS_FROM_OLDER_TERMS = SimVariant(
+    "accepts-appends-from-older-terms", core_class=AcceptsAppendsFromOlderTerms,
+    description=AcceptsAppendsFromOlderTerms.__doc__ or "",
+)
+COMMITS_PAST_VERIFIED_ENTRIES = SimVariant(
+    "commits-past-verified-entries", core_class=CommitsPastVerifiedEntries,
+    description=CommitsPastVerifiedEntries.__doc__ or "",
+)
+TRUNCATES_WITHOUT_A_CONFLICT = SimVariant(
+    "truncates-without-a-conflict", core_class=TruncatesWithoutAConflict,
+    description=TruncatesWithoutAConflict.__doc__ or "",
+)
+IGNORES_HIGHER_TERM_ANSWERS = SimVariant(
+    "ignores-higher-term-answers", core_class=IgnoresHigherTermAnswers,
+    description=IgnoresHigherTermAnswers.__doc__ or "",
+)
+
+# Variants of issue 12's point 0, measured before and after the randomized run learned to
+# vary the configuration and hold messages across terms (docs/raft-testing.md).
+EXPLORATION = {
+    "SNAPSHOTS_WITH_CURRENT_TERM": SNAPSHOTS_WITH_CURRENT_TERM,
+    "COUNTS_VOTES_FROM_OLDER_TERMS": COUNTS_VOTES_FROM_OLDER_TERMS,
+    "ACCEPTS_APPENDS_FROM_OLDER_TERMS": ACCEPTS_APPENDS_FROM_OLDER_TERMS,
+    "COMMITS_PAST_VERIFIED_ENTRIES": COMMITS_PAST_VERIFIED_ENTRIES,
+    "TRUNCATES_WITHOUT_A_CONFLICT": TRUNCATES_WITHOUT_A_CONFLICT,
+    "IGNORES_HIGHER_TERM_ANSWERS": IGNORES_HIGHER_TERM_ANSWERS,
 }

@@ -287,6 +287,27 @@ def test_monitor_reports_an_acknowledged_write_overwritten() -> None:
     assert [v.rule for v in monitor.violations] == [Rule.ACKNOWLEDGED_WRITE_LOST]
 
 
+def test_monitor_checks_every_snapshot_term_against_the_committed_log() -> None:
+    """A snapshot whose (index, term) names no entry any node persisted used to be taken on
+    trust; now its term is compared with the committed entry's, at once or on commit."""
+    monitor = SafetyMonitor(("a", "b", "c"), pre_vote=False)
+    monitor.persisted_entries("a", entries(1, 2))
+    monitor.observe("a", "follower", 2, 2, 2)  # index 2 committed at term 2
+    monitor.persisted_snapshot("b", SnapshotMeta(2, 5, ("a", "b", "c")))  # no such entry
+    assert [v.rule for v in monitor.violations] == [Rule.SNAPSHOT]
+    later = SafetyMonitor(("a", "b", "c"), pre_vote=False)
+    later.persisted_snapshot("b", SnapshotMeta(2, 5, ("a", "b", "c")))  # not committed yet
+    assert later.violations == []
+    later.persisted_entries("a", entries(1, 2))
+    later.observe("a", "follower", 2, 2, 2)
+    assert [v.rule for v in later.violations] == [Rule.SNAPSHOT]
+    fine = SafetyMonitor(("a", "b", "c"), pre_vote=False)
+    fine.persisted_snapshot("b", SnapshotMeta(2, 2, ("a", "b", "c")))
+    fine.persisted_entries("a", entries(1, 2))
+    fine.observe("a", "follower", 2, 2, 2)
+    assert fine.violations == []
+
+
 def test_monitor_reports_a_campaign_without_a_pre_vote_majority() -> None:
     monitor = SafetyMonitor(("a", "b", "c"), pre_vote=True)
     monitor.observe("a", "candidate", 1, 0, 0)
