@@ -104,6 +104,19 @@ class Replay:
         self.sim = sim
         self.ops: dict[int, ClientOp] = {}  # the schedule's operation numbers -> this run's
 
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:  # noqa: ANN001
+        """An exception escaping a core or shell is a finding (as in the randomized run):
+        recorded as a `no node raises` violation, and the replay ends there."""
+        if error is None or not isinstance(error, Exception):
+            return False
+        from system.sim.invariants import Rule
+
+        self.sim.monitor.violate(Rule.NO_EXCEPTION, f"{type(error).__name__}: {error}")
+        return True
+
     def _flight(self, kind: str, src: str, dst: str, place: int) -> InFlight | None:
         """The `place`-th oldest message of this type in flight on src -> dst (the
         youngest if there are fewer), or None if there is none."""
@@ -254,12 +267,12 @@ def play_step(replay: Replay, step: Step) -> bool:
 def play(sim: Simulation, steps: list[Step], stop=None) -> list[bool]:  # noqa: ANN001
     """Replay `steps` on `sim`; returns, per step, whether it applied. With `stop`, a
     predicate on the simulation, the replay ends as soon as it holds."""
-    replay = Replay(sim)
-    applied = []
-    for step in steps:
-        applied.append(play_step(replay, step))
-        if stop is not None and stop(sim):
-            break
+    applied: list[bool] = []
+    with Replay(sim) as replay:
+        for step in steps:
+            applied.append(play_step(replay, step))
+            if stop is not None and stop(sim):
+                break
     return applied
 
 

@@ -43,10 +43,7 @@ def replay_fails(settings: dict, variant: SimVariant | None, steps: list[Step],
     def broke(s: Simulation) -> bool:
         return any(v.rule is rule for v in s.violations)
 
-    try:
-        applied = play(sim, steps, stop=broke)
-    except Exception:  # noqa: BLE001 -- a core that raises: only the NO_EXCEPTION rule
-        return rule is Rule.NO_EXCEPTION, [], sim
+    applied = play(sim, steps, stop=broke)  # an exception is a NO_EXCEPTION violation
     if broke(sim):
         return True, applied, sim
     if rule in END_RULES:
@@ -214,7 +211,7 @@ def generated_test_source(result: ShrinkResult, name: str, variant_path: str, or
     """A pytest module: the scenario as named calls, a test that the real core keeps the
     property, and a test that the broken variant breaks it."""
     settings = "".join(f"        {k}={v!r},\n" for k, v in result.settings.items())
-    body = "\n".join(f"    {step_code(s)}" for s in result.steps)
+    body = "\n".join(f"        {step_code(s)}" for s in result.steps)
     c = counts(result.steps)
     module, _, attribute = variant_path.partition(":")
     return f'''"""Shrunk from `{origin}`:
@@ -238,7 +235,7 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
     sim = Simulation(
 {settings}        variant=variant,
     )
-    r = Replay(sim)
+    with Replay(sim) as r:
 {body}
     return sim
 

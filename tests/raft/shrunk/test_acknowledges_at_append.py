@@ -27,21 +27,21 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
         snapshot_chunk_bytes=512,
         variant=variant,
     )
-    r = Replay(sim)
-    r.tick('n1', 'n2', 'n3')
-    r.tick('n2', 'n3')
-    r.tick('n1', 'n2', 'n3')
-    r.tick('n2', 'n3')
-    r.tick('n2', 'n3')
-    r.tick('n2', 'n3')
-    r.tick('n2', 'n3')
-    r.deliver('pre_vote', 'n2', 'n3')
-    r.deliver('pre_vote_response', 'n3', 'n2')
-    r.deliver('vote', 'n2', 'n3')
-    r.deliver('vote_response', 'n3', 'n2')
-    r.invoke(280, 'cas', 'k1', 'p36.65', 63, process=36, request_id='w280', retry=True)
-    r.submit(280, 'n1')
-    r.submit(280, 'n2')
+    with Replay(sim) as r:
+        r.tick('n1', 'n2', 'n3')
+        r.tick('n2', 'n3')
+        r.tick('n1', 'n2', 'n3')
+        r.tick('n2', 'n3')
+        r.tick('n2', 'n3')
+        r.tick('n2', 'n3')
+        r.tick('n2', 'n3')
+        r.deliver('pre_vote', 'n2', 'n3')
+        r.deliver('pre_vote_response', 'n3', 'n2')
+        r.deliver('vote', 'n2', 'n3')
+        r.deliver('vote_response', 'n3', 'n2')
+        r.invoke(280, 'cas', 'k1', 'p36.65', 63, process=36, request_id='w280', retry=True)
+        r.submit(280, 'n1')
+        r.submit(280, 'n2')
     return sim
 
 
