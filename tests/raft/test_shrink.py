@@ -55,8 +55,17 @@ def test_ddmin_keeps_a_client_operation_whole() -> None:
     assert [len(u) for u in units_of(steps)] == [3, 1]
 
 
+def test_skips_pre_vote_shrinks_and_its_test_fails_only_on_the_variant() -> None:
+    run = recorded(0, broken.SKIPS_PRE_VOTE)
+    result = shrink(run.sim.settings, broken.SKIPS_PRE_VOTE, list(run.sim.schedule),
+                    run.sim.violations[0].rule)
+    assert result.verified and result.minimal, result.notes
+    assert len(result.steps) < len(result.original)
+
+
+@pytest.mark.slow
 def test_votes_twice_shrinks_to_a_short_schedule_that_fails_only_on_the_variant() -> None:
-    run = recorded(7, broken.VOTES_TWICE)
+    run = recorded(0, broken.VOTES_TWICE)
     assert run.sim.violations[0].rule is Rule.ELECTION_SAFETY
     result = shrink(run.sim.settings, broken.VOTES_TWICE, list(run.sim.schedule),
                     Rule.ELECTION_SAFETY)
@@ -69,10 +78,10 @@ def test_votes_twice_shrinks_to_a_short_schedule_that_fails_only_on_the_variant(
     on_real_core = Simulation(**result.settings)
     play(on_real_core, result.steps)
     assert broken_rules(on_real_core) == set()
-    source = generated_test_source(result, "votes_twice_seed_7", "tests.raft.broken:VOTES_TWICE",
-                         "python -m system.sim --seed 7")
+    source = generated_test_source(result, "votes_twice_seed_0", "tests.raft.broken:VOTES_TWICE",
+                                   "python -m system.sim --seed 0")
     compile(source, "generated", "exec")
-    assert "r.deliver('vote'" in source and "def test_votes_twice_seed_7_keeps" in source
+    assert "r.deliver('vote'" in source and "def test_votes_twice_seed_0_keeps" in source
 
 
 def test_shrink_flags_are_refused_without_a_seed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,8 +11,8 @@ from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
 from system.sim.simulation import Simulation
-from system.sim.variant import SimVariant
 from system.sim.unsafe import ACK_BEFORE_COMMIT
+from system.sim.variant import SimVariant
 
 
 def scenario(variant: SimVariant | None = None) -> Simulation:
