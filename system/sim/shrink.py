@@ -214,6 +214,11 @@ def generated_test_source(result: ShrinkResult, name: str, variant_path: str, or
     body = "\n".join(f"        {step_code(s)}" for s in result.steps)
     c = counts(result.steps)
     module, _, attribute = variant_path.partition(":")
+    imports = "\n".join(sorted([
+        "from system.sim.invariants import Rule", "from system.sim.schedule import Replay",
+        "from system.sim.shrink import broken_rules",
+        "from system.sim.simulation import Simulation",
+        "from system.sim.variant import SimVariant", f"from {module} import {attribute}"]))
     return f'''"""Shrunk from `{origin}`:
 {c["steps"]} steps ({c["faults"]} faults, {c["client ops"]} client ops) of the original {len(result.original)},
 in {result.cpu_seconds:.1f} s CPU by `--shrink`. The broken rule: {result.rule.value}.
@@ -223,12 +228,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
-from system.sim.invariants import Rule
-from system.sim.schedule import Replay
-from system.sim.shrink import broken_rules
-from system.sim.simulation import Simulation
-from system.sim.variant import SimVariant
-from {module} import {attribute}
+{imports}
 
 
 def scenario(variant: SimVariant | None = None) -> Simulation:
