@@ -14,23 +14,30 @@ checker is single-threaded; CPU time is what stays comparable on a shared, loade
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import os
 import platform
+import random
 import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import edn_format
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from checker import check_linearizable, models  # noqa: E402
 from checker.corpus import CORPORA, find_shared_data, load_corpus  # noqa: E402
+from histories.edn import read_edn_history, records_from_maps  # noqa: E402
 from histories.load import load_history  # noqa: E402
 from histories.pairing import pair_operations  # noqa: E402
 
-EXTRA = REPO / "benchmarks" / "data" / "porcupine-kv"
 # Porcupine's reference times for the unpartitioned stress test (from the checker issue).
 NO_PARTITION_REFERENCE_S = {"c10-ok.txt": (True, 7.0), "c10-bad.txt": (False, 6.1)}
 
@@ -53,6 +60,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-all-keys", action="store_true", help="skip the c50-bad --all-keys run (~1 min)")
+    parser.add_argument("--only", choices=["corpus", "long", "edn"], help="run one section (the others are left out of the file)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "checker.md")
     args = parser.parse_args()
     data = find_shared_data()
@@ -69,9 +77,13 @@ def main() -> int:
         f"Load average when the run started: {', '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores.",
         "",
     ]
-    mismatches = []
-    summary = []
-    for corpus in CORPORA:
+    mismatches: list[str] = []
+    summary: list[tuple[str, int, float, float]] = []
+    if args.only in (None, "long"):
+        lines += _long_keys(data, args.repeat, mismatches)
+    if args.only in (None, "edn"):
+        lines += _edn_reading()
+    for corpus in CORPORA if args.only in (None, "corpus") else ():
         entries = load_corpus(data, corpus)
         rows = []
         ours_total = 0.0
@@ -103,7 +115,29 @@ def main() -> int:
             "",
         ]
 
+    if args.only == "corpus" or args.only is None:
+        lines += _stress_sections(data, args, mismatches, summary)
+    lines += ["## Totals", "", "| corpus | histories | ours s | Porcupine s | ratio |", "|---|---:|---:|---:|---:|"]
+    for corpus, count, ours, theirs in summary:
+        ratio = f"{ours / theirs:.1f}x" if theirs else ""
+        lines.append(f"| {corpus} | {count} | {ours:.3f} | {theirs:.3f} | {ratio} |")
     lines += [
+        "",
+        "Knossos (Clojure), for reference from the issue: decides 99 of the 102 etcd histories "
+        "(median 37 ms each) and times out at 60 s on etcd_040, etcd_057 and etcd_099.",
+        "",
+        f"Verdict mismatches: {len(mismatches) or 'none'}",
+    ]
+    lines += [f"- {m}" for m in mismatches]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines[-(len(summary) + 6 + len(mismatches)):]))
+    print(f"written to {args.out}")
+    return 1 if mismatches else 0
+
+
+def _stress_sections(data: Path, args: argparse.Namespace, mismatches: list[str], summary: list) -> list[str]:
+    lines = [
         "## Unpartitioned stress test (`--no-partition`)",
         "",
         "| file | ops | verdict | matches | seconds | Porcupine s |",
@@ -111,7 +145,7 @@ def main() -> int:
     ]
     no_partition_total = 0.0
     for name, (expected, reference) in NO_PARTITION_REFERENCE_S.items():
-        records, _ = load_history(EXTRA / name)
+        records, _ = load_history(data / "porcupine" / "kv" / name)
         operations = pair_operations(records)
         partitioned, part_s, _ = _timed(operations, models.kv(), args.repeat)
         valid, seconds, note = _timed(operations, models.kv(), 1, partition=False, budget_s=120)
@@ -147,23 +181,129 @@ def main() -> int:
             lines.append(f"| {key.key} | {key.operations} | {_verdict(key.valid)} | {key.seconds:.3f} | {key.explored} | {key.note} |")
         lines.append("")
 
-    lines += ["## Totals", "", "| corpus | histories | ours s | Porcupine s | ratio |", "|---|---:|---:|---:|---:|"]
-    for corpus, count, ours, theirs in summary:
-        ratio = f"{ours / theirs:.1f}x" if theirs else ""
-        lines.append(f"| {corpus} | {count} | {ours:.3f} | {theirs:.3f} | {ratio} |")
-    lines += [
+    return lines
+
+
+# One long key per child process, so that its peak RSS is its own; the child reports CPU
+# (user+sys) and wall time of the check alone, parsing excluded.
+_LONG_CHILD = """
+import json, resource, sys, time
+from checker import check_linearizable, models
+from histories.load import load_history
+from histories.pairing import pair_operations
+path, model = sys.argv[1], sys.argv[2]
+operations = pair_operations(load_history(path)[0])
+before, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+result = check_linearizable(operations, models.by_name(model))
+after, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall
+cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+print(json.dumps({"valid": result.valid, "cpu": cpu, "wall": wall, "peak_mb": after.ru_maxrss / 1024,
+                  "explored": result.keys[0].explored if result.keys else 0, "note": result.note}))
+"""
+
+
+def _long_keys(data: Path, repeat: int, mismatches: list[str]) -> list[str]:
+    folder = data / "longkeys"
+    notes = {}
+    with open(folder / "expected.tsv", encoding="utf-8", newline="") as handle:
+        for row in csv.DictReader(handle, delimiter="\t"):
+            notes[row["file"]] = (row.get("porcupine_peak_mb") or "", row.get("porcupine_note") or "")
+    lines = [
+        "## Long single keys (`../shared/data/longkeys/`, default budgets: 60 CPU s and 512 MB per key)",
         "",
-        "Knossos (Clojure), for reference from the issue: decides 99 of the 102 etcd histories "
-        "(median 37 ms each) and times out at 60 s on etcd_040, etcd_057 and etcd_099.",
+        "Each history checked in its own process (median of the runs; peak RSS includes reading the "
+        "history). CPU is user+sys of the check alone; wall time too, since the machine is shared. "
+        "Porcupine's figures are from `expected.tsv` (same machine kind, unloaded).",
         "",
-        f"Verdict mismatches: {len(mismatches) or 'none'}",
+        "| file | ops | verdict | matches | CPU s | wall s | configurations | peak RSS MB | Porcupine s | Porcupine peak MB / outcome | CPU vs Porcupine |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
-    lines += [f"- {m}" for m in mismatches]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines[-(len(summary) + 6 + len(mismatches)):]))
-    print(f"written to {args.out}")
-    return 1 if mismatches else 0
+    for entry in load_corpus(data, "longkeys"):
+        runs = []
+        for _ in range(repeat):
+            done = subprocess.run(
+                [sys.executable, "-c", _LONG_CHILD, str(entry.path), entry.model],
+                capture_output=True, text=True, cwd=REPO, timeout=900,
+            )
+            if done.returncode != 0:
+                mismatches.append(f"longkeys/{entry.file}: the check crashed: {done.stderr.strip()[-300:]}")
+                break
+            runs.append(json.loads(done.stdout))
+        if not runs:
+            continue
+        cpu = statistics.median(r["cpu"] for r in runs)
+        wall = statistics.median(r["wall"] for r in runs)
+        valid = runs[0]["valid"]
+        ok = all(r["valid"] == entry.expected_valid for r in runs)
+        if not ok:
+            mismatches.append(f"longkeys/{entry.file}: expected {_verdict(entry.expected_valid)}, got {_verdict(valid)} {runs[0]['note']}")
+        peak_mb, note = notes.get(entry.file, ("", ""))
+        theirs = entry.porcupine_s
+        ratio = f"{cpu / theirs:.2f}x" if theirs else "Porcupine undecided"
+        print(f"longkeys/{entry.file:32s} {_verdict(valid):8s} cpu {cpu:7.2f}s wall {wall:7.2f}s peak {max(r['peak_mb'] for r in runs):6.0f} MB", flush=True)
+        lines.append(
+            f"| {entry.file} | {entry.operations} | {_verdict(valid)} | {'yes' if ok else 'NO'} | {cpu:.2f} | {wall:.2f} | "
+            f"{runs[0]['explored']} | {max(r['peak_mb'] for r in runs):.0f} | {'' if theirs is None else f'{theirs:.2f}'} | "
+            f"{peak_mb + ' MB' if peak_mb else note} | {ratio} |"
+        )
+    lines.append("")
+    return lines
+
+
+def _write_jepsen_edn(path: Path, target_bytes: int) -> int:
+    """A Jepsen-style cas-register history.edn (one op map per line, :time and :index), seeded."""
+    rng = random.Random(7)
+    in_flight: dict[int, tuple[str, str]] = {}
+    index = 0
+    clock = 0
+    written = 0
+    with open(path, "w", encoding="utf-8") as out:
+        out.write("[")
+        while written < target_bytes:
+            process = rng.randrange(20)
+            clock += rng.randrange(1, 100_000)
+            if process in in_flight:
+                f, value = in_flight.pop(process)
+                kind = rng.choice([":ok", ":ok", ":ok", ":fail", ":info"])
+            else:
+                f = rng.choice([":read", ":write", ":cas"])
+                value = {":read": "nil", ":write": str(rng.randrange(5)), ":cas": f"[{rng.randrange(5)} {rng.randrange(5)}]"}[f]
+                in_flight[process] = (f, value)
+                kind = ":invoke"
+            line = f"{{:type {kind}, :f {f}, :value {value}, :process {process}, :time {clock}, :index {index}}}\n "
+            out.write(line)
+            written += len(line)
+            index += 1
+        out.write("]\n")
+    return index
+
+
+def _edn_reading() -> list[str]:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "history.edn"
+        records = _write_jepsen_edn(path, 7_600_000)
+        size_mb = path.stat().st_size / 1e6
+        text = path.read_text(encoding="utf-8")
+        started = time.process_time()
+        fast = read_edn_history(path)
+        fast_s = time.process_time() - started
+        started = time.process_time()
+        maps = edn_format.loads_all(text)[0]  # the reader before: edn-format for everything
+        slow = records_from_maps(list(maps), path=str(path))
+        slow_s = time.process_time() - started
+    same = fast == slow
+    print(f"EDN {size_mb:.1f} MB: fast {fast_s:.2f}s, edn-format {slow_s:.2f}s, same records: {same}", flush=True)
+    return [
+        "## Reading EDN (a seeded 7.6 MB Jepsen-style history.edn, same run)",
+        "",
+        "| reader | records | CPU s | MB/s |",
+        "|---|---:|---:|---:|",
+        f"| edn-format for everything (before) | {len(slow)} | {slow_s:.2f} | {size_mb / slow_s:.2f} |",
+        f"| histories.edn_reader, edn-format as fallback (now) | {len(fast)} | {fast_s:.2f} | {size_mb / fast_s:.2f} |",
+        "",
+        f"{slow_s / fast_s:.1f}x faster; identical records: {'yes' if same else 'NO'} ({records} ops maps).",
+        "",
+    ]
 
 
 if __name__ == "__main__":

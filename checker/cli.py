@@ -2,14 +2,18 @@
 
 Prints a one-line verdict, a per-key summary table and, for an invalid key, the
 counterexample; optionally writes the HTML timeline and the JSON results. Exit codes:
-0 valid, 1 invalid (or a lost write), 2 unknown (a budget ran out), 3 unreadable input.
-Must never print a verdict for input it could not read: that is exit 3 with the reason.
+0 valid, 1 invalid (or a lost write), 2 unknown (a budget ran out), 3 bad input (unreadable
+file, no operations, a bad option) or an internal error.
+Must never print a verdict for input it could not read, nor before every output file was
+written; must never let a crash exit 1 (the code that means "invalid") or 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,67 +36,141 @@ from histories.ops import HistoryError, Operation
 from histories.pairing import pair_operations
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_UNREADABLE = 0, 1, 2, 3
+EXIT_ERROR = EXIT_UNREADABLE  # bad input and internal errors share the code: never 1 or 2
 _DEFAULT_MODEL = {"porcupine-etcd": "etcd", "porcupine-kv": "kv", "edn": "cas-register"}
 _LOST_WRITE_MODELS = ("versioned-kv", "register", "cas-register")
 _TABLE_ROWS = 20
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error, which here means "unknown": exit 3 instead."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def _budget(kind: type) -> object:
+    def parse(text: str) -> float | int:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m checker", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="python -m checker", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="check a history file for linearizability and lost writes")
     check.add_argument("file", type=Path, metavar="FILE", help="history.jsonl, Jepsen EDN or a Porcupine log")
     check.add_argument("--model", choices=list(MODELS), help="default: from the format")
     check.add_argument("--init", metavar="VALUE", help="the register's initial value as EDN (default nil)")
     check.add_argument("--format", choices=FORMATS, help="default: from the name and content")
-    check.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, metavar="N", help="seconds per key (default %(default)s)")
-    check.add_argument("--max-memo", type=int, default=DEFAULT_MAX_MEMO_ENTRIES, metavar="N", help="memo entries per key (default %(default)s)")
-    check.add_argument("--max-memory-mb", type=float, default=DEFAULT_MAX_MEMORY_MB, metavar="MB", help="search memory per key (default %(default)s)")
+    check.add_argument("--budget-s", type=_budget(float), default=DEFAULT_BUDGET_S, metavar="N", help="CPU seconds per key (default %(default)s)")
+    check.add_argument("--max-memo", type=_budget(int), default=DEFAULT_MAX_MEMO_ENTRIES, metavar="N", help="memo entries per key (default %(default)s)")
+    check.add_argument("--max-memory-mb", type=_budget(float), default=DEFAULT_MAX_MEMORY_MB, metavar="MB", help="search memory per key (default %(default)s)")
     check.add_argument("--all-keys", action="store_true", help="check every key, not only up to the first invalid")
     check.add_argument("--no-partition", action="store_true", help="check the history as one object (slow)")
     check.add_argument("--html", type=Path, metavar="OUT", help="write the HTML timeline here")
     check.add_argument("--json", type=Path, metavar="OUT", help="write the JSON results here")
+    check.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="a history with no operations is valid (default: exit 3, a harness that wrote nothing must not pass)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        records, source = load_history(args.file, args.format)
-        operations = pair_operations(records, path=str(args.file), strict=source == "jsonl")
-        model_name = args.model or _default_model(source, operations)
-        try:
-            init = parse_edn_value(args.init) if args.init is not None else None
-        except ValueError as exc:
-            raise ModelError(f"--init: {exc}") from None
-        model = by_name(model_name, init)
-        result = check_linearizable(
-            operations,
-            model,
-            budget_s=args.budget_s,
-            all_keys=args.all_keys,
-            partition=not args.no_partition,
-            max_memo_entries=args.max_memo,
-            max_memory_mb=args.max_memory_mb,
-        )
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (3, see _Parser)
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    try:
+        return _check(args)
     except (HistoryError, ModelError) as exc:
-        print(f"UNREADABLE: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
+        print(f"UNREADABLE: {_with_file(exc, args.file)}", file=sys.stderr)
+    except _OutputError as exc:
+        print(f"ERROR: {exc}; no verdict printed", file=sys.stderr)
+    except RecursionError:
+        print(f"UNREADABLE: {args.file}: values nested too deeply to check", file=sys.stderr)
+    except MemoryError:
+        print(f"ERROR: {args.file}: out of memory (lower --max-memory-mb)", file=sys.stderr)
+    except Exception as exc:  # a bug must never read as a verdict: exit 3, not 1
+        print(f"INTERNAL ERROR: {args.file}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+class _OutputError(Exception):
+    """An output file (--html, --json) could not be written."""
+
+
+def _check(args: argparse.Namespace) -> int:
+    records, source = load_history(args.file, args.format)
+    operations = pair_operations(records, path=str(args.file), strict=source == "jsonl")
+    if not operations and not args.allow_empty:
+        raise HistoryError(
+            "no operations (an empty or blank history; a harness that died before writing "
+            "anything must not pass; --allow-empty accepts it as valid)",
+            path=str(args.file),
+        )
+    model_name = args.model or _default_model(source, operations)
+    try:
+        init = parse_edn_value(args.init) if args.init is not None else None
+    except ValueError as exc:
+        raise ModelError(f"--init: {exc}") from None
+    model = by_name(model_name, init)
+    result = check_linearizable(
+        operations,
+        model,
+        budget_s=args.budget_s,
+        all_keys=args.all_keys,
+        partition=not args.no_partition,
+        max_memo_entries=args.max_memo,
+        max_memory_mb=args.max_memory_mb,
+    )
     lost = check_lost_writes(operations) if model_name in _LOST_WRITE_MODELS else None
     verdict: Verdict = combine([result.valid] + ([lost.valid] if lost else []))
-    _print_report(args.file, result, lost, verdict)
+    written = []
+    # Every output file first: a verdict printed before a write failed would be read by CI.
     if args.html:
-        args.html.write_text(render_html(result, operations, model, title=args.file.name), encoding="utf-8")
-        print(f"timeline: {args.html}")
+        _write(args.html, render_html(result, operations, model, title=args.file.name))
+        written.append(f"timeline: {args.html}")
     if args.json:
         payload = {"file": str(args.file), "valid": verdict, "linearizable": result.to_json()}
         if lost is not None:
             payload["lost_writes"] = lost.to_json()
-        args.json.write_text(json.dumps(payload, indent=2), encoding="utf-8")
-        print(f"results: {args.json}")
-    if verdict is True:
-        return EXIT_VALID
-    return EXIT_INVALID if verdict is False else EXIT_UNKNOWN
+        _write(args.json, json.dumps(payload, indent=2))
+        written.append(f"results: {args.json}")
+    code = EXIT_VALID if verdict is True else EXIT_INVALID if verdict is False else EXIT_UNKNOWN
+    try:
+        _print_report(args.file, result, lost, verdict)
+        for line in written:
+            print(line)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Piped into `head` that closed early: the verdict stands, the rest had no reader.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise _OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def _with_file(exc: Exception, path: Path) -> str:
+    """The message names the file even when the error came from a model (which knows lines only)."""
+    text = str(exc)
+    return text if text.startswith(str(path)) else f"{path}: {text}"
 
 
 def _default_model(source: str, operations: list[Operation]) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from histories.edn import parse_edn_value
 
-CORPORA = ("porcupine", "knossos")
+CORPORA = ("porcupine", "knossos")  # the verdict corpora; longkeys/ is read on its own
 
 
 @dataclass(frozen=True)

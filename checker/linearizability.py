@@ -16,8 +16,12 @@ may be linearized at any point after their invoke or never. The search succeeds 
 no return entry is left, leaving any unlinearized `info` operation out ("never").
 
 Cheap, sound pruning (each keeps the verdict exact):
-- order: a legal read-only operation first, then the other completed operations, then the
-  `info` ones, which can always wait;
+- order (only which candidate is tried first; every one is tried before giving up): a legal
+  read-only operation first; then, just in time (Lowe), the window's operations legal only in
+  the current state (`Step.requires`: a cas from it, which may never be legal again), the
+  operation of the window's first return, the operations (pending `info` ones included) that
+  leave the state it requires, a few levels back; then the other completed operations; then
+  the `info` operations, which can always wait;
 - read-only operations (Step.read_only) legal in the current state are linearized greedily,
   before anything else: moving such an operation earlier within its window never breaks a
   linearization, so if the configuration after it fails the current one fails too, and no
@@ -27,11 +31,20 @@ Cheap, sound pruning (each keeps the verdict exact):
 - an `info` operation whose step leaves the state unchanged is not placed (never taking effect
   is the same), and a blind write (Step.blind) is not placed right after an `info` operation:
   the configuration without that `info` operation reaches the same state with more options
-  left, and it is explored from the parent configuration anyway.
+  left, and it is explored from the parent configuration anyway; an `info` blind write is
+  placed only where a pending operation could observe the state it leaves;
+- when the model says which state every state-changing operation leaves (`requires` and
+  `blind` hints), a configuration is dropped as soon as some completed operation requires a
+  state that no operation left unlinearized and invoked before that one returns can leave
+  (leaving a state for good that a read still needs; a window operation that can never
+  become legal).
 
-Budget, per key: a deadline, a cap on memo entries and an estimate of the search's memory
-(memo, transition table, distinct states); when one is reached the key's verdict is
-"unknown" with a note saying which, never a guess.
+Budget, per key: CPU seconds (a loaded machine does not change the verdict), a cap on memo
+entries and the search's memory, measured (the memo's table and keys, the stack, the
+transition tables, the distinct states); when one is reached the key's verdict is "unknown"
+with a note saying which, never a guess. A memo entry is (state, completed frontier, completed
+operations linearized above it, info operations linearized): exact, and its size depends on
+the concurrency, not on the history's length.
 
 Must never mutate the operations it is given or keep memo tables after a key is decided.
 """
@@ -44,7 +57,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from checker.models import ILLEGAL, Model, Unpartitioned
+from checker.models import ANY_STATE, ILLEGAL, Model, Unpartitioned
 from checker.result import (
     UNKNOWN,
     Candidate,
@@ -61,11 +74,11 @@ from histories.pairing import pair_operations
 DEFAULT_BUDGET_S = 60.0
 DEFAULT_MAX_MEMO_ENTRIES = 2_000_000  # per key; about 200 MB of memo with its transitions
 DEFAULT_MAX_MEMORY_MB = 512  # per key: memo, transition table and distinct model states
-# Rough CPython costs, for the memory estimate (measured: an int key of a few hundred bits
-# plus its set slot; a small-int dict entry).
-_MEMO_ENTRY_BYTES = 90
-_TRANSITION_BYTES = 100
-_CHECK_EVERY = 1024  # search iterations between budget checks
+_INT_BYTES = sys.getsizeof(2**40)  # a transition's target id, when not a cached small int
+_STACK_ENTRY_BYTES = sys.getsizeof((0,) * 7) + 4 * _INT_BYTES
+_CHECK_EVERY = 1024
+_SOURCES_SHOWN = 5  # counterexample: ops that write the value the blocking op needs
+_PRODUCER_DEPTH = 3  # how far back _candidates follows "leaves the state that op requires"  # search iterations between budget checks
 
 
 def check_linearizable(
@@ -81,11 +94,14 @@ def check_linearizable(
     """Is the history linearizable with respect to `model`?
 
     `history` is a list of records (paired here) or of paired Operations. Each key gets its
-    own `budget_s` seconds, `max_memo_entries` memo entries and about `max_memory_mb` of
+    own `budget_s` CPU seconds, `max_memo_entries` memo entries and about `max_memory_mb` of
     search memory (memo, transitions, distinct states); past any of them it is "unknown". By default the check stops
     at the first invalid key, as Porcupine does; `all_keys=True` checks every key.
     `partition=False` checks the whole history as one object (slow; for stress tests).
     """
+    for name, value in (("budget_s", budget_s), ("max_memo_entries", max_memo_entries), ("max_memory_mb", max_memory_mb)):
+        if not value >= 0:  # also refuses NaN
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
     started = time.perf_counter()
     operations = _operations(history)
     if not partition:
@@ -172,7 +188,9 @@ def check_key(
             kept.append(op)
             steps.append(step)
     searcher = _Search(kept, steps, model.initial_state())
-    outcome = searcher.run(time.perf_counter() + budget_s, max_memo_entries, max_memory_mb * 2**20)
+    # The time budget is CPU time of this process: on a loaded machine (CI, shared hosts)
+    # the verdict must not depend on how much CPU the others took.
+    outcome = searcher.run(time.process_time() + budget_s, max_memo_entries, max_memory_mb * 2**20)
     counterexample = None
     if outcome.valid is False:
         counterexample = searcher.counterexample(key, model, outcome, operations)
@@ -241,62 +259,145 @@ class _Search:
         self.state_ids: dict[Any, int] = {init: 0}
         self.transitions: list[dict[int, int]] = [{} for _ in range(n)]
         self.transition_count = 0
+        self.transition_bytes = 0
         self.state_bytes = sys.getsizeof(init)
+        # The memo key's parts: completed operations are numbered in call order (`completed`)
+        # and info operations get one bit each (`info_bit`); see run().
+        self.completed = [0] * n
+        self.info_bit = [0] * n
+        count_completed = count_info = 0
+        for i in range(n):
+            if self.info[i]:
+                self.info_bit[i] = 1 << count_info
+                count_info += 1
+            else:
+                self.completed[i] = count_completed
+                count_completed += 1
+        # Model hints (Step.requires, Step.blind): the one state an operation needs, and the
+        # state a blind operation leaves. An unknown-outcome blind write is placed only where
+        # something could observe the state it leaves (see run()).
+        self.requires = [-1 if st.requires is ANY_STATE else self._intern(st.requires) for st in steps]
+        # The state an op leaves whenever it is legal: a blind op's, or the one it leaves from
+        # the one state it requires (a cas from x to y leaves y).
+        self.produces = [-1] * n
+        for i, st in enumerate(steps):
+            if st.blind:
+                self.produces[i] = self._intern(st.apply(init))
+            elif self.requires[i] >= 0 and not st.read_only:  # a read leaves nothing new
+                new = st.apply(self.states[self.requires[i]])
+                if new is not ILLEGAL:
+                    self.produces[i] = self._intern(new)
+        self.info_requires = {self.requires[i] for i in range(n) if self.info[i] and self.requires[i] >= 0}
+        self.info_producers: dict[int, list[int]] = {}  # state -> info ops leaving it, in call order
+        # Every state-changing op leaves a known state: then an op that requires a state no
+        # remaining op can leave is doomed, and so is the configuration (see _doomed).
+        self.producers_known = all(self.read_only[i] or self.produces[i] >= 0 for i in range(n))
+        self.producers_of: dict[int, list[int]] = {}  # state -> ops leaving it, in call order
+        for i in range(n):
+            if self.produces[i] >= 0:
+                self.producers_of.setdefault(self.produces[i], []).append(i)
+        self.completed_consumers: dict[int, list[int]] = {}  # state -> completed ops legal only there
+        for i in range(n):
+            if not self.info[i] and self.requires[i] >= 0:
+                self.completed_consumers.setdefault(self.requires[i], []).append(i)
+        self.info_consumers: dict[int, list[int]] = {}  # state -> info ops legal only there
+        for i in range(n):
+            if self.info[i] and self.produces[i] >= 0:
+                self.info_producers.setdefault(self.produces[i], []).append(i)
+            if self.info[i] and self.requires[i] >= 0 and not self.read_only[i]:
+                self.info_consumers.setdefault(self.requires[i], []).append(i)
+        # Without a hint on every unknown-outcome non-blind operation, the filter is off.
+        self.filter_info_writes = not any(
+            self.info[i] and not self.blind[i] and self.requires[i] < 0 for i in range(n)
+        )
+
+    def _intern(self, state: Any) -> int:
+        sid = self.state_ids.get(state)
+        if sid is None:
+            sid = len(self.states)
+            self.states.append(state)
+            self.state_ids[state] = sid
+            self.state_bytes += _size(state)
+        return sid
 
     def _transition(self, i: int, sid: int) -> int:
         new = self.apply[i](self.states[sid])
-        if new is ILLEGAL:
-            result = -1
-        else:
-            result = self.state_ids.get(new)
-            if result is None:
-                result = len(self.states)
-                self.states.append(new)
-                self.state_ids[new] = result
-                self.state_bytes += _size(new)
-        self.transitions[i][sid] = result
+        result = -1 if new is ILLEGAL else self._intern(new)
+        table = self.transitions[i]
+        before = sys.getsizeof(table)
+        table[sid] = result
+        self.transition_bytes += sys.getsizeof(table) - before + _INT_BYTES
         self.transition_count += 1
         return result
 
-    def memory_bytes(self, memo_entries: int) -> int:
-        """Estimated search memory; the distinct states dominate for string states."""
+    def memory_bytes(self, memo: set, memo_bytes: int, stack: list) -> int:
+        """What the search holds, measured: the memo's table and keys, the stack, the
+        transition tables, and the distinct states with their interning table."""
         return (
-            memo_entries * _MEMO_ENTRY_BYTES
-            + self.transition_count * _TRANSITION_BYTES
-            + 2 * self.state_bytes  # the state list and the interning dict share objects
+            sys.getsizeof(memo)
+            + memo_bytes
+            + sys.getsizeof(stack)
+            + len(stack) * _STACK_ENTRY_BYTES
+            + self.transition_bytes
+            + self.state_bytes
+            + sys.getsizeof(self.states)
+            + sys.getsizeof(self.state_ids)
         )
 
     def run(self, deadline: float, max_memo_entries: int, max_memory_bytes: float) -> _Outcome:
-        n = self.n
         nxt, prv, position = self.nxt, self.prv, self.position
         head, tail, info_head, info_tail = self.head, self.tail, self.info_head, self.info_tail
         info, read_only, twin, blind = self.info, self.read_only, self.twin, self.blind
+        completed, info_bit = self.completed, self.info_bit
+        produces, info_requires = self.produces, self.info_requires
+        filter_info_writes = self.filter_info_writes
         transitions = self.transitions
         transition = self._transition
-        bits = [1 << i for i in range(n)]
-        memo: set[int] = set()
-        # (op, state id before it, forced, window limit when it was placed)
-        stack: list[tuple[int, int, bool, int]] = []
-        lin = 0
+        candidates_of = self._candidates
+        doomed = self._doomed
+        loses = self._loses
+        producers_known = self.producers_known
+        # The memo holds configurations already explored, as (state id, frontier, above,
+        # info): every completed operation numbered below `frontier` is linearized, `above`
+        # has bit k set when completed operation frontier + k is, and `info` has the bits of
+        # the linearized info operations. Exact (no hashing of the set, so no collisions) and
+        # small: `above` spans only the operations concurrent with the frontier's, so an
+        # entry does not grow with the history's length (only `info`, by one bit per info
+        # operation).
+        memo: set[tuple[int, int, int, int]] = set()
+        memo_bytes = 0
+        memo_counted = 0
+        # (op, state id, forced, window limit, frontier, above, info, phase) before the op
+        stack: list[tuple[int, int, bool, int, int, int, int, int]] = []
         sid = 0
+        frontier = 0
+        above = 0
+        linearized_info = 0
         # Phases of trying the candidates of one configuration: 2, a legal read-only op of the
-        # window (placed greedily, no alternatives); 0, the window's other completed ops in
-        # call order; 1, the info ops invoked before the window's first return.
+        # window (placed greedily, no alternatives); 0, the window's other operations in the
+        # order _candidates gives (just in time: the first returning one, then what makes it
+        # legal, then the rest); 1, the info ops invoked before the window's first return.
         phase = 2
-        limit = 0  # phase 1: record index of the window's first return
+        limit = 0  # record index of the window's first return
         entry = nxt[head]
+        candidates: list[int] = []
+        next_candidate = 0
+        info_tried: set[int] = set()  # info ops phase 0 tried already
+        window_requires: set[int] = set()
+        window_unhinted: list[int] = []
         best_depth = -1
         placed_completed = 0
         record_best = False
         best_length = 0
         best_path: list[int] = []
+        low_water = 0  # best_path == the ops of stack[:low_water]
         countdown = _CHECK_EVERY
 
         while True:
             countdown -= 1
             if countdown == 0:
                 countdown = _CHECK_EVERY
-                if time.perf_counter() > deadline:
+                if time.process_time() > deadline:
                     return _Outcome(UNKNOWN, len(memo), "time budget ran out", best_path)
                 if len(memo) > max_memo_entries:
                     return _Outcome(
@@ -305,7 +406,11 @@ class _Search:
                         f"memo table reached {max_memo_entries:,} entries (memory budget)",
                         best_path,
                     )
-                if self.memory_bytes(len(memo)) > max_memory_bytes:
+                if memo:
+                    # The newest key stands for those added since the last check.
+                    memo_bytes += (len(memo) - memo_counted) * _key_bytes((sid, frontier, above, linearized_info))
+                    memo_counted = len(memo)
+                if self.memory_bytes(memo, memo_bytes, stack) > max_memory_bytes:
                     return _Outcome(
                         UNKNOWN,
                         len(memo),
@@ -317,54 +422,92 @@ class _Search:
                 if entry == tail:  # no completed operation left: the rest may never happen
                     return _Outcome(True, len(memo), "", best_path)
                 if entry & 1:  # the window's first return: now the operations that change state
+                    if producers_known and doomed(sid, frontier, above, linearized_info):
+                        phase = 1
+                        entry = info_tail
+                        continue  # backtracks: no candidate can help
                     phase = 0
-                    entry = nxt[head]
+                    candidates, limit, info_tried = candidates_of(entry, sid, linearized_info, stack)
+                    next_candidate = 0
                     continue
                 i = entry >> 1
                 if not read_only[i]:
                     entry = nxt[entry]
                     continue
             elif phase == 0:
-                if entry & 1:  # the first return: the completed part of the window ends here
+                if next_candidate == len(candidates):
                     phase = 1
-                    limit = position[entry]
                     entry = nxt[info_head]
+                    if filter_info_writes:
+                        window_requires, window_unhinted = self._window_needs()
                     continue
-                i = entry >> 1
-                if read_only[i] or (blind[i] and stack and info[stack[-1][0]]):
-                    # a read-only op here is illegal now: phase 2 placed it otherwise
-                    entry = nxt[entry]
-                    continue
+                i = candidates[next_candidate]
+                next_candidate += 1
+                entry = 2 * i
             else:
                 if entry == info_tail or position[entry] > limit:
                     backtrack = True  # every candidate of this configuration was tried
                 else:
                     i = entry >> 1
-                    if (twin[i] >= 0 and not lin & bits[twin[i]]) or (
-                        blind[i] and stack and info[stack[-1][0]]
+                    if (
+                        (twin[i] >= 0 and not linearized_info & info_bit[twin[i]])
+                        or (blind[i] and stack and info[stack[-1][0]])
+                        or i in info_tried
                     ):
                         entry = nxt[entry]
                         continue
+                    if filter_info_writes and blind[i]:
+                        # The next operation after it must observe its state (a blind one
+                        # would erase it): skip it when nothing pending could.
+                        v = produces[i]
+                        if v not in window_requires and v not in info_requires and not any(
+                            transition(q, v) >= 0 if (t := transitions[q].get(v)) is None else t >= 0
+                            for q in window_unhinted
+                        ):
+                            entry = nxt[entry]
+                            continue
             if not backtrack:
                 new_sid = transitions[i].get(sid)
                 if new_sid is None:
                     new_sid = transition(i, sid)
-                if new_sid < 0 or (phase == 1 and new_sid == sid):
-                    entry = nxt[entry]
+                if new_sid < 0 or (info[i] and new_sid == sid):
+                    if phase != 0:
+                        entry = nxt[entry]
                     continue
-                new_lin = lin | bits[i]
-                memo_key = (new_sid << n) | new_lin
+                if info[i]:
+                    new_frontier, new_above, new_info = frontier, above, linearized_info | info_bit[i]
+                else:
+                    new_info = linearized_info
+                    new_above = above | (1 << (completed[i] - frontier))
+                    new_frontier = frontier
+                    while new_above & 1:  # the frontier moves past the linearized prefix
+                        new_above >>= 1
+                        new_frontier += 1
+                memo_key = (new_sid, new_frontier, new_above, new_info)
                 forced = read_only[i]
                 if memo_key in memo:
                     if not forced:
-                        entry = nxt[entry]
+                        if phase == 1:
+                            entry = nxt[entry]
                         continue
                     backtrack = True  # dominated by a configuration that already failed
+                elif producers_known and new_sid != sid and loses(sid, new_frontier, new_above, new_info):
+                    memo.add(memo_key)  # leaves a state some op still needs, for good: failed
+                    if not info[i] and placed_completed + 1 > best_depth:
+                        # Still a linearizable prefix, and the counterexample wants the longest.
+                        best_depth = placed_completed + 1
+                        del best_path[low_water:]
+                        best_path.extend(item[0] for item in stack[low_water:])
+                        best_path.append(i)
+                        low_water = len(stack)
+                        record_best = False
+                    if phase == 1:
+                        entry = nxt[entry]
+                    continue
                 else:
                     memo.add(memo_key)
-                    stack.append((i, sid, forced, limit))
-                    lin = new_lin
-                    sid = new_sid
+                    stack.append((i, sid, forced, limit, frontier, above, linearized_info, phase))
+                    sid, frontier, above, linearized_info = new_sid, new_frontier, new_above, new_info
                     # lift: remove the op's call (and return) from its list
                     a = prv[entry]
                     b = nxt[entry]
@@ -388,14 +531,19 @@ class _Search:
                     continue
             if record_best:
                 # The stack only grew since the new best: its first best_length entries
-                # are that configuration (later info placements are left out).
-                best_path = [s[0] for s in stack[:best_length]]
+                # are that configuration (later info placements are left out). Only the part
+                # below the stack's low-water mark since the last copy changed: copying the
+                # whole path each time made long keys quadratic.
+                del best_path[low_water:]
+                best_path.extend(item[0] for item in stack[low_water:best_length])
+                low_water = best_length
                 record_best = False
             while True:
                 if not stack:
                     return _Outcome(False, len(memo), "", best_path)
-                i, sid, forced, limit = stack.pop()
-                lin ^= bits[i]
+                i, sid, forced, limit, frontier, above, linearized_info, phase = stack.pop()
+                if len(stack) < low_water:
+                    low_water = len(stack)
                 # unlift, in the reverse order of lift
                 if not info[i]:
                     placed_completed -= 1
@@ -407,18 +555,230 @@ class _Search:
                 prv[nxt[c]] = c
                 if not forced:
                     break
-            phase = info[i]
-            entry = nxt[2 * i]
+            # Resume the configuration after op i: the same candidates, in the same order.
+            first_return = nxt[head]
+            while not first_return & 1:
+                first_return = nxt[first_return]
+            candidates, limit, info_tried = candidates_of(first_return, sid, linearized_info, stack)
+            if phase == 0:
+                next_candidate = candidates.index(i) + 1
+            else:
+                entry = nxt[2 * i]
+                if filter_info_writes:
+                    window_requires, window_unhinted = self._window_needs()
+
+    def _doomed(self, sid: int, frontier: int, above: int, linearized_info: int) -> bool:
+        """Whether a window op requires a state that nothing can leave before it returns:
+        no op left unlinearized that leaves that state was invoked before its return (and
+        the state is not the current one). Sound only when every state-changing op's state
+        is known (producers_known): then no linearization extends this configuration."""
+        nxt, requires, position, completed, info, info_bit = (
+            self.nxt, self.requires, self.position, self.completed, self.info, self.info_bit,
+        )
+        producers_of = self.producers_of
+        entry = nxt[self.head]
+        while not entry & 1:
+            q = entry >> 1
+            entry = nxt[entry]
+            r = requires[q]
+            if r < 0 or r == sid:
+                continue
+            returned = position[2 * q + 1]
+            available = False
+            for p in producers_of.get(r, ()):
+                if position[2 * p] > returned:
+                    break  # invoked after q returned: cannot come before q
+                if info[p]:
+                    available = not linearized_info & info_bit[p]
+                else:
+                    c = completed[p] - frontier
+                    available = c >= 0 and not (above >> c) & 1
+                if available:
+                    break
+            if not available:
+                return True
+        return False
+
+    def _loses(self, state: int, frontier: int, above: int, linearized_info: int) -> bool:
+        """Whether leaving `state` dooms the configuration: some completed op not yet
+        linearized requires it, and no op left unlinearized that leaves it was invoked
+        before that op returns. Sound only when producers_known (see _doomed)."""
+        completed, position, info, info_bit = self.completed, self.position, self.info, self.info_bit
+        producers = self.producers_of.get(state, ())
+        for q in self.completed_consumers.get(state, ()):
+            c = completed[q] - frontier
+            if c < 0 or (above >> c) & 1:
+                continue  # linearized already
+            returned = position[2 * q + 1]
+            available = False
+            for p in producers:
+                if position[2 * p] > returned:
+                    break
+                if info[p]:
+                    available = not linearized_info & info_bit[p]
+                else:
+                    d = completed[p] - frontier
+                    available = d >= 0 and not (above >> d) & 1
+                if available:
+                    break
+            if not available:
+                return True
+        return False
+
+    def _window_needs(self) -> tuple[set[int], list[int]]:
+        """The states the window's pending state-observing operations require, and those of
+        them without a `requires` hint (tested one by one)."""
+        nxt, blind, requires = self.nxt, self.blind, self.requires
+        needs: set[int] = set()
+        unhinted: list[int] = []
+        entry = nxt[self.head]
+        while not entry & 1:
+            i = entry >> 1
+            if not blind[i]:
+                if requires[i] >= 0:
+                    needs.add(requires[i])
+                else:
+                    unhinted.append(i)
+            entry = nxt[entry]
+        return needs, unhinted
+
+    def _candidates(
+        self, first_return: int, sid: int, linearized_info: int, stack: list
+    ) -> tuple[list[int], int, set[int]]:
+        """Phase 0's candidates, just in time (Lowe), ordered by the model's hints: the
+        window's ops legal only in the current state (it may not come back), the op of the
+        window's first return, the ops that leave the state it requires (and those that leave
+        the states they require, a few levels deep, pending info ops included), then the
+        window's other completed ops in call order. Read-only ops are phase 2's; a blind op
+        right after an info op is skipped (see the module docstring). The order only decides
+        which candidate is tried first: every candidate is tried before giving up. Returns
+        them, the window limit and the info ops among them (phase 1 skips those)."""
+        nxt, read_only, blind, produces, requires = self.nxt, self.read_only, self.blind, self.produces, self.requires
+        after_info = bool(stack) and self.info[stack[-1][0]]
+        first = first_return >> 1
+        limit = self.position[first_return]
+        enabled: list[int] = []
+        head: list[int] = []
+        window: list[int] = []
+        by_product: dict[int, list[int]] = {}
+        entry = nxt[self.head]
+        while entry != first_return:
+            i = entry >> 1
+            entry = nxt[entry]
+            if read_only[i] or (after_info and blind[i]):
+                continue
+            if requires[i] == sid:
+                enabled.append(i)
+            elif i == first:
+                head.append(i)
+            else:
+                window.append(i)
+                if produces[i] >= 0:
+                    by_product.setdefault(produces[i], []).append(i)
+        producers: list[int] = []
+        info_tried: set[int] = set()
+        position, info_bit, twin, info_producers = self.position, self.info_bit, self.twin, self.info_producers
+        for i in self.info_consumers.get(sid, ()):  # pending info ops legal only now
+            if position[2 * i] > limit:
+                break
+            if not linearized_info & info_bit[i] and (twin[i] < 0 or linearized_info & info_bit[twin[i]]):
+                enabled.append(i)
+                info_tried.add(i)
+        wanted = [requires[first]] if requires[first] >= 0 else []
+        seen = set(wanted)
+        for _ in range(_PRODUCER_DEPTH):
+            deeper = []
+            for state in wanted:
+                found = list(by_product.get(state, ()))
+                for i in info_producers.get(state, ()):
+                    if position[2 * i] > limit:
+                        break
+                    if (
+                        i not in info_tried
+                        and not linearized_info & info_bit[i]
+                        and (twin[i] < 0 or linearized_info & info_bit[twin[i]])
+                        and not (after_info and blind[i])
+                    ):
+                        found.append(i)
+                        info_tried.add(i)
+                for i in found:
+                    producers.append(i)
+                    r = requires[i]
+                    if r >= 0 and r != sid and r not in seen:
+                        seen.add(r)
+                        deeper.append(r)
+            wanted = deeper
+            if not wanted:
+                break
+        if producers:
+            chosen = set(producers)
+            window = [i for i in window if i not in chosen]
+        return enabled + head + producers + window, limit, info_tried
+
+    def _extend_greedily(self, path: list[int]) -> list[int]:
+        """The search's cuts stop a doomed configuration early (a read's value overwritten for
+        good), so its deepest path may end well before the op that cannot be placed. For the
+        explanation, extend it with legal steps only (a legal read-only window op; else the
+        first returning op; else a window op that leaves the state that one requires) until
+        none applies: still a linearizable prefix, now ending where the history fails."""
+        nxt, prv, info = self.nxt, self.prv, self.info
+        lifted: list[int] = []
+
+        def step(i: int, sid: int) -> int:
+            new_sid = self.transitions[i].get(sid)
+            return self._transition(i, sid) if new_sid is None else new_sid
+
+        def lift(i: int) -> None:
+            for entry in (2 * i,) if info[i] else (2 * i, 2 * i + 1):
+                a, b = prv[entry], nxt[entry]
+                nxt[a] = b
+                prv[b] = a
+            lifted.append(i)
+
+        sid = 0
+        for i in path:
+            sid = step(i, sid)
+            lift(i)
+        extended = list(path)
+        while True:
+            window = []
+            entry = nxt[self.head]
+            while not entry & 1:
+                window.append(entry >> 1)
+                entry = nxt[entry]
+            if entry == self.tail:
+                break
+            first = entry >> 1
+            needed = self.requires[first]
+            chosen = next((i for i in window if self.read_only[i] and step(i, sid) >= 0), None)
+            if chosen is None and step(first, sid) >= 0:
+                chosen = first
+            if chosen is None and needed >= 0:
+                chosen = next((i for i in window if self.produces[i] == needed and step(i, sid) >= 0), None)
+            if chosen is None:
+                break
+            sid = step(chosen, sid)
+            lift(chosen)
+            extended.append(chosen)
+        for i in reversed(lifted):  # unlift, in the reverse order of lift
+            for entry in (2 * i,) if info[i] else (2 * i + 1, 2 * i):
+                nxt[prv[entry]] = entry
+                prv[nxt[entry]] = entry
+        return extended
 
     def counterexample(
         self, key: Hashable, model: Model, outcome: _Outcome, all_ops: Sequence[Operation]
     ) -> Counterexample:
         """Rebuild the deepest configuration reached and say what could not be placed."""
-        path = outcome.best_path
+        path = self._extend_greedily(outcome.best_path)
         placed = []
         sid = 0
+        last_write = None  # the prefix's last op that changed the state
         for i in path:
+            before = sid
             sid = self.transitions[i][sid]
+            if sid != before:
+                last_write = self.ops[i]
             placed.append(
                 Placed(
                     op=self.ops[i],
@@ -443,8 +803,14 @@ class _Search:
             else:
                 outcome_text = f"-> {model.describe_state(new)}, but no order of the rest works from there"
             candidates.append(Candidate(op=op, description=model.describe_operation(op), outcome=outcome_text))
+        # Where the value the blocking op needs comes from (model hints; nothing without them).
+        needed = self.requires[blocking]
+        before_return = [i for i in self.producers_of.get(needed, ()) if needed >= 0 and self.ops[i].call < cutoff]  # type: ignore[operator]
+        sources = tuple(self.ops[i] for i in before_return[-_SOURCES_SHOWN:])  # the latest ones
         return Counterexample(
             key=key,
+            last_write=last_write,
+            sources=sources,
             prefix=tuple(placed),
             state=model.describe_state(state),
             blocking=self.ops[blocking],
@@ -452,6 +818,11 @@ class _Search:
             candidates=tuple(candidates),
             operations=tuple(all_ops),
         )
+
+
+def _key_bytes(key: tuple[int, int, int, int]) -> int:
+    """A memo key's own bytes: the tuple and its ints (small ints are shared, counted anyway)."""
+    return sys.getsizeof(key) + sum(sys.getsizeof(part) for part in key)
 
 
 def _size(state: Any) -> int:

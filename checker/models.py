@@ -14,8 +14,10 @@ operation could have taken effect; the search itself allows it to never take eff
 uses it to linearize such operations greedily, so it must never be set for a write.
 `blind` promises that the step is legal in every state and its new state does not depend on
 the old one (a plain register write); the search uses it to skip placing an unknown-outcome
-operation right before a blind write that would erase its effect. Both are optional: False
-is always correct, only slower.
+operation right before a blind write that would erase its effect. `requires` promises that
+the step is legal in that one state only (a read of x, a cas from x); the search uses it to
+place an unknown-outcome write only where some operation could observe it. All three are
+optional: the defaults are always correct, only slower.
 
 Models here: register and cas_register (Knossos' `register` / `cas-register`; as in Knossos a
 read that returns nil matches any value), etcd (Porcupine's etcd model: nil is "key missing",
@@ -42,6 +44,9 @@ class _Illegal:
 ILLEGAL: Any = _Illegal()
 """Returned by a step when the operation cannot have happened in the given state."""
 
+ANY_STATE: Any = type("_AnyState", (), {"__repr__": lambda self: "ANY_STATE"})()
+"""`Step.requires` when the step may be legal in more than one state."""
+
 State = Hashable
 
 
@@ -52,6 +57,7 @@ class Step:
     apply: Callable[[Any], Any]  # state -> new state, or ILLEGAL
     read_only: bool = False  # never changes the state wherever it is legal
     blind: bool = False  # legal in every state, and the new state ignores the old one
+    requires: Any = ANY_STATE  # else: ILLEGAL in every state but this one
 
 
 class ModelError(ValueError):
@@ -123,14 +129,14 @@ class CasRegister(Model):
             if op.type is OpType.INFO or op.result is None:
                 return None  # unknown read, or Knossos' nil read that matches anything
             expected = op.result
-            return Step(lambda s: s if s == expected else ILLEGAL, read_only=True)
+            return Step(lambda s: s if s == expected else ILLEGAL, read_only=True, requires=expected)
         if f == "write":
             new = op.value
             return Step(lambda s: new, blind=True)
         if f == "cas" and self.allow_cas:
             old, new = _pair(op, op.value)
             # An unknown cas that did not match is the same as one that never happened.
-            return Step(lambda s: new if s == old else ILLEGAL)
+            return Step(lambda s: new if s == old else ILLEGAL, requires=old)
         raise self._unknown(op)
 
 
@@ -166,7 +172,7 @@ class Etcd(Model):
             if op.type is not OpType.OK:
                 return None
             expected = op.result
-            return Step(lambda s: s if s == expected else ILLEGAL, read_only=True)
+            return Step(lambda s: s if s == expected else ILLEGAL, read_only=True, requires=expected)
         if f == "write":
             if op.type is OpType.FAIL:
                 return None
@@ -177,7 +183,7 @@ class Etcd(Model):
             if op.type is OpType.FAIL:
                 # etcd answered "compare failed": the value differed at that moment.
                 return Step(lambda s: s if s != old else ILLEGAL, read_only=True)
-            return Step(lambda s: new if s == old else ILLEGAL)
+            return Step(lambda s: new if s == old else ILLEGAL, requires=old)
         raise self._unknown(op)
 
 
@@ -204,7 +210,7 @@ class Kv(Model):
             if op.type is not OpType.OK:
                 return None
             expected = "" if op.result is None else op.result
-            return Step(lambda s: s if s == expected else ILLEGAL, read_only=True)
+            return Step(lambda s: s if s == expected else ILLEGAL, read_only=True, requires=expected)
         if f == "put":
             new = op.value
             return Step(lambda s: new, blind=True)
@@ -273,7 +279,7 @@ class VersionedKv(Model):
             if version is None:
                 return Step(lambda s: s if s[0] == value and s[1] != 0 else ILLEGAL, read_only=True)
             want = (value, version)
-            return Step(lambda s: s if s == want else ILLEGAL, read_only=True)
+            return Step(lambda s: s if s == want else ILLEGAL, read_only=True, requires=want)
         if f not in ("put", "write", "delete"):
             raise self._unknown(op)
         expected = op.expected_version

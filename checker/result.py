@@ -53,9 +53,25 @@ class Counterexample:
     blocking_description: str
     candidates: tuple[Candidate, ...]
     operations: tuple[Operation, ...]  # every operation of the key (for the timeline)
+    last_write: Operation | None = None  # the prefix's last state change: what the blocking op contradicts
+    sources: tuple[Operation, ...] = ()  # ops that write the state the blocking op needs (model hints)
 
     def involved_ids(self) -> set[int]:
         return {c.op.id for c in self.candidates} | {self.blocking.id}
+
+    def contradiction(self) -> list[str]:
+        """One line each: the write whose value the blocking op contradicts, and where the
+        value it needs was written."""
+        lines = []
+        if self.last_write is not None:
+            lines.append(
+                f"it contradicts {_where(self.last_write)} {self.last_write.describe()} "
+                f"(the prefix's last write: state {self.state})"
+            )
+        if self.sources:
+            shown = ", ".join(f"{_where(op)} {op.describe()}" for op in self.sources)
+            lines.append(f"the value it needs is written by {shown}")
+        return lines
 
     def text(self, *, prefix_shown: int = 8, candidates_shown: int = 12) -> str:
         lines = [f"key {self.key!r}: not linearizable"]
@@ -73,6 +89,7 @@ class Counterexample:
             f"  cannot place: {_where(self.blocking)} p{self.blocking.process} {self.blocking_description}"
             f" (it returned before any order could include it)"
         )
+        lines += [f"  {line}" for line in self.contradiction()]
         if self.candidates:
             lines.append("  operations that could go next, none of which leads to a linearization:")
             for cand in self.candidates[:candidates_shown]:
@@ -91,6 +108,8 @@ class Counterexample:
             ],
             "state": self.state,
             "blocking": {"op": _op_json(self.blocking), "description": self.blocking_description},
+            "last_write": None if self.last_write is None else _op_json(self.last_write),
+            "sources": [_op_json(op) for op in self.sources],
             "candidates": [
                 {"op": _op_json(c.op), "description": c.description, "outcome": c.outcome}
                 for c in self.candidates

@@ -26,13 +26,19 @@ h1 { font-size: 18px; } h2 { font-size: 15px; margin-top: 28px; }
 .lane-label { position: absolute; left: 0; width: 56px; top: 5px; color: #666; font-size: 11px; }
 .bar { position: absolute; top: 3px; height: 18px; border-radius: 3px; background: #c9d7ea;
        border: 1px solid #7d96b8; font-size: 11px; white-space: nowrap; overflow: hidden;
-       padding: 0 3px; box-sizing: border-box; }
+       text-overflow: ellipsis; padding: 0 3px; box-sizing: border-box; }
+.bar:hover { overflow: visible; z-index: 2; background-clip: padding-box; }
 .bar.unknown { background: repeating-linear-gradient(45deg, #e4e4e4, #e4e4e4 4px, #f4f4f4 4px, #f4f4f4 8px);
                border-style: dashed; }
 .bar.failed-op { opacity: 0.45; }
 .bar.prefix { background: #c8e6c9; border-color: #4c9a52; }
 .bar.candidate { background: #ffe0b2; border-color: #e08a00; }
 .bar.blocking { background: #ffcdd2; border: 2px solid #b00020; font-weight: bold; }
+.bar.contradicted { border: 2px solid #6a1b9a; }
+.bar.source { border: 2px dotted #6a1b9a; }
+/* an unknown outcome stays hatched and dashed whatever else it is */
+.bar.unknown.prefix { background: repeating-linear-gradient(45deg, #c8e6c9, #c8e6c9 4px, #f4f4f4 4px, #f4f4f4 8px); border-style: dashed; }
+.bar.unknown.candidate { background: repeating-linear-gradient(45deg, #ffe0b2, #ffe0b2 4px, #f4f4f4 4px, #f4f4f4 8px); border-style: dashed; }
 .legend span { display: inline-block; padding: 1px 6px; margin-right: 8px; border-radius: 3px; }
 pre { background: #f6f6f6; padding: 8px; overflow-x: auto; }
 """
@@ -57,14 +63,24 @@ def render_html(
         "<p class='legend'><span class='key bar prefix' style='position:static'>linearized prefix</span>"
         "<span class='key bar candidate' style='position:static'>could go next</span>"
         "<span class='key bar blocking' style='position:static'>cannot be placed</span>"
-        "<span class='key bar unknown' style='position:static'>outcome unknown</span></p>",
+        "<span class='key bar unknown' style='position:static'>? outcome unknown</span>"
+        "<span class='key bar contradicted' style='position:static'>the write it contradicts</span>"
+        "<span class='key bar source' style='position:static'>writes the value it needs</span></p>",
     ]
     counterexamples = result.counterexamples
     if counterexamples:
         for cx in counterexamples:
             parts.append(f"<h2>key {html.escape(repr(cx.key))}</h2>")
             parts.append(f"<pre>{html.escape(cx.text())}</pre>")
-            parts.append(_timeline(cx.operations, model, cx))
+            shown, left_out = failure_window(cx)
+            if left_out:
+                parts.append(
+                    f"<p>{len(cx.operations)} operations on this key: drawn are the {len(shown)} around the "
+                    f"failure (the operation that cannot be placed, every operation concurrent with it, "
+                    f"the candidates, the write it contradicts and the last operations of the linearizable "
+                    f"prefix); {left_out} left out.</p>"
+                )
+            parts.append(_timeline(shown, model, cx))
     else:
         shown = list(operations)[:_MAX_OPS]
         if len(operations) > _MAX_OPS:
@@ -74,8 +90,34 @@ def render_html(
     return "\n".join(parts)
 
 
+def failure_window(cx: Counterexample, limit: int = _MAX_OPS) -> tuple[list[Operation], int]:
+    """The operations to draw for an invalid key, at most `limit`, and how many are left out.
+
+    Never drops the operation that cannot be placed: first it, the write it contradicts and
+    where its value comes from, then every operation concurrent with it, then the candidates
+    that could have gone next, then the linearizable prefix from its end backwards."""
+    if len(cx.operations) <= limit:
+        return list(cx.operations), 0
+    blocking = cx.blocking
+    chosen: dict[int, Operation] = {blocking.id: blocking}
+
+    def take(ops: Sequence[Operation]) -> None:
+        for op in ops:
+            if len(chosen) >= limit:
+                return
+            chosen.setdefault(op.id, op)
+
+    take([op for op in (cx.last_write, *cx.sources) if op is not None])
+    assert blocking.ret is not None
+    take([op for op in cx.operations if op.call < blocking.ret and (op.ret is None or op.ret > blocking.call)])
+    take([c.op for c in cx.candidates])
+    take([p.op for p in reversed(cx.prefix)])
+    shown = sorted(chosen.values(), key=lambda op: op.call)
+    return shown, len(cx.operations) - len(shown)
+
+
 def _timeline(operations: Sequence[Operation], model: Model, cx: Counterexample | None) -> str:
-    operations = list(operations)[:_MAX_OPS]
+    operations = list(operations)[:_MAX_OPS] if cx is None else list(operations)
     if not operations:
         return "<p>no operations</p>"
     # The x axis is the order of this key's own invokes and completions (real-time order is
@@ -109,6 +151,12 @@ def _timeline(operations: Sequence[Operation], model: Model, cx: Counterexample 
             if op.type is OpType.FAIL:
                 classes.append("failed-op")
             label = model.describe_operation(op)
+            if cx is not None and cx.last_write is not None and op.id == cx.last_write.id:
+                classes.append("contradicted")
+            if cx is not None and any(op.id == source.id for source in cx.sources):
+                classes.append("source")
+            if op.ret is None:
+                label = f"? {label}"
             if op.id == blocking:
                 classes.append("blocking")
             elif op.id in candidates:

@@ -12,6 +12,7 @@ drops a last line that has no newline and does not parse, and says so in the res
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,11 @@ def read_history_report(path: str | Path, *, allow_truncated_tail: bool = False)
         if not raw.strip():
             raise HistoryError("empty line (one JSON object per line expected)", path=name, line=number)
         try:
-            obj = json.loads(raw)
+            obj = _loads(raw)
+        except _NotFinite as exc:
+            raise HistoryError(str(exc), path=name, line=number) from None
+        except RecursionError:
+            raise HistoryError("value nested too deeply", path=name, line=number) from None
         except json.JSONDecodeError as exc:
             if is_last and not ends_with_newline:
                 if allow_truncated_tail:
@@ -89,7 +94,12 @@ def read_history_report(path: str | Path, *, allow_truncated_tail: bool = False)
                     line=number,
                 ) from exc
             raise HistoryError(f"not valid JSON: {exc.msg} at column {exc.colno}", path=name, line=number) from exc
-        record = parse_record(obj, expected_index=len(records), path=name, line=number)
+        except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+            raise HistoryError(f"unreadable value: {exc}", path=name, line=number) from None
+        try:
+            record = parse_record(obj, expected_index=len(records), path=name, line=number)
+        except RecursionError:
+            raise HistoryError("value nested too deeply", path=name, line=number) from None
         if record.time is not None:
             if last_time is not None and record.time < last_time:
                 raise HistoryError(
@@ -102,6 +112,25 @@ def read_history_report(path: str | Path, *, allow_truncated_tail: bool = False)
         records.append(record)
     pair_operations(records, path=name, strict=True)  # raises on pairing errors
     return ReadReport(records=records, dropped_truncated_tail=dropped)
+
+
+class _NotFinite(ValueError):
+    """NaN or an infinite number: no model can compare it, and JSON does not allow it."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _NotFinite(f"{name} is not a number JSON allows (NaN and infinities are refused)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(f"number {text[:40]} is out of range (not finite)")
+    return value
+
+
+def _loads(raw: str) -> Any:
+    return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def parse_record(obj: Any, *, expected_index: int | None, path: str | None, line: int | None) -> Op:

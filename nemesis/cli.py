@@ -49,6 +49,7 @@ def _positive(kind: type) -> object:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from nemesis.faults import FAULTS
     from system.kv.unsafe import CANARIES
     from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
 
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="break a real cluster, record the history, check it")
     run.add_argument("--faults", default="partition,kill",
-                     help="comma list of partition, kill, pause, packet, none (default %(default)s)")
+                     help=f"comma list of {', '.join(FAULTS)} (default %(default)s)")
     run.add_argument("--duration", type=_positive(float), default=60.0, metavar="S",
                      help="seconds of workload under faults (default %(default)s)")
     run.add_argument("--interval", type=_positive(float), default=10.0, metavar="S",
@@ -198,6 +199,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.unsafe in TRAINER_CANARIES and args.workload != "trainer":
         return _refuse(f"--unsafe {args.unsafe} is a trainer canary; it needs --workload trainer")
+    if args.platform == "sim" and "member" in faults:
+        return _refuse("--faults member does not run on --platform sim (the simulator's nodes "
+                       "have no identity to wipe and re-admit); use --platform local or docker")
     if args.platform == "sim" and args.workload != "kv":
         return _refuse(f"--platform sim runs the kv workload only (the simulator holds the "
                        f"store, not the trainer); got --workload {args.workload}")

@@ -17,6 +17,11 @@ Faults (`--faults`, a comma list):
 - kill: the leader, a random node or a minority, SIGKILL; healed by restarting them;
 - pause: the leader or a random node, SIGSTOP / cgroup freezer; healed by resuming;
 - packet: loss on a random set of directed links; healed by removing it;
+- member: the leader or a random node leaves the cluster through a membership change
+  (`member remove`), is killed and loses its disk; healed as an operator rejoins a node
+  (thesis §4, docs/kv.md "Identity and rejoining"): `member add` as a learner, start it on
+  the empty directory with its usual command line, `member promote` once it caught up —
+  Jepsen's membership nemesis for etcd;
 - none: no faults (a baseline run).
 
 A workload may own processes of its own (the trainer's coordinators and workers) and offer
@@ -47,12 +52,16 @@ from nemesis.platforms.base import Platform
 
 log = logging.getLogger("nemesis")
 
-FAULTS = ("partition", "kill", "pause", "packet", "none")
+FAULTS = ("partition", "kill", "pause", "packet", "member", "none")
 KILL_TARGETS = ("leader", "random", "minority")
 PAUSE_TARGETS = ("leader", "random")
+MEMBER_TARGETS = ("leader", "random")
+# A promotion waits for the learner to catch up from an empty disk (a snapshot and the log
+# since): generous, since the cluster keeps serving meanwhile.
+PROMOTE_TIMEOUT_S = 90.0
 LOSS_PROBABILITIES = (0.1, 0.2, 0.3, 0.5)
 # Least nodes each fault needs to leave a majority able to serve (checked before a run).
-MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "none": 1}
+MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "member": 3, "none": 1}
 
 
 def parse_faults(text: str) -> list[str]:
@@ -177,6 +186,8 @@ class Nemesis:
             return self._pause()
         if kind == "packet":
             return self._packet()
+        if kind == "member":
+            return self._member()
         raise ValueError(f"unknown fault {kind!r}")
 
     def _register(self, kind: str, nodes: list[str], description: str,
@@ -202,7 +213,7 @@ class Nemesis:
             self.errors.append(message)
             value = {"error": str(exc)}
         f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
-             "packet": "stop-packet"}[fault.kind]
+             "packet": "stop-packet", "member": "rejoin-member"}[fault.kind]
         self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end", "nodes": fault.nodes,
                         "description": fault.description, **value})
 
@@ -336,7 +347,60 @@ class Nemesis:
                               heal, {"probability": probability,
                                      "links": [list(link) for link in links]}, "start-packet")
 
+    def _member(self) -> ActiveFault | None:
+        target, (node,) = self._targets(MEMBER_TARGETS)
+        voters, _ = self.platform.membership()
+        if node not in voters or len(voters) < MIN_NODES["member"]:
+            self.record("nemesis-skip", {"fault": "member", "description":
+                                         f"{node} is not one of {len(voters)} voters "
+                                         f"({', '.join(sorted(voters))})"})
+            return None
+        # Removing the leader makes it hand leadership over first (node.py); the change is
+        # retried at the new leader.
+        self.platform.change_membership("remove", node)
+        self.expected_down.add(node)
+        self.platform.kill(node)
+        self.platform.wipe(node)
+
+        def heal() -> dict[str, Any]:
+            self._rejoin(node)
+            return {"rejoined": node}
+
+        return self._register("member", [node], f"{target}: {node} removed and wiped", heal,
+                              {"target": target, "voters": sorted(voters - {node})},
+                              "remove-member")
+
+    def _rejoin(self, node: str) -> None:
+        """Bring `node` back as a voter from whatever step it is at (not a member, a
+        learner, stopped, running)."""
+        voters, learners = self.platform.membership()
+        if node not in voters and node not in learners:
+            self.platform.change_membership("add", node)
+        if not self.platform.is_running(node):
+            self.platform.start_node(node)
+        self.expected_down.discard(node)
+        if node not in voters:
+            self.platform.change_membership("promote", node, timeout_s=PROMOTE_TIMEOUT_S)
+
     # ----- end of run ------------------------------------------------------------------
+
+    def _restore_membership(self) -> list[str]:
+        """Every node a voter again, whatever a failed or interrupted rejoin left."""
+        actions = []
+        try:
+            voters, _ = self.platform.membership(timeout_s=30.0)
+        except Exception as exc:
+            self.errors.append(f"read the membership: {exc}")
+            return actions
+        for node in self.nodes:
+            if node in voters:
+                continue
+            try:
+                self._rejoin(node)
+                actions.append(f"rejoined {node}")
+            except Exception as exc:
+                self.errors.append(f"rejoin {node}: {exc}")
+        return actions
 
     def describe_active(self) -> list[str]:
         with self._lock:
@@ -364,6 +428,8 @@ class Nemesis:
                 self.expected_down.discard(node)
             except Exception as exc:
                 self.errors.append(f"bring back {node}: {exc}")
+        if "member" in self.faults:
+            actions += self._restore_membership()
         if self.targets is not None:
             try:
                 actions += self.targets.heal_targets()

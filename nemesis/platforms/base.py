@@ -139,12 +139,44 @@ class Platform(abc.ABC):
         self.start_node(node_id)
 
     @abc.abstractmethod
+    def wipe(self, node_id: str) -> None:
+        """Delete the data directory of a node that is not running (its disk is lost; its
+        log survives for the report). The next `start_node` starts it on an empty
+        directory with its usual command line: a new incarnation, which may vote only
+        once the cluster took it back through a membership change (docs/kv.md)."""
+
+    @abc.abstractmethod
+    def member_address(self, node_id: str) -> str:
+        """HOST:PORT to name in `member add` for this node: where its peers reach it.
+        (Peers that route to it through a proxy keep doing so: --peers wins.)"""
+
+    @abc.abstractmethod
     def is_running(self, node_id: str) -> bool:
         """The node's process/container exists and has not exited (paused counts as running)."""
 
     @abc.abstractmethod
     def exit_code(self, node_id: str) -> int | None:
         """The exit code of a node that has exited, else None."""
+
+    # ----- membership ----------------------------------------------------------------
+
+    def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
+        """`member add|promote|remove` of `node_id`, through any node that answers; returns
+        once committed. Raises system.kv.member_client.MembershipError."""
+        from system.kv import member_client
+
+        address = self.member_address(node_id) if action == "add" else ""
+        member_client.change(list(self.client_addresses.values()), action, node_id, address,
+                             timeout_s=timeout_s)
+
+    def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
+        """(voters, learners) in effect on the leader. Raises MembershipTimeout when no
+        leader answers in time."""
+        from system.kv import member_client
+
+        st = member_client.status_with_leader(list(self.client_addresses.values()),
+                                              timeout_s=timeout_s, leader_only=True)
+        return set(st.voters), set(st.learners)
 
     # ----- network -------------------------------------------------------------------
 

@@ -527,6 +527,31 @@ class DockerPlatform(Platform):
         except docker.errors.APIError as exc:
             raise PlatformError(f"could not resume {node_id}: {_one_line(exc)}") from None
 
+    def wipe(self, node_id: str) -> None:
+        """Empty the data directory on the node's volume through a short-lived helper
+        container (a stopped container cannot exec); the log beside it stays."""
+        import docker.errors
+
+        container = self._container(node_id)
+        if self.is_running(node_id):
+            raise PlatformError(f"{node_id} is running; kill or stop it before wiping its data")
+        helper = self.client.containers.run(
+            self.image, ["sh", "-c", f"rm -rf {DATA_DIR}"], network_mode="none",
+            volumes={container.name: {"bind": VOLUME_MOUNT, "mode": "rw"}},
+            labels=self._label_dict("helper", node_id), detach=True)
+        try:
+            outcome = helper.wait(timeout=60)
+            if int(outcome.get("StatusCode", 1)) != 0:
+                output = helper.logs(stdout=True, stderr=True).decode(errors="replace")
+                raise PlatformError(f"wiping {node_id}'s data failed: {output.strip()[-300:]}")
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                helper.remove(force=True)
+
+    def member_address(self, node_id: str) -> str:
+        self._container(node_id)  # an unknown node is an error, as elsewhere
+        return f"{self._ips[node_id]}:{NODE_PORT}"
+
     def is_running(self, node_id: str) -> bool:
         state = self._state(node_id)
         return bool(state.get("Running")) or bool(state.get("Paused"))

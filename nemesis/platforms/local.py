@@ -76,6 +76,14 @@ class LocalPlatform(Platform):
     def resume(self, node_id: str) -> None:
         self.cluster.resume(node_id)
 
+    def wipe(self, node_id: str) -> None:
+        if self.cluster.is_running(node_id):
+            raise PlatformError(f"{node_id} is running; kill or stop it before wiping its data")
+        shutil.rmtree(self.cluster.specs[node_id].data_dir, ignore_errors=True)
+
+    def member_address(self, node_id: str) -> str:
+        return self.cluster.specs[node_id].address
+
     def is_running(self, node_id: str) -> bool:
         return self.cluster.is_running(node_id)
 

@@ -31,6 +31,7 @@ from typing import TypeVar
 
 from nemesis.platforms.base import StatusProbe
 from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
+from system import child_processes
 from system.kv.proto import kv_pb2
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -184,7 +185,7 @@ class LocalCluster:
         # sometimes abort it ("Check failed: next_worker->state == KICKED").
         full_env["KV_PARENT_PID"] = str(os.getpid())
         with open(spec.stderr_file, "ab") as stderr:
-            proc = subprocess.Popen(
+            proc = child_processes.popen(
                 self.command(node_id, extra_args),
                 cwd=REPO_ROOT, env=full_env, stdin=subprocess.DEVNULL,
                 stdout=stderr, stderr=subprocess.STDOUT,

@@ -29,7 +29,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from nemesis.platforms.base import ClusterConfig, Platform
+from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from system.raft.core import Role
 from system.sim.simulation import Simulation
 from system.sim.variant import SimVariant
@@ -132,6 +132,19 @@ class SimPlatform(Platform):
         if node_id in self.paused:
             self.sim.record(f"resume {node_id}")
             self.paused.discard(node_id)
+
+    def wipe(self, node_id: str) -> None:
+        raise PlatformError("the sim platform does not run the member fault (its nodes have "
+                            "no identity to wipe and re-admit); use --platform local or docker")
+
+    def member_address(self, node_id: str) -> str:
+        raise PlatformError("the sim platform has no member addresses (no member fault)")
+
+    def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
+        raise PlatformError("the sim platform does not run the member fault")
+
+    def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
+        raise PlatformError("the sim platform does not run the member fault")
 
     def is_running(self, node_id: str) -> bool:
         return self.sim.nodes[node_id].alive

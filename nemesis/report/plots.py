@@ -19,7 +19,7 @@ from nemesis.report.data import RunData
 
 OUTCOME_COLOURS = {"ok": "#1f77b4", "fail": "#d62728", "info": "#ff9f1c"}
 FAULT_COLOURS = {"partition": "#f6c77a", "kill": "#f29a9a", "pause": "#9ec1ef",
-                 "packet": "#c6a9ef", "crash": "#bbbbbb"}
+                 "packet": "#c6a9ef", "member": "#a8d8b9", "crash": "#bbbbbb"}
 MARKERS = {"get": "o", "read": "o", "put": "^", "write": "^", "cas": "s", "delete": "x"}
 WIDTH_IN, HEIGHT_IN, DPI = 11.0, 3.4, 100
 

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
 import errno
 import logging
-import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 
+from system.child_processes import die_with_parent
 from system.kv.logs import configure_logging
 
 log = logging.getLogger("kv.main")
@@ -142,25 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _die_with_parent() -> None:
-    """When started by a supervisor that set KV_PARENT_PID (LocalCluster, `cluster`), ask
-    Linux to SIGKILL this process when that parent dies, so no node outlives it. If the
-    parent is already gone, exit now (it died before the request took effect)."""
-    parent = os.environ.get("KV_PARENT_PID")
-    if not parent:
-        return
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != int(parent):
-        sys.exit(0)
-
-
 def serve(args: argparse.Namespace) -> int:
     from system.kv.unsafe import UnsafeRefused, unsafe_mode
 
-    _die_with_parent()
+    die_with_parent("KV_PARENT_PID")  # LocalCluster, `cluster` (system/child_processes.py)
     configure_logging(args.log_file)
     try:
         unsafe = unsafe_mode(args.unsafe)
@@ -295,12 +279,7 @@ def member(args: argparse.Namespace) -> int:
     """`member list|add|promote|remove`: one change, sent to the leader (followed through
     the "leader-id" hint), answered once committed; exit 0 done, 1 refused, 2 bad input,
     3 no answer in time."""
-    import time
-
-    import grpc
-
-    from system.kv.proto import kv_pb2, kv_pb2_grpc
-    from system.kv.transport import CHANNEL_OPTIONS
+    from system.kv import member_client
 
     addresses = [a.strip() for a in args.cluster.split(",") if a.strip()]
     for address in addresses:
@@ -315,60 +294,29 @@ def member(args: argparse.Namespace) -> int:
     if args.action == "add" and not args.address:
         print("error: member add needs --address HOST:PORT of the new member", file=sys.stderr)
         return 2
-    change = {"add": "add-learner", "promote": "promote", "remove": "remove"}.get(args.action)
-    deadline = time.monotonic() + args.timeout_s
-    queue = list(addresses)
-    last_error = "no member answered"
-    while time.monotonic() < deadline:
-        address = queue.pop(0)
-        queue.append(address)
-        with grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS)) as channel:
-            stub = kv_pb2_grpc.KVStub(channel)
-            remaining = max(0.5, deadline - time.monotonic())
-            try:
-                if change is None:
-                    st = stub.Status(kv_pb2.StatusRequest(), timeout=min(2.0, remaining))
-                    if not st.leader_id and st.role != "leader":
-                        last_error = f"{address} knows no leader yet"
-                        time.sleep(0.2)
-                        continue
-                    for node_id, node_address in sorted(st.member_addresses.items()):
-                        kind = "voter" if node_id in st.voters else (
-                            "learner" if node_id in st.learners else "not a member")
-                        print(f"{node_id} {node_address} {kind}"
-                              f"{' leader' if node_id == st.leader_id else ''}")
-                    return 0
-                answer = stub.ChangeMembership(
-                    kv_pb2.ChangeMembershipRequest(change=change, node_id=args.id,
-                                                   address=args.address),
-                    timeout=min(10.0, remaining))
-            except grpc.RpcError as exc:
-                code = exc.code()
-                hint = dict(exc.trailing_metadata() or ()).get("leader-address", "")
-                last_error = f"{address}: {exc.details() or code.name}"
-                if code == grpc.StatusCode.INVALID_ARGUMENT:
-                    print(f"error: {exc.details()}", file=sys.stderr)
-                    return 2
-                if code == grpc.StatusCode.FAILED_PRECONDITION:
-                    if "not caught up" in (exc.details() or "") or "in progress" in (
-                            exc.details() or "") or "not yet committed" in (exc.details() or ""):
-                        time.sleep(0.3)  # wait for the learner / the change in flight
-                        continue
-                    print(f"error: refused: {exc.details()}", file=sys.stderr)
-                    return 1
-                if hint and hint not in queue:
-                    queue.insert(0, hint)
-                elif hint:
-                    queue.remove(hint)
-                    queue.insert(0, hint)
-                time.sleep(0.1)
-                continue
-        print(f"{args.action} {args.id}: committed at index {answer.index}; voters "
-              f"{','.join(answer.voters)}; learners {','.join(answer.learners) or '-'}")
-        return 0
-    print(f"error: member {args.action}: no answer within {args.timeout_s:g}s ({last_error})",
-          file=sys.stderr)
-    return 3
+    try:
+        if args.action == "list":
+            st = member_client.status_with_leader(addresses, timeout_s=args.timeout_s)
+            for node_id, node_address in sorted(st.member_addresses.items()):
+                kind = "voter" if node_id in st.voters else (
+                    "learner" if node_id in st.learners else "not a member")
+                print(f"{node_id} {node_address} {kind}"
+                      f"{' leader' if node_id == st.leader_id else ''}")
+            return 0
+        answer = member_client.change(addresses, args.action, args.id, args.address,
+                                      timeout_s=args.timeout_s)
+    except member_client.MembershipInvalid as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except member_client.MembershipRefused as exc:
+        print(f"error: refused: {exc}", file=sys.stderr)
+        return 1
+    except member_client.MembershipTimeout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    print(f"{args.action} {args.id}: committed at index {answer.index}; voters "
+          f"{','.join(answer.voters)}; learners {','.join(answer.learners) or '-'}")
+    return 0
 
 
 async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
@@ -406,23 +354,25 @@ def cluster(args: argparse.Namespace) -> int:
     cluster_ = LocalCluster(
         args.nodes, args.data_dir, base_port=args.base_port or None, node_args=list(args.node_arg)
     )
-    stopping = False
+    # A signal sets a flag the loop looks at, instead of raising KeyboardInterrupt
+    # wherever the main thread happens to be: inside gRPC's channel code or a lock, an
+    # exception there can leave the command hanging (the likely cause of a Ctrl-C test
+    # that timed out twice under load and never alone).
+    stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        raise KeyboardInterrupt
+        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     try:
         cluster_.start()
         print(f"data and logs in {cluster_.base_dir}", flush=True)
         for spec in cluster_.specs.values():
             print(f"{spec.node_id} {spec.address}  (log {spec.log_file})", flush=True)
         leader = None
-        while True:
-            current = cluster_.wait_for_leader_change(leader, timeout_s=3600)
+        while not stop.is_set():
+            current = cluster_.wait_for_leader_change(leader, timeout_s=0.5)
             if current != leader:
                 leader = current
                 address = cluster_.specs[leader].address if leader else "-"
@@ -430,7 +380,6 @@ def cluster(args: argparse.Namespace) -> int:
             for node_id in cluster_.exited_nodes():
                 print(f"{node_id} exited with code {cluster_.exit_code(node_id)}; "
                       f"see {cluster_.specs[node_id].log_file}", flush=True)
-    except KeyboardInterrupt:
         print("stopping the cluster...", flush=True)
     finally:
         cluster_.close()

@@ -193,13 +193,15 @@ class KVClient:
     attempt, so a paused or partitioned node costs at most that before the client tries
     the NEXT node with the same request id (default: 0.5 s plus 1 s per 2 MiB of payload,
     doubled after each attempt that timed out, never more than what remains of the
-    call); `retries` bounds the attempts. Arguments
+    call); `retries` bounds the attempts (100: while an election goes on, nodes answer
+    "no leader known" at once, and 20 quick attempts ran out long before a 10 s
+    deadline on a loaded machine — the deadline is the bound that matters). Arguments
     are checked before anything is sent (InvalidArgument naming the field); keys longer
     than `max_key_bytes` (UTF-8; the node's default limit) are refused here too.
     """
 
     def __init__(self, addresses: Sequence[str] | Mapping[str, str], *, timeout_s: float = 5.0,
-                 retries: int = 20, attempt_timeout_s: float | None = None,
+                 retries: int = 100, attempt_timeout_s: float | None = None,
                  client_id: str | None = None, max_key_bytes: int = 1024) -> None:
         if not addresses:
             raise ValueError("KVClient needs at least one node address")

@@ -647,13 +647,16 @@ class Node:
         return leader, self.address_of(leader)
 
     def address_of(self, node_id: NodeId | None) -> str:
-        """Where `node_id` listens: what the membership says (a member added at run
-        time), else the command line's --peers."""
+        """Where this node reaches `node_id`: the command line's --peers, else what the
+        membership says (a member added at run time). --peers wins because it is this
+        host's own route to that node (a proxy, a NAT), while a member's address is one
+        log entry shared by every node: a node removed and added back under its old id
+        is reached the way it always was."""
         if node_id is None:
             return ""
         if node_id == self.config.node_id:
             return self.config.listen_address
-        return self.core.membership.info(node_id) or self.config.peers.get(node_id, "")
+        return self.config.peers.get(node_id) or self.core.membership.info(node_id) or ""
 
     def member_addresses(self) -> dict[NodeId, str]:
         members = set(self.core.membership.members()) | set(self.config.peers)

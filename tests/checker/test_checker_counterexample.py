@@ -4,7 +4,7 @@ cannot be placed and why; the HTML timeline shows the same, escaped, one lane pe
 from __future__ import annotations
 
 from checker import check_linearizable, models
-from checker.timeline import render_html
+from checker.timeline import failure_window, render_html
 from histories.ops import Op, OpType
 from histories.pairing import pair_operations
 
@@ -57,3 +57,39 @@ def test_valid_history_timeline_shows_every_operation() -> None:
     operations = pair_operations(history)
     page = render_html(check_linearizable(operations, model), operations, model)
     assert "linearizable" in page and page.count("class='bar") == 2
+
+
+def _long_history_with_a_stale_read_at_the_end(writes: int) -> list[Op]:
+    """`writes` sequential writes by two processes, then a read of the first value: the
+    failure is at the very end, past any count of operations drawn from the start."""
+    spec = []
+    for n in range(writes):
+        spec += [(n % 2, OpType.INVOKE, "write", n), (n % 2, OpType.OK, "write", n)]
+    spec += [(7, OpType.INVOKE, "write", -1)]  # never completes
+    spec += [(5, OpType.INVOKE, "read", None), (5, OpType.OK, "read", 0)]
+    return [Op(index=i, process=p, type=t, f=f, value=v) for i, (p, t, f, v) in enumerate(spec)]
+
+
+def test_the_text_names_the_write_the_failing_read_contradicts_and_where_its_value_was_written() -> None:
+    operations = pair_operations(_long_history_with_a_stale_read_at_the_end(5))
+    result = check_linearizable(operations, models.cas_register(None))
+    (cx,) = result.counterexamples
+    assert cx.last_write is not None and cx.last_write.value == 4
+    assert [op.value for op in cx.sources] == [0]
+    text = cx.text()
+    assert "it contradicts [8..9] p0 write 4" in text and "written by [0..1] p0 write 0" in text
+
+
+def test_a_long_key_draws_the_window_around_the_failure_and_says_how_many_were_left_out() -> None:
+    model = models.cas_register(None)
+    operations = pair_operations(_long_history_with_a_stale_read_at_the_end(4000))
+    result = check_linearizable(operations, model)
+    (cx,) = result.counterexamples
+    shown, left_out = failure_window(cx, limit=100)
+    assert cx.blocking in shown and len(shown) == 100 and left_out == len(operations) - 100
+    assert cx.last_write in shown and cx.sources[0] in shown
+    page = render_html(result, operations, model)
+    assert page.count("class='bar blocking'") == 1  # the read that cannot be placed is drawn
+    assert f"{len(operations) - 3000} left out" in page
+    assert "class='bar contradicted prefix'" in page and "bar source prefix" in page
+    assert "class='bar unknown candidate'" in page and ">? write(-1)" in page  # unknown stays distinct

@@ -1,6 +1,8 @@
 """A paused leader must not stall the client for its whole deadline: each attempt has its
 own timeout and the retry (same request id) goes to the next node, so the first write
-acknowledged after SIGSTOP of the leader comes about when the election is over.
+acknowledged after SIGSTOP of the leader comes about when the election is over. How soon
+is a figure (printed here, measured in benchmarks/kv_bench.py's leader-kill row), not an
+assertion: a timed assertion fails on a loaded machine for reasons that are not the rule.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ import time
 import pytest
 
 from nemesis.platforms.local_cluster import LocalCluster
+from system.kv.client import Indeterminate, Unavailable
 
 pytestmark = pytest.mark.integration
 
 
-def test_after_sigstop_of_the_leader_the_first_write_comes_within_one_and_a_half_elections(
+def test_after_sigstop_of_the_leader_the_write_goes_to_the_new_leader_within_its_deadline(
     tmp_path,
 ) -> None:
     with LocalCluster(3, tmp_path) as cluster:
@@ -55,10 +58,19 @@ def test_after_sigstop_of_the_leader_the_first_write_comes_within_one_and_a_half
             print(f"election {election_s:.2f}s, first acknowledged write {write_s:.2f}s "
                   f"(answered by {result.node_id})")
             assert result.node_id in followers
-            # 1.5x the election, plus 0.5 s for the polling and scheduling noise of a
-            # machine shared with other jobs (measured at load average 24: 1.90 s and
-            # 2.89 s once; usually the write comes within 0.1 s of the election).
-            assert write_s <= 1.5 * election_s + 0.5, (
-                f"first write after {write_s:.2f}s; the election took {election_s:.2f}s")
+            # The rule broken: one attempt may take the whole deadline, so the first
+            # attempt waits on the paused node and the write never reaches the new leader.
+            stuck = cluster.client(timeout_s=3, attempt_timeout_s=3)
+            try:
+                # The answering node is the leader this client goes to next.
+                new_leader = stuck.put("warm", b"again").node_id
+                cluster.pause(new_leader)
+                try:
+                    with pytest.raises((Indeterminate, Unavailable)):
+                        stuck.put("after-second-pause", b"v")
+                finally:
+                    cluster.resume(new_leader)
+            finally:
+                stuck.close()
         finally:
             kv.close()

@@ -105,3 +105,22 @@ def test_clean_leaves_a_live_run_alone_and_removes_it_when_named(tmp_path: Path)
         assert _labelled(run_id) == set()
     finally:
         platform.close()
+
+
+@needs_docker
+def test_member_fault_on_docker_wipes_the_volume_and_rejoins(tmp_path: Path) -> None:
+    proc = _nemesis(tmp_path, "--platform", "docker", "--nodes", "3", "--duration", "20",
+                    "--interval", "4", "--faults", "member", "--seed", "5")
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    events = [json.loads(line) for line in (run_dir / "nemesis.jsonl").read_text().splitlines()]
+    removed = [e["nodes"][0] for e in events if e["f"] == "remove-member"]
+    assert removed and [e["rejoined"] for e in events if e["f"] == "rejoin-member"] == removed
+    log = (run_dir / "nodes" / f"{removed[0]}.log").read_text().splitlines()
+    assert len({json.loads(line)["member_id"] for line in log
+                if "identity confirmed" in line}) >= 2
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["valid"] is True and results["crashed_nodes"] == []
+    run_id = json.loads((run_dir / "test.json").read_text())["run_id"]
+    assert _labelled(run_id) == set()

@@ -130,3 +130,30 @@ def test_sigkilled_harness_leaves_no_node_running_and_clean_removes_the_rest(tmp
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "removed directory" in clean.stdout
     assert _leftovers(run_id) == (set(), set())
+
+
+def test_member_fault_rejoins_wiped_nodes_as_new_incarnations_and_loses_nothing(
+        tmp_path: Path) -> None:
+    """Issue 8's operator path under load: a node leaves the cluster, loses its disk, comes
+    back as a learner with a new member id and is promoted; the run stays valid, and no
+    node dies that the nemesis did not kill (a node restarted from the nemesis's thread
+    used to be SIGKILLed when that thread ended: PR_SET_PDEATHSIG follows the thread)."""
+    proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "20", "--interval", "3",
+                    "--faults", "member", "--seed", "2")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    events = [json.loads(line) for line in (run_dir / "nemesis.jsonl").read_text().splitlines()]
+    removed = [e["nodes"][0] for e in events if e["f"] == "remove-member"]
+    rejoined = [e["rejoined"] for e in events if e["f"] == "rejoin-member"]
+    assert removed and rejoined == removed, events
+    assert events[-1]["f"] == "heal-all" and "started" not in events[-1]["description"], events[-1]
+    # Each rejoin is a new incarnation of the node's directory: a new member id confirmed.
+    log = (run_dir / "nodes" / f"{removed[0]}.log").read_text().splitlines()
+    member_ids = {json.loads(line)["member_id"] for line in log
+                  if "identity confirmed" in line}
+    assert len(member_ids) >= 2, member_ids
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["valid"] is True and results["crashed_nodes"] == []
+    assert results["final_reads"]["unread"] == []
+    assert _leftovers(_run_id(tmp_path)) == (set(), set())

@@ -20,6 +20,11 @@ class FakePlatform(Platform):
         self.loss: dict[tuple[str, str], float] = {}
         self.down: set[str] = set()
         self.paused: set[str] = set()
+        self.voters: set[str] = set(self.node_ids)
+        self.learners: set[str] = set()
+        self.wiped: set[str] = set()
+        self.calls: list[str] = []  # membership-related steps, in order
+        self.fail_promote = False
 
     def start(self) -> None: ...
     def close(self) -> None: ...
@@ -29,13 +34,45 @@ class FakePlatform(Platform):
         return {n: f"127.0.0.1:{7000 + i}" for i, n in enumerate(self.node_ids)}
 
     def start_node(self, node_id: str) -> None:
+        self.calls.append(f"start {node_id}")
         self.down.discard(node_id)
 
     def stop_node(self, node_id: str) -> None:
         self.down.add(node_id)
 
     def kill(self, node_id: str) -> None:
+        self.calls.append(f"kill {node_id}")
         self.down.add(node_id)
+
+    def wipe(self, node_id: str) -> None:
+        assert node_id in self.down, "wiped while running"
+        self.calls.append(f"wipe {node_id}")
+        self.wiped.add(node_id)
+
+    def member_address(self, node_id: str) -> str:
+        return self.client_addresses[node_id]
+
+    def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
+        from system.kv.member_client import MembershipRefused, MembershipTimeout
+
+        self.calls.append(f"{action} {node_id}")
+        if action == "remove":
+            self.voters.discard(node_id)
+            self.learners.discard(node_id)
+        elif action == "add":
+            if node_id in self.voters | self.learners:
+                raise MembershipRefused(f"{node_id} is already a member")
+            self.learners.add(node_id)
+        elif action == "promote":
+            if self.fail_promote or node_id in self.down:
+                raise MembershipTimeout(f"{node_id} did not catch up")
+            if node_id not in self.learners:
+                raise MembershipRefused(f"{node_id} is not a learner")
+            self.learners.discard(node_id)
+            self.voters.add(node_id)
+
+    def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
+        return set(self.voters), set(self.learners)
 
     def pause(self, node_id: str) -> None:
         self.paused.add(node_id)
@@ -140,3 +177,43 @@ def test_heal_everything_undoes_active_faults_and_brings_every_node_back() -> No
     assert not platform.cut_set and not platform.down and not platform.paused
     assert not nemesis.active and events[-1][0] == "heal-all"
     assert "started n4" in events[-1][1]["description"]
+
+
+def test_member_fault_removes_wipes_and_rejoins_the_node_through_a_learner() -> None:
+    events, platform = _drive("member", seed=4, rounds=4)
+    starts = [v for f, v in events if f == "remove-member"]
+    ends = [v for f, v in events if f == "rejoin-member"]
+    assert len(starts) == len(ends) == 4
+    assert starts[0]["target"] == "leader" and starts[0]["nodes"] == ["n1"]
+    assert starts[0]["voters"] == ["n2", "n3", "n4", "n5"]
+    # Thesis §4: the node leaves before it loses its disk, and comes back as a learner
+    # that is promoted only once it runs (and so can catch up).
+    assert platform.calls[:6] == ["remove n1", "kill n1", "wipe n1", "add n1", "start n1",
+                                  "promote n1"]
+    assert platform.voters == set(platform.node_ids) and not platform.learners
+    assert not platform.down
+
+
+def test_heal_everything_finishes_a_rejoin_that_failed_half_way() -> None:
+    platform = FakePlatform(3)
+    events: list[tuple[str, dict]] = []
+    nemesis = Nemesis(platform, ["member"], seed=1, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)))
+    fault = nemesis._begin("member")
+    platform.fail_promote = True  # the learner does not catch up in time
+    nemesis._end(fault)
+    assert nemesis.errors and platform.learners == {"n1"}
+    platform.fail_promote = False
+    nemesis.heal_everything()
+    assert platform.voters == {"n1", "n2", "n3"} and not platform.learners
+    assert "rejoined n1" in events[-1][1]["description"]
+
+
+def test_member_fault_skips_a_node_that_is_not_a_voter() -> None:
+    platform = FakePlatform(3)
+    platform.voters.discard("n1")  # what a failed rejoin may leave
+    events: list[tuple[str, dict]] = []
+    nemesis = Nemesis(platform, ["member"], seed=1, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)))
+    assert nemesis._begin("member") is None
+    assert events[-1][0] == "nemesis-skip" and not platform.calls

@@ -1,0 +1,106 @@
+"""Membership changes of a running cluster, from outside: what `python -m system.kv member`
+and the harness's `member` fault both call.
+
+One change at a time, sent to the leader (followed through the "leader-address" hint of a
+refusal), answered once committed and applied on the leader. A change the leader cannot
+make yet — a learner not caught up, another change in flight, the leader's term not yet
+committed — is retried until the deadline; a change it refuses for good is
+`MembershipRefused`; bad arguments are `MembershipInvalid`; no answer in time is
+`MembershipTimeout` (the change may still happen: the caller checks the membership).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.kv.transport import CHANNEL_OPTIONS
+
+CHANGES = {"add": "add-learner", "promote": "promote", "remove": "remove"}
+# Refusals that go away by waiting (server.py / node.py wording).
+_TRANSIENT = ("not caught up", "in progress", "not yet committed")
+
+
+class MembershipError(Exception):
+    """Base of the errors below; the message says what happened and where."""
+
+
+class MembershipInvalid(MembershipError):
+    """The request itself is wrong (unknown member, missing address...)."""
+
+
+class MembershipRefused(MembershipError):
+    """The leader refused the change for good (e.g. removing the last voter)."""
+
+
+class MembershipTimeout(MembershipError):
+    """No member made or refused the change before the deadline."""
+
+
+def change(addresses: Sequence[str], action: str, node_id: str, address: str = "", *,
+           timeout_s: float = 30.0, on_retry=None) -> kv_pb2.ChangeMembershipResponse:  # noqa: ANN001
+    """Carry out `action` ("add", "promote" or "remove") of `node_id` through any of
+    `addresses` (HOST:PORT of members); returns the leader's answer once committed."""
+    if action not in CHANGES:
+        raise MembershipInvalid(f"unknown membership action {action!r}; one of {', '.join(CHANGES)}")
+    request = kv_pb2.ChangeMembershipRequest(change=CHANGES[action], node_id=node_id,
+                                             address=address)
+    deadline = time.monotonic() + timeout_s
+    queue = list(addresses)
+    last_error = "no member answered"
+    while time.monotonic() < deadline:
+        target = queue.pop(0)
+        queue.append(target)
+        with grpc.insecure_channel(target, options=list(CHANNEL_OPTIONS)) as channel:
+            remaining = max(0.5, deadline - time.monotonic())
+            try:
+                return kv_pb2_grpc.KVStub(channel).ChangeMembership(request,
+                                                                    timeout=min(10.0, remaining))
+            except grpc.RpcError as exc:
+                code, details = exc.code(), exc.details() or exc.code().name
+                last_error = f"{target}: {details}"
+                if code == grpc.StatusCode.INVALID_ARGUMENT:
+                    raise MembershipInvalid(details) from None
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    if not any(t in details for t in _TRANSIENT):
+                        raise MembershipRefused(details) from None
+                    if on_retry is not None:
+                        on_retry(details)
+                    time.sleep(0.3)
+                    continue
+                hint = dict(exc.trailing_metadata() or ()).get("leader-address", "")
+                if hint:
+                    if hint in queue:
+                        queue.remove(hint)
+                    queue.insert(0, hint)
+                time.sleep(0.1)
+    raise MembershipTimeout(f"member {action} {node_id}: no answer within {timeout_s:g}s "
+                            f"({last_error})")
+
+
+def status_with_leader(addresses: Sequence[str], *, timeout_s: float = 10.0,
+                       leader_only: bool = False) -> kv_pb2.StatusResponse:
+    """The Status of the first of `addresses` that knows a leader (with `leader_only`: of
+    the leader itself, whose membership is the newest); MembershipTimeout if none does
+    before the deadline."""
+    deadline = time.monotonic() + timeout_s
+    last_error = "no member answered"
+    while time.monotonic() < deadline:
+        for target in addresses:
+            with grpc.insecure_channel(target, options=list(CHANNEL_OPTIONS)) as channel:
+                try:
+                    st = kv_pb2_grpc.KVStub(channel).Status(
+                        kv_pb2.StatusRequest(),
+                        timeout=min(2.0, max(0.2, deadline - time.monotonic())))
+                except grpc.RpcError as exc:
+                    last_error = f"{target}: {exc.details() or exc.code().name}"
+                    continue
+            if st.role == "leader" or (st.leader_id and not leader_only):
+                return st
+            last_error = (f"{target} follows {st.leader_id}" if st.leader_id
+                          else f"{target} knows no leader yet")
+        time.sleep(0.2)
+    raise MembershipTimeout(f"no member knew a leader within {timeout_s:g}s ({last_error})")
