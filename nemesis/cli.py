@@ -1,9 +1,10 @@
 """`python -m nemesis run|check|clean|report|serve|show`: the harness's command line.
 
     python -m nemesis run --faults partition,kill --duration 120 [--nodes 5] [--workload kv]
-        [--platform docker|local] [--seed N] [--store DIR] [--concurrency N] [--rate N]
+        [--platform docker|local|sim] [--seed N] [--store DIR] [--concurrency N] [--rate N]
         [--interval S] [--read-consistency linearizable|stale] [--unsafe NAME]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
+    python -m nemesis shrink RUN_DIR [--test-out FILE]   minimise a failing --platform sim run
     python -m nemesis clean [--run ID]    remove what a crashed run left behind
     python -m nemesis report RUN_DIR [--junit FILE]   regenerate report.html (and JUnit XML)
     python -m nemesis serve [--store DIR] [--port 8080] [--host 127.0.0.1]   browse the store
@@ -64,8 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default %(default)s)")
     run.add_argument("--nodes", type=_positive(int), default=5, help="default %(default)s")
     run.add_argument("--workload", choices=WORKLOADS, default="kv")
-    run.add_argument("--platform", choices=("docker", "local"), default=None,
-                     help="default: docker when a Docker engine answers, else local")
+    run.add_argument("--platform", choices=("docker", "local", "sim"), default=None,
+                     help="default: docker when a Docker engine answers, else local; sim: "
+                          "the deterministic simulator in simulated time (same seed, same "
+                          "history)")
     run.add_argument("--seed", type=int, default=None, help="repeat a run's fault schedule and op mix")
     run.add_argument("--store", type=Path, default=Path("store"), help="default %(default)s/")
     run.add_argument("--concurrency", type=_positive(int), default=None,
@@ -87,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check", help="re-check a stored run from its history")
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
     chk.add_argument("--budget-s", type=_positive(float), default=60.0, metavar="S")
+
+    shrink = sub.add_parser("shrink", help="minimise a failing --platform sim run into a "
+                                           "named-step schedule and a pytest test")
+    shrink.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
+    shrink.add_argument("--test-out", type=Path, default=None, metavar="FILE",
+                        help="write the minimal schedule as a pytest test")
 
     clean = sub.add_parser("clean", help="remove containers, networks, volumes and processes "
                                          "a crashed run left")
@@ -162,6 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check(args)
     if args.command in ("report", "serve", "show"):
         return _report_commands(args)
+    if args.command == "shrink":
+        from nemesis.shrink import ShrinkRefused, shrink_run
+
+        try:
+            return shrink_run(args.run_dir.resolve(), args.test_out, sys.stdout)
+        except ShrinkRefused as exc:
+            return _refuse(str(exc))
     return _clean(args)
 
 
@@ -183,6 +199,12 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.unsafe in TRAINER_CANARIES and args.workload != "trainer":
         return _refuse(f"--unsafe {args.unsafe} is a trainer canary; it needs --workload trainer")
+    if args.platform == "sim" and "member" in faults:
+        return _refuse("--faults member does not run on --platform sim (the simulator's nodes "
+                       "have no identity to wipe and re-admit); use --platform local or docker")
+    if args.platform == "sim" and args.workload != "kv":
+        return _refuse(f"--platform sim runs the kv workload only (the simulator holds the "
+                       f"store, not the trainer); got --workload {args.workload}")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
     if args.interval * 2 > args.duration and faults != ["none"]:

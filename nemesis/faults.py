@@ -150,12 +150,23 @@ class Nemesis:
             # Quiet, then a fault held for one interval, unless the run ends first.
             if self._stop.wait(self.interval_s) or time.monotonic() + self.interval_s / 2 > deadline:
                 return
-            kind = self.rng.choice(self.faults)
-            fault = self._guarded(kind, lambda k=kind: self._begin(k))
+            fault = self.begin_next()
             if fault is None:
                 continue
             self._stop.wait(max(0.0, min(self.interval_s, deadline - time.monotonic())))
-            self._end(fault)
+            self.end(fault)
+
+    # The two moves of the schedule, for an interpreter that owns time itself (the
+    # simulator's runs, nemesis/sim_runner.py, call them in simulated time).
+
+    def begin_next(self) -> ActiveFault | None:
+        """Draw the next kind of fault and start it; None if it could not start."""
+        kind = self.rng.choice(self.faults)
+        return self._guarded(kind, lambda: self._begin(kind))
+
+    def end(self, fault: ActiveFault) -> None:
+        """Heal `fault` (nothing if it is already healed) and record it."""
+        self._end(fault)
 
     def _guarded(self, what: str, action: Callable[[], ActiveFault | None]) -> ActiveFault | None:
         try:

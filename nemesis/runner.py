@@ -186,9 +186,10 @@ class _Output:
         return not self.broken and hasattr(self.stream, "isatty") and self.stream.isatty()
 
 
-def run(config: RunConfig, out=sys.stdout) -> int:  # noqa: ANN001 - a text stream
+def run(config: RunConfig, out=None) -> int:  # noqa: ANN001 - a text stream
     """The whole run; returns the exit code (0 valid, 1 invalid, 2 unknown, 3 harness error)."""
-    out = _Output(out)
+    # sys.stdout at call time, not at import time (a test's captured stream may be gone).
+    out = _Output(out if out is not None else sys.stdout)
     run_dir = new_run_dir(config.store, config.workload)
     run_id = f"{config.workload}-{run_dir.name}-{config.seed}"
     handler = logging.FileHandler(run_dir / "harness.log")
@@ -239,22 +240,34 @@ def _teardown(ctx: RunContext | None, nemesis: Nemesis | None, workload: Workloa
     run_info["client_errors"] = list(getattr(workload, "harness_errors", []))[:20]
 
 
-def _print(out, text: str) -> None:  # noqa: ANN001
+def print_line(out, text: str) -> None:  # noqa: ANN001
     print(text, file=out, flush=True)
+
+
+_print = print_line
+
+
+def test_map(config: RunConfig, run_id: str, workload: Workload) -> dict[str, Any]:
+    """What test.json holds: the run as data, written before anything starts."""
+    return {"argv": config.argv, "reproduce": config.reproduce(), "run_id": run_id,
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+            "workload": workload.describe(), "source_version": source_version(),
+            "python": sys.version.split()[0], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C901
          signals: _Signals) -> int:
     workload = make_workload(config)
-    test = {"argv": config.argv, "reproduce": config.reproduce(), "run_id": run_id,
-            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
-            "workload": workload.describe(), "source_version": source_version(),
-            "python": sys.version.split()[0], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    write_json(run_dir / "test.json", test)
+    test = test_map(config, run_id, workload)
     _print(out, f"run folder: {run_dir}")
     if config.unsafe:
         who = "every node runs" if config.unsafe in STORE_CANARIES else "every trainer coordinator runs"
         _print(out, f"canary: {who} deliberately broken (--unsafe {config.unsafe})")
+    if config.platform == "sim":
+        from nemesis.sim_runner import run_sim
+
+        return run_sim(config, run_dir, run_id, out, test)
+    write_json(run_dir / "test.json", test)
     run_info: dict[str, Any] = {"run_id": run_id, "platform": config.platform,
                                 "crashed_nodes": [], "nemesis_errors": [], "harness_error": None}
     nemesis_events = (run_dir / "nemesis.jsonl").open("a", encoding="utf-8")
@@ -272,7 +285,6 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     platform: Platform | None = None
     nemesis: Nemesis | None = None
     ctx: RunContext | None = None
-    code = check.EXIT_HARNESS
     try:
         platform = make_platform(config, run_id, run_dir)
         _print(out, f"starting {config.nodes} nodes on {config.platform} ...")
@@ -333,7 +345,6 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                         f"({platform.describe()}); final reads may fail")
         _print(out, "final reads ...")
         run_info["final_reads"] = workload.final_reads(ctx, FINAL_READ_TIMEOUT_S)
-        code = check.EXIT_VALID
     except HarnessError as exc:
         run_info["harness_error"] = str(exc)
         _print(out, f"harness error: {exc}")
@@ -352,12 +363,18 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         signals.interrupted = True  # from here on a signal cannot break the teardown off
         _teardown(ctx, nemesis, workload, history, nemesis_events, platform, config, run_info)
         write_json(run_dir / "results.json", run_info)
-    if code == check.EXIT_HARNESS:
-        _print(out, f"run folder (partial): {run_dir}")
-        _print(out, report.after_run(run_dir, config.junit))  # nemesis/report; never raises
-        return code
     # The cluster is gone: Ctrl-C may now stop the check itself.
     signals.restore()
+    return finish_run(config, run_dir, run_info, out)
+
+
+def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) -> int:  # noqa: ANN001
+    """After the cluster is gone: check the history, write the report, print the verdict;
+    returns the exit code. Shared by every platform, the simulator's included."""
+    if run_info.get("harness_error"):
+        _print(out, f"run folder (partial): {run_dir}")
+        _print(out, report.after_run(run_dir, config.junit))  # nemesis/report; never raises
+        return check.EXIT_HARNESS
     _print(out, "checking the history ...")
     try:
         results = check.check_run(run_dir, budget_s=config.check_budget_s)

@@ -12,9 +12,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Modules that must stay pure. The simulator is pure too: its time is ticks and its
-# randomness a seeded random.Random instance passed around explicitly.
+# randomness a seeded random.Random instance passed around explicitly (its command line,
+# system/sim/cli.py, prints and writes files; the shrinker, system/sim/shrink.py, keeps a
+# CPU-time budget: the two exceptions).
+RAFT_MODULES = sorted(p for p in (ROOT / "system" / "raft").glob("*.py") if p.name != "__main__.py")
 PURE_MODULES = sorted(
-    [p for p in (ROOT / "system" / "raft").glob("*.py") if p.name != "__main__.py"]
+    RAFT_MODULES
+    + [p for p in (ROOT / "system" / "sim").glob("*.py")
+       if p.name not in ("__main__.py", "cli.py", "shrink.py")]
     + [p for p in [ROOT / "system" / "kv" / "state_machine.py"] if p.exists()]
 )
 
@@ -69,3 +74,27 @@ def test_scanner_catches_impurities() -> None:
         "random.choice() uses the global generator",
     ]
     assert forbidden_uses("import random\nrng = random.Random(7)\n") == []
+
+
+def imported_modules(source: str) -> list[str]:
+    """Every module name `source` imports (absolute imports)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", RAFT_MODULES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_raft_core_never_imports_the_store_or_the_simulator(path: Path) -> None:
+    """The core is a library of its own: the store and the simulator import it, never the
+    reverse (the simulator runs the store's state machine, so it lives in system/sim)."""
+    assert [m for m in imported_modules(path.read_text())
+            if m.startswith(("system.kv", "system.sim", "system.trainer"))] == []
+
+
+def test_import_scan_can_fail() -> None:
+    assert imported_modules("from system.kv.state_machine import KVStateMachine\n") == [
+        "system.kv.state_machine"]

@@ -67,6 +67,34 @@ class KeyPool:
             return key
 
 
+class ClientPlan:
+    """What one client thread does next: its pace and its operations, drawn from its own
+    seeded generator. Pure decisions, shared by the real clients (threads on wall-clock
+    time, below) and the simulator's (nemesis/sim_runner.py, in simulated time), so a seed
+    means the same mix of operations on every platform."""
+
+    def __init__(self, seed: int, thread_no: int, pool: KeyPool, concurrency: int,
+                 rate: float) -> None:
+        self.rng = random.Random(f"kv:{seed}:{thread_no}")
+        self.pool = pool
+        # Seconds between two invocations of this thread (0: as fast as it goes).
+        self.period_s = concurrency / rate if rate > 0 else 0.0
+        self.first_delay_s = self.rng.uniform(0, self.period_s)  # spreads the threads
+        self._counter = itertools.count(1)
+
+    def next_op(self, process: int) -> tuple[str, str, str]:
+        """(key, op, value) of the next operation: op is get, put or cas; the value is
+        unique in the run (process and a counter)."""
+        key = self.pool.pick(self.rng)
+        op = self.rng.choice(OPS)
+        return key, op, f"{process}-{next(self._counter)}"
+
+
+def expected_version(op: str, key: str, seen: dict[str, int]) -> int | None:
+    """A cas expects the version this process last saw of the key (0 if none)."""
+    return seen.get(key, 0) if op == "cas" else None
+
+
 class KVWorkload(Workload):
     name = "kv"
     model = "versioned-kv"
@@ -117,13 +145,12 @@ class KVWorkload(Workload):
         return not any(t.is_alive() for t in self._threads)
 
     def _loop(self, ctx: RunContext, thread_no: int) -> None:
-        rng = random.Random(f"kv:{ctx.seed}:{thread_no}")
+        plan = ClientPlan(ctx.seed, thread_no, self.pool, self.concurrency, self.rate)
+        period = plan.period_s
         process = thread_no
         client = self._client(ctx, process)
         seen: dict[str, int] = {}  # key -> last version this process saw
-        counter = itertools.count(1)
-        period = self.concurrency / self.rate if self.rate > 0 else 0.0
-        next_at = time.monotonic() + rng.uniform(0, period)
+        next_at = time.monotonic() + plan.first_delay_s
         try:
             while not ctx.stop.is_set():
                 now = time.monotonic()
@@ -134,9 +161,7 @@ class KVWorkload(Workload):
                 if time.monotonic() >= ctx.deadline:
                     return
                 next_at = max(next_at + period, time.monotonic() - period)
-                key = self.pool.pick(rng)
-                op = rng.choice(OPS)
-                value = f"{process}-{next(counter)}"
+                key, op, value = plan.next_op(process)
                 retired = self._one(ctx.history, client, process, op, key, value, seen)
                 if retired:
                     client.close()
@@ -175,7 +200,7 @@ class KVWorkload(Workload):
                              applied_index=r.applied_index)
             self.counts.add("get", "ok")
             return False
-        expected = seen.get(key, 0) if op == "cas" else None
+        expected = expected_version(op, key, seen)
         fields: dict[str, Any] = {}
         if expected is not None:
             fields["expected_version"] = expected

@@ -1,5 +1,6 @@
 """Where the nodes run: `docker` (containers on a network the run creates) or `local`
-(processes on loopback behind fault-injecting proxies). `choose` picks one and says why."""
+(processes on loopback behind fault-injecting proxies), or `sim`: the deterministic
+simulator in simulated time (asked for by name only). `choose` picks one and says why."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def choose(requested: str | None) -> tuple[str, str]:
     Raises PlatformUnavailable when docker is requested and no engine answers."""
     if requested == "local":
         return "local", "asked for with --platform local"
+    if requested == "sim":
+        return "sim", "asked for with --platform sim: the simulator, in simulated time"
     ok, reason = docker_status()
     if requested == "docker":
         if not ok:

@@ -322,6 +322,12 @@ class KVStateMachine:
         """How many request ids are currently remembered (for status and tests)."""
         return len(self._remembered)
 
+    def first_result(self, request_id: str) -> PutResult | DeleteResult | None:
+        """The result `request_id` got when first applied, or None if it never was (or has
+        been forgotten). The simulator checks with it that acknowledged writes survive."""
+        record = self._remembered.get(request_id)
+        return record.result if record is not None else None
+
     # -- applying
 
     def _advance(self, index: int) -> None:

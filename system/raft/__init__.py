@@ -1,1 +1,1 @@
-"""Sans-I/O Raft: a deterministic state machine per node, and the simulator that drives it."""
+"""Sans-I/O Raft: a deterministic state machine per node (the simulator that drives it is system/sim)."""

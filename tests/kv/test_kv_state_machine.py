@@ -178,6 +178,15 @@ def test_a_retry_of_a_failed_cas_returns_the_failure_even_once_it_would_match() 
     assert d.machine.get("k") == (b"v2", 2)
 
 
+def test_first_result_reports_what_a_request_id_got_when_first_applied() -> None:
+    d = driver()
+    first = d.put("k", b"v1", request_id="w-1")
+    d.put("k", b"v2", expected_version=7, request_id="w-2")
+    assert d.machine.first_result("w-1") == first == PutResult(applied=True, version=1)
+    assert d.machine.first_result("w-2") == PutResult(applied=False, version=1)
+    assert d.machine.first_result("never") is None
+
+
 def test_a_retried_delete_returns_the_first_result() -> None:
     d = driver()
     d.put("k", b"v1")

@@ -1,23 +1,25 @@
-"""Deliberately broken variants of the Raft core, the node shell and the register.
+"""Deliberately broken variants of the Raft core, the node shell and the store's state machine.
 
 Each variant breaks exactly one safety rule, by subclassing (never by flags in production
 code), so that the named-interleaving tests and the randomized simulation can show that
 they detect the broken rule: a safety test that cannot fail proves nothing.
 
 Each is a `SimVariant`, importable by the CLI to replay a failing seed, e.g.
-    python -m system.raft.sim --seed 12 --variant tests.raft.broken:VOTES_TWICE
+    python -m system.sim --seed 12 --variant tests.raft.broken:VOTES_TWICE
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready
-from system.raft.history import Function
+from system.kv.state_machine import KVStateMachine
+from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready, Role
 from system.raft.messages import Message, MessageType
-from system.raft.register import Command, Operation, Register, WriteResult, encode_command
-from system.raft.sim import Attempt, ClientOp, NodeShell, SimVariant
 from system.raft.types import SnapshotMeta
+from system.sim.clients import Attempt, ClientOp
+from system.sim.shell import NodeShell
+from system.sim.state_machine import encode_write
+from system.sim.variant import SimVariant
 
 # -- the core ---------------------------------------------------------------------------
 
@@ -114,15 +116,14 @@ class AcknowledgesAtAppend(NodeShell):
     def submit_write(self, op: ClientOp, attempt: Attempt) -> None:
         core = self.core
         assert core is not None and op.value is not None
-        operation = Operation.PUT if op.f is Function.PUT else Operation.CAS
-        command = Command(op.request_id, operation, op.key, op.value, op.expected_version)
+        command = encode_write(op.request_id, op.key, op.value, op.expected_version)
         try:
-            index, term = core.propose(encode_command(command))
+            index, term = core.propose(command)
         except (NotLeader, ProposalDropped) as error:
             self.sim.attempt_refused(op, attempt, str(error))
             return
         attempt.index, attempt.term = index, term
-        current = self.register.read(op.key)
+        current = self.replica.read(op.key)
         self.sim.monitor.acknowledged_write(index, term, op.request_id)
         self.sim.attempt_answered(op, attempt, self.node_id, True, op.value, current.version + 1)
         self.after_input()
@@ -140,13 +141,12 @@ class SkipsFsync(NodeShell):
 # -- the state machine ------------------------------------------------------------------
 
 
-class IgnoresRequestIds(Register):
-    """Exactly-once broken: a retried write (same request id) is applied again."""
+class IgnoresRequestIds(KVStateMachine):
+    """Exactly-once broken: a retried write (same request id) is applied again (the
+    store's state machine never finds the id it remembered)."""
 
-    def apply_command(self, command: Command) -> WriteResult:
-        result = self._execute(command)
-        self._results[command.request_id] = result
-        return result
+    def _lookup(self, request_id: str, index: int) -> None:
+        return None
 
 
 COMMITS_OLD_TERM_ENTRIES = SimVariant(
@@ -181,7 +181,7 @@ SKIPS_FSYNC = SimVariant(
     "skips-fsync", shell_class=SkipsFsync, description=SkipsFsync.__doc__ or ""
 )
 IGNORES_REQUEST_IDS = SimVariant(
-    "ignores-request-ids", register_class=IgnoresRequestIds,
+    "ignores-request-ids", state_machine_class=IgnoresRequestIds,
     description=IgnoresRequestIds.__doc__ or "",
 )
 
@@ -270,4 +270,109 @@ MEMBERSHIP_AND_LOST_STATE = {
     "VOTES_AFTER_LOSING_ENTRIES": VOTES_AFTER_LOSING_ENTRIES,
     "ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT": ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT,
     "CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM": CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM,
+}
+
+
+# -- snapshot metadata (issue 12, point 0: the monitor takes no snapshot on trust) -----------
+
+
+class SnapshotsWithCurrentTerm(NodeShell):
+    """Snapshot metadata broken: the shell labels its snapshot with the node's current term
+    instead of the term of the last entry it covers, so the (index, term) a follower
+    installs names no entry of the log (Raft §7: the last included index AND term)."""
+
+    def apply(self, entry) -> None:  # noqa: ANN001
+        super().apply(entry)
+        if self.core is not None and entry.index == self.applied_index:
+            self.applied_term = self.core.term
+
+
+SNAPSHOTS_WITH_CURRENT_TERM = SimVariant(
+    "snapshots-with-current-term", shell_class=SnapshotsWithCurrentTerm,
+    description=SnapshotsWithCurrentTerm.__doc__ or "",
+)
+
+
+# -- Figure 2's receiver rules (issue 12, point 0; tests/raft/test_receiver_rules.py breaks them too, one core at a time) ----
+
+
+class CountsVotesFromOlderTerms(_WithoutLocalAssertions):
+    """Broken: a granting vote response from an earlier term counts for this election."""
+
+    def step(self, m: Message) -> None:
+        if m.type is MessageType.VOTE_RESPONSE and m.term < self.term and self.role is Role.CANDIDATE:
+            m = replace(m, term=self.term)
+        super().step(m)
+
+
+class AcceptsAppendsFromOlderTerms(_WithoutLocalAssertions):
+    """Broken: an append from a deposed leader is taken as if it were current."""
+
+    def step(self, m: Message) -> None:
+        if m.type is MessageType.APPEND and m.term < self.term:
+            m = replace(m, term=self.term)
+        super().step(m)
+
+
+class CommitsPastVerifiedEntries(_WithoutLocalAssertions):
+    """Broken: the follower commits up to the leader's commit index as far as its own log
+    goes, including entries the append did not verify (left by an older leader)."""
+
+    def handle_append(self, m: Message) -> None:
+        super().handle_append(m)
+        if self.log.match_term(m.index, m.log_term):
+            self.log.commit_to(min(m.commit, self.log.last_index()))
+
+
+class TruncatesWithoutAConflict(_WithoutLocalAssertions):
+    """Broken: every accepted append replaces the log after its entries, so a delayed,
+    shorter append erases entries the follower already acknowledged."""
+
+    def handle_append(self, m: Message) -> None:
+        if m.entries and self.log.match_term(m.index, m.log_term) \
+                and m.index >= self.log.committed:
+            self.log.append(m.entries)
+        super().handle_append(m)
+
+
+class IgnoresHigherTermAnswers(_WithoutLocalAssertions):
+    """Broken: a leader ignores a follower's answer that carries a higher term."""
+
+    def step(self, m: Message) -> None:
+        if self.role is Role.LEADER and m.term > self.term and m.type in (
+                MessageType.APPEND_RESPONSE, MessageType.HEARTBEAT_RESPONSE):
+            return
+        super().step(m)
+
+
+COUNTS_VOTES_FROM_OLDER_TERMS = SimVariant(
+    "counts-votes-from-older-terms", core_class=CountsVotesFromOlderTerms,
+    description=CountsVotesFromOlderTerms.__doc__ or "",
+)
+ACCEPTS_APPENDS_FROM_OLDER_TERMS = SimVariant(
+    "accepts-appends-from-older-terms", core_class=AcceptsAppendsFromOlderTerms,
+    description=AcceptsAppendsFromOlderTerms.__doc__ or "",
+)
+COMMITS_PAST_VERIFIED_ENTRIES = SimVariant(
+    "commits-past-verified-entries", core_class=CommitsPastVerifiedEntries,
+    description=CommitsPastVerifiedEntries.__doc__ or "",
+)
+TRUNCATES_WITHOUT_A_CONFLICT = SimVariant(
+    "truncates-without-a-conflict", core_class=TruncatesWithoutAConflict,
+    description=TruncatesWithoutAConflict.__doc__ or "",
+)
+IGNORES_HIGHER_TERM_ANSWERS = SimVariant(
+    "ignores-higher-term-answers", core_class=IgnoresHigherTermAnswers,
+    description=IgnoresHigherTermAnswers.__doc__ or "",
+)
+
+# Variants of issue 12's point 0, measured before and after the randomized run learned to
+# vary the configuration and hold messages across terms (docs/raft-testing.md).
+EXPLORATION = {
+    "SNAPSHOTS_WITH_CURRENT_TERM": SNAPSHOTS_WITH_CURRENT_TERM,
+    "COUNTS_VOTES_FROM_OLDER_TERMS": COUNTS_VOTES_FROM_OLDER_TERMS,
+    "ACCEPTS_APPENDS_FROM_OLDER_TERMS": ACCEPTS_APPENDS_FROM_OLDER_TERMS,
+    "COMMITS_PAST_VERIFIED_ENTRIES": COMMITS_PAST_VERIFIED_ENTRIES,
+    "TRUNCATES_WITHOUT_A_CONFLICT": TRUNCATES_WITHOUT_A_CONFLICT,
+    "IGNORES_HIGHER_TERM_ANSWERS": IGNORES_HIGHER_TERM_ANSWERS,
 }

@@ -15,10 +15,12 @@ import random
 import pytest
 
 from system.raft.core import Role
-from system.raft.invariants import Rule
 from system.raft.messages import MessageType
-from system.raft.sim import OpStatus, Simulation, SimVariant
 from system.raft.types import EntryKind
+from system.sim.clients import OpStatus
+from system.sim.invariants import Rule
+from system.sim.simulation import Simulation
+from system.sim.variant import SimVariant
 from tests.raft import broken
 
 APPEND = MessageType.APPEND
@@ -144,7 +146,7 @@ def commit_then_crash_problems(sim: Simulation, write) -> list[str]:  # noqa: AN
             "first result (version 1)"
         )
     for node in sim.node_ids:
-        cell = sim.register(node).read("x")
+        cell = sim.replica(node).read("x")
         if (cell.value, cell.version) != ("once", 1):
             problems.append(f"{node} holds x={cell.value!r} v{cell.version}: applied twice")
     return problems
@@ -328,7 +330,7 @@ def lagging_follower_problems(sim: Simulation, after, chunks: int) -> list[str]:
         problems.append(f"n3 caught up with {chunks} snapshot chunks, not a chunked transfer")
     if not after.ok:
         problems.append(f"the write needing n3 did not commit: {after.status.value}")
-    if sim.register("n3").digest() != sim.register("n1").digest():
+    if sim.replica("n3").digest() != sim.replica("n1").digest():
         problems.append("n3's state machine differs from the leader's")
     return problems
 
@@ -362,7 +364,7 @@ def restart_rebuilds_state(variant: SimVariant | None = None):  # noqa: ANN201
         write = sim.put("n1", f"k{i % 2}", f"v{i}")
         sim.run_until(lambda write=write: write.done, 300, "write")
     converge(sim)
-    before = sim.register("n2").digest()
+    before = sim.replica("n2").digest()
     applied = sim.nodes["n2"].applied_index
     snapshot = sim.nodes["n2"].disk.current.snapshot
     sim.crash("n2")
@@ -376,13 +378,13 @@ def test_restart_rebuilds_state_from_snapshot_plus_log() -> None:
     sim, before, applied, snapshot = restart_rebuilds_state()
     assert snapshot is not None and 0 < snapshot.index < applied  # both parts are needed
     assert sim.nodes["n2"].applied_index == applied
-    assert sim.register("n2").digest() == before
+    assert sim.replica("n2").digest() == before
     assert common_problems(sim) == []
 
 
 def test_restart_rebuild_is_caught_when_the_log_is_not_replayed() -> None:
     sim, before, applied, _ = restart_rebuilds_state(broken.RESTORES_SNAPSHOT_ONLY)
-    assert sim.register("n2").digest() != before
+    assert sim.replica("n2").digest() != before
 
 
 def double_vote(variant: SimVariant | None = None, power_loss: bool = False) -> Simulation:

@@ -14,9 +14,10 @@ import contextlib
 import pytest
 
 from system.raft.core import MembershipChangeKind, MembershipChangeRefused, Role
-from system.raft.invariants import Rule
 from system.raft.messages import MessageType
-from system.raft.sim import Simulation, SimulationStuck, SimVariant
+from system.sim.invariants import Rule
+from system.sim.simulation import Simulation, SimulationStuck
+from system.sim.variant import SimVariant
 from tests.raft import broken
 from tests.raft.test_interleavings import common_problems, converge, read_back, rules
 

@@ -1,6 +1,6 @@
 """Randomized simulation: many seeds of random faults (swarm testing), each checked for
 Raft's safety properties after every step, for liveness once healed, and for
-linearizability of the clients' history at the end (see system/raft/swarm.py).
+linearizability of the clients' history at the end (see system/sim/swarm.py).
 
 CI runs 500 seeds of the real core, and for every broken variant of tests/raft/broken.py
 shows that the same randomized run finds a violation within 500 seeds. A failure names
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from system.raft.swarm import SeedResult, replay_command, run_seed
+from system.sim.swarm import SeedResult, replay_command, run_seed
 from tests.raft import broken
 
 SEEDS = 500

@@ -14,8 +14,14 @@ import pytest
 from checker import check_linearizable
 from checker.models import versioned_kv
 from histories.read import read_history
+from system.kv.state_machine import KVStateMachine
 from system.raft.core import Role
-from system.raft.history import (
+from system.raft.messages import MessageType
+from system.raft.types import Entry, EntryKind, HardState, SnapshotMeta
+from system.sim.cli import main, write_history
+from system.sim.clients import OpStatus
+from system.sim.disk import FakeDisk
+from system.sim.history import (
     NEVER_READ,
     EventType,
     Function,
@@ -23,19 +29,10 @@ from system.raft.history import (
     forget_unread_values,
     to_records,
 )
-from system.raft.invariants import Rule, SafetyMonitor
-from system.raft.messages import MessageType
-from system.raft.register import (
-    Command,
-    CorruptSnapshot,
-    Operation,
-    Register,
-    decode_command,
-    encode_command,
-)
-from system.raft.sim import FakeDisk, OpStatus, Simulation, main, write_history
-from system.raft.swarm import SwarmRun, draw_swarm, run_seed
-from system.raft.types import Entry, EntryKind, HardState, SnapshotMeta
+from system.sim.invariants import Rule, SafetyMonitor
+from system.sim.simulation import Simulation
+from system.sim.state_machine import CorruptSnapshot, Replica, encode_write
+from system.sim.swarm import SwarmRun, draw_swarm, run_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 APPEND = MessageType.APPEND
@@ -72,7 +69,7 @@ def test_trace_hash_does_not_depend_on_the_process_hash_seed() -> None:
     """String hashing is randomized per process; the simulator must not iterate anything
     whose order depends on it. Two fresh interpreters with different PYTHONHASHSEED
     print the hash this process computes."""
-    code = "from system.raft.swarm import run_seed; print(run_seed(23).trace_hash)"
+    code = "from system.sim.swarm import run_seed; print(run_seed(23).trace_hash)"
     hashes = set()
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
@@ -92,6 +89,26 @@ def test_each_seed_draws_its_own_fault_rates() -> None:
     assert any(s.crash_probability == 0 for s in swarms)
     assert any(s.crash_probability > 0 for s in swarms)
     assert draw_swarm(5) == draw_swarm(5)
+
+
+def test_swarm_varies_the_core_configuration_and_holds_messages_across_terms() -> None:
+    swarms = [draw_swarm(seed) for seed in range(40)]
+    assert {(s.pre_vote, s.check_quorum) for s in swarms} == {
+        (True, True), (True, False), (False, True), (False, False)}
+    assert any(s.hold_probability == 0 for s in swarms)
+    held = next(seed for seed, s in enumerate(swarms) if s.hold_probability > 0.01)
+    result = run_seed(held, record_trace=False)
+    assert result.ok and result.faults.get("hold across terms", 0) > 0
+
+
+def test_a_configuration_without_prevote_and_checkquorum_promises_no_liveness() -> None:
+    """Seed 134 (docs/raft-bugs-found.md, 3): no leader after healing with both off; the
+    seed is not failed for it, its safety still checked, the shortfall reported."""
+    swarm = draw_swarm(134)
+    assert not swarm.pre_vote and not swarm.check_quorum and not swarm.promises_liveness
+    result = run_seed(134, record_trace=False)
+    assert result.ok and result.linearizability == "valid"
+    assert "not acknowledged" in result.liveness_waived
 
 
 # -- fake disk -----------------------------------------------------------------------------
@@ -208,7 +225,7 @@ def test_crash_loses_volatile_state_and_restart_rebuilds_from_disk() -> None:
     sim.settle()
     sim.tick()
     sim.settle()
-    before = sim.register("n2").digest()
+    before = sim.replica("n2").digest()
     sim.crash("n2")
     with pytest.raises(LookupError, match="crashed"):
         sim.core("n2")
@@ -216,7 +233,7 @@ def test_crash_loses_volatile_state_and_restart_rebuilds_from_disk() -> None:
     sim.settle()  # heartbeats to n2 are lost while it is down
     assert any("lost (destination down)" in line for line in sim.trace)
     sim.restart("n2")
-    assert sim.register("n2").digest() == before
+    assert sim.replica("n2").digest() == before
     assert sim.core("n2").role is Role.FOLLOWER
     with pytest.raises(ValueError, match="is running"):
         sim.restart("n2")
@@ -290,53 +307,73 @@ def test_monitor_reports_an_acknowledged_write_overwritten() -> None:
     assert [v.rule for v in monitor.violations] == [Rule.ACKNOWLEDGED_WRITE_LOST]
 
 
+def test_monitor_checks_every_snapshot_term_against_the_committed_log() -> None:
+    """A snapshot whose (index, term) names no entry any node persisted used to be taken on
+    trust; now its term is compared with the committed entry's, at once or on commit."""
+    monitor = SafetyMonitor(("a", "b", "c"), pre_vote=False)
+    monitor.persisted_entries("a", entries(1, 2))
+    monitor.observe("a", "follower", 2, 2, 2)  # index 2 committed at term 2
+    monitor.persisted_snapshot("b", SnapshotMeta(2, 5, ("a", "b", "c")))  # no such entry
+    assert [v.rule for v in monitor.violations] == [Rule.SNAPSHOT]
+    later = SafetyMonitor(("a", "b", "c"), pre_vote=False)
+    later.persisted_snapshot("b", SnapshotMeta(2, 5, ("a", "b", "c")))  # not committed yet
+    assert later.violations == []
+    later.persisted_entries("a", entries(1, 2))
+    later.observe("a", "follower", 2, 2, 2)
+    assert [v.rule for v in later.violations] == [Rule.SNAPSHOT]
+    fine = SafetyMonitor(("a", "b", "c"), pre_vote=False)
+    fine.persisted_snapshot("b", SnapshotMeta(2, 2, ("a", "b", "c")))
+    fine.persisted_entries("a", entries(1, 2))
+    fine.observe("a", "follower", 2, 2, 2)
+    assert fine.violations == []
+
+
 def test_monitor_reports_a_campaign_without_a_pre_vote_majority() -> None:
     monitor = SafetyMonitor(("a", "b", "c"), pre_vote=True)
     monitor.observe("a", "candidate", 1, 0, 0)
     assert [v.rule for v in monitor.violations] == [Rule.PRE_VOTE]
 
 
-# -- register ------------------------------------------------------------------------------
+# -- the replicated state machine (the store's own) ----------------------------------------
 
 
-def entry_of(index: int, command: Command) -> Entry:
-    return Entry(1, index, encode_command(command))
+def entry_of(index: int, request_id: str, value: str, expected: int | None = None) -> Entry:
+    return Entry(1, index, encode_write(request_id, "x", value, expected))
 
 
-def test_register_put_cas_and_a_duplicate_request_returns_the_first_result() -> None:
-    register = Register()
-    first = register.apply(entry_of(1, Command("r1", Operation.PUT, "x", "a")))
+def test_replica_put_cas_and_a_duplicate_request_returns_the_first_result() -> None:
+    replica = Replica(KVStateMachine())
+    first = replica.apply(entry_of(1, "r1", "a"))
     assert (first.ok, first.version) == (True, 1)
-    mismatch = register.apply(entry_of(2, Command("r2", Operation.CAS, "x", "b", 0)))
-    assert not mismatch.ok and "expected 0, found 1" in mismatch.error
-    swapped = register.apply(entry_of(3, Command("r3", Operation.CAS, "x", "c", 1)))
-    assert (swapped.ok, swapped.version, swapped.value) == (True, 2, "c")
-    again = register.apply(entry_of(4, Command("r1", Operation.PUT, "x", "a")))
-    assert again == first and register.read("x").version == 2
-    assert register.apply(Entry(1, 5, b"", EntryKind.NOOP)) is None
+    mismatch = replica.apply(entry_of(2, "r2", "b", 0))
+    assert mismatch.cas_mismatch and mismatch.version == 1
+    swapped = replica.apply(entry_of(3, "r3", "c", 1))
+    assert (swapped.ok, swapped.version) == (True, 2) and replica.read("x").value == "c"
+    again = replica.apply(entry_of(4, "r1", "a"))
+    assert again == first and replica.read("x").version == 2
+    assert replica.apply(Entry(1, 5, b"", EntryKind.NOOP)) is None
+    assert replica.applied_index == 5
 
 
-def test_register_refuses_bad_commands_without_changing_state() -> None:
-    register = Register()
-    before = register.digest()
-    for data in (b"\xff", b"[1]", b'{"op":"delete"}', b'{"op":"cas","request_id":"r",'
-                 b'"key":"x","value":"v"}'):
-        result = register.apply(Entry(1, 1, data))
-        assert not result.ok and result.error.startswith("rejected:")
-    assert register.digest() == before
-    with pytest.raises(ValueError, match="expected_version"):
-        decode_command(b'{"op":"cas","request_id":"r","key":"x","value":"v"}')
+def test_replica_refuses_bad_commands_without_changing_state() -> None:
+    replica = Replica(KVStateMachine())
+    replica.apply(entry_of(1, "r1", "a"))
+    before = replica.read("x")
+    for index, data in enumerate((b"\xff", b"[1]", encode_write("r1", "x", "other", None)), 2):
+        result = replica.apply(Entry(1, index, data))
+        assert not result.ok and not result.cas_mismatch and result.error.startswith("rejected:")
+    assert replica.read("x") == before
 
 
-def test_register_snapshot_round_trips_and_corruption_is_detected() -> None:
-    register = Register()
-    register.apply(entry_of(1, Command("r1", Operation.PUT, "x", "a")))
-    data = register.snapshot()
-    copy = Register.restore(data)
-    assert copy.digest() == register.digest() and copy.result_of("r1") is not None
+def test_replica_snapshot_round_trips_and_corruption_is_detected() -> None:
+    replica = Replica(KVStateMachine())
+    replica.apply(entry_of(1, "r1", "a"))
+    data = replica.snapshot()
+    copy = Replica.restore(KVStateMachine, data)
+    assert copy.digest() == replica.digest() and copy.result_of("r1") is not None
     for bad in (data[:-3], data[:20] + b"0" + data[21:], data + data, b""):
         with pytest.raises(CorruptSnapshot):
-            Register.restore(bad)
+            Replica.restore(KVStateMachine, bad)
 
 
 # -- linearizability (the project's checker on the sim's history) -------------------------
@@ -422,7 +459,7 @@ def test_the_checker_reports_unknown_when_its_budget_runs_out_never_valid(
     for events in (valid, invalid):
         sim = Simulation(3, seed=0)
         sim.history = events
-        verdict = sim.check_linearizable(budget_s=-1.0)
+        verdict = sim.check_linearizable(budget_s=0.0)
         assert verdict.valid == "unknown" and "time budget ran out" in verdict.explanation
 
 
@@ -502,7 +539,7 @@ def test_cli_failing_seed_prints_the_line_that_replays_it(
     variant = "tests.raft.broken:SKIPS_PRE_VOTE"
     assert main(["--seed", "0", "--variant", variant]) == 1
     out = capsys.readouterr().out
-    assert f"python -m system.raft.sim --seed 0 --variant {variant}" in out
+    assert f"python -m system.sim --seed 0 --variant {variant}" in out
     assert "pre-vote before raising the term" in out
 
 

@@ -3,7 +3,7 @@
 What it is for: to test the Raft core by controlling the interleaving, not the clock
 (the design essay's lesson). Everything comes from one seed: each node's core gets its own
 `random.Random` derived from (seed, node, incarnation), and the randomized schedule of
-`system.raft.swarm` gets another. A test drives the cluster one event at a time:
+`system.sim.swarm` gets another. A test drives the cluster one event at a time:
 
     sim = Simulation(node_count=3, seed=7)
     sim.campaign("n1")                                   # n1 wins an election
@@ -16,15 +16,15 @@ What it is for: to test the Raft core by controlling the interleaving, not the c
 Each node runs a shell like the real one: it takes the core's `Ready`, writes it to its
 `FakeDisk` (a synced part that survives power loss and an unsynced part that a crash
 with `lose_unsynced=True` loses), fsyncs when told, sends the messages into the
-`FakeNetwork`, applies committed entries to its `Register` (the replicated state
-machine), serves ReadIndex reads once applied, answers waiting clients, then calls
-`advance`. Every event is one line of `trace`; `trace_hash()` fingerprints a run, and
+`FakeNetwork`, applies committed entries to its `Replica` (the store's own state
+machine, system/kv/state_machine.py), serves ReadIndex reads once applied, answers
+waiting clients, then calls `advance`. Every event is one line of `trace`; `trace_hash()` fingerprints a run, and
 the same seed always gives the same hash. A `SafetyMonitor` sees every persisted and
 applied entry and the core's role/term/commit after every input, and records violations
 of Raft's safety properties; the clients' operations form a Jepsen-style history that
 `check_linearizable()` hands to the project's checker (`checker`, model `versioned-kv`).
 
-Run `python -m system.raft.sim --seeds 200` for the randomized simulation (see swarm.py).
+Run `python -m system.sim --seeds 200` for the randomized simulation (see swarm.py).
 
 What it must never do: read a clock, touch real sockets or files (but for the CLI's
 `--history-out`, through `histories.write`), use global randomness,
@@ -40,498 +40,26 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
 
 import checker
-from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, Ready, Role
-from system.raft.history import (
+from system.raft.core import RaftConfig, RaftCore, Role
+from system.raft.messages import Message, MessageType
+from system.raft.types import HardState, NodeId
+from system.sim.clients import Attempt, AttemptState, ClientOp, OpStatus
+from system.sim.history import (
     EventType,
     Function,
     HistoryEvent,
     forget_unread_values,
     to_records,
 )
-from system.raft.invariants import Rule, SafetyMonitor, Violation
-from system.raft.messages import Message, MessageType
-from system.raft.register import Command, CorruptSnapshot, Operation, Register, encode_command
-from system.raft.types import Entry, HardState, NodeId, PersistentState, SnapshotMeta
-
-# ---------------------------------------------------------------------------------------
-# Variants: which core, shell and state machine a simulation runs
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SimVariant:
-    """The classes a simulation is built from. The default is the real thing; tests pass
-    deliberately broken subclasses to show that a safety test can fail."""
-
-    name: str = "correct"
-    core_class: type[RaftCore] = RaftCore
-    shell_class: type[NodeShell] | None = None  # None: NodeShell
-    register_class: type[Register] = Register
-    description: str = "the real core, shell and register"
-
-
-# ---------------------------------------------------------------------------------------
-# Fake durable storage
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class _DiskImage:
-    hard_state: HardState = field(default_factory=HardState)
-    snapshot: SnapshotMeta | None = None
-    snapshot_data: bytes = b""
-    entries: list[Entry] = field(default_factory=list)  # contiguous, after the snapshot
-
-    def copy(self) -> _DiskImage:
-        return _DiskImage(self.hard_state, self.snapshot, self.snapshot_data, list(self.entries))
-
-    def last_index(self) -> int:
-        if self.entries:
-            return self.entries[-1].index
-        return self.snapshot.index if self.snapshot else 0
-
-
-class FakeDisk:
-    """One node's disk: what the OS holds (`current`) and what survived the last fsync
-    (`durable`). A process crash keeps the OS's page cache; a power loss
-    (`lose_unsynced=True`) rolls back to the last fsync."""
-
-    def __init__(self) -> None:
-        self.durable = _DiskImage()
-        self.current = _DiskImage()
-        self.sync_count = 0
-
-    def write_hard_state(self, hard_state: HardState) -> None:
-        self.current.hard_state = hard_state
-
-    def append(self, entries: tuple[Entry, ...]) -> None:
-        """Append, first dropping the stored suffix from entries[0].index on (Ready rule)."""
-        image = self.current
-        first = entries[0].index
-        base = image.snapshot.index if image.snapshot else 0
-        if first <= base:
-            raise ValueError(
-                f"asked to persist entry {first} at or below the snapshot index {base}"
-            )
-        if first > image.last_index() + 1:
-            raise ValueError(
-                f"asked to persist entries from {first} after last index {image.last_index()}"
-            )
-        del image.entries[first - base - 1 :]
-        image.entries.extend(entries)
-
-    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
-        """A snapshot from the leader: store it and drop ALL stored entries (the Ready
-        contract: it is only emitted when the log lacks the snapshot's last entry, so every
-        stored entry is covered by it or from a divergent history)."""
-        self.current.entries = []
-        self.current.snapshot, self.current.snapshot_data = meta, data
-
-    def save_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
-        """The shell's own snapshot (before `compact`): written and fsynced at once."""
-        for image in (self.current, self.durable):
-            image.entries = [e for e in image.entries if e.index > meta.index]
-            image.snapshot, image.snapshot_data = meta, data
-
-    def sync(self) -> None:
-        self.durable = self.current.copy()
-        self.sync_count += 1
-
-    def crash(self, lose_unsynced: bool) -> None:
-        if lose_unsynced:
-            self.current = self.durable.copy()
-        else:
-            self.durable = self.current.copy()
-
-    def load(self) -> PersistentState:
-        image = self.current
-        return PersistentState(
-            hard_state=image.hard_state,
-            snapshot=image.snapshot,
-            snapshot_data=image.snapshot_data,
-            entries=tuple(image.entries),
-        )
-
-
-# ---------------------------------------------------------------------------------------
-# Fake network
-# ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class InFlight:
-    """A message on the wire. `id` is unique in a run and names it in tests and traces."""
-
-    id: int
-    message: Message
-    sent_step: int
-
-
-def describe(message: Message) -> str:
-    """A short, deterministic, human-readable rendering of a message."""
-    m = message
-    parts = [f"{m.type.value} {m.src}->{m.dst} t{m.term}"]
-    if m.index or m.log_term:
-        parts.append(f"i{m.index} lt{m.log_term}")
-    if m.entries:
-        parts.append(f"entries[{m.entries[0].index}..{m.entries[-1].index}]")
-    if m.commit:
-        parts.append(f"c{m.commit}")
-    if m.reject:
-        parts.append(f"REJECT hint{m.reject_hint}/{m.reject_term}")
-    if m.context:
-        parts.append(f"ctx={m.context.hex()}")
-    if m.snapshot is not None:
-        parts.append(f"snap({m.snapshot.index},{m.snapshot.term}) off{m.offset}+{len(m.data)}")
-    if m.done:
-        parts.append("done")
-    return " ".join(parts)
-
-
-class FakeNetwork:
-    """Messages in flight, in send order, plus the set of cut (src, dst) links."""
-
-    def __init__(self) -> None:
-        self.in_flight: dict[int, InFlight] = {}  # insertion-ordered: oldest first
-        self.cut_links: set[tuple[NodeId, NodeId]] = set()  # membership only, never iterated
-        self.held: set[int] = set()  # ids the default schedule skips until released
-        self.next_id = 1
-
-    def add(self, message: Message, step: int) -> InFlight:
-        flight = InFlight(self.next_id, message, step)
-        self.next_id += 1
-        self.in_flight[flight.id] = flight
-        return flight
-
-    def is_cut(self, src: NodeId, dst: NodeId) -> bool:
-        return (src, dst) in self.cut_links
-
-
-# ---------------------------------------------------------------------------------------
-# Clients and their history
-# ---------------------------------------------------------------------------------------
-
-
-class AttemptState(Enum):
-    WAITING = "waiting"  # the node holds it; no answer yet
-    REFUSED = "refused"  # certainly never takes effect (not leader, overwritten, ...)
-    ANSWERED = "answered"
-    UNKNOWN = "unknown"  # the node crashed or the client stopped waiting: it may still apply
-
-
-@dataclass
-class Attempt:
-    """One submission of a client operation to one node (retries make more)."""
-
-    node: NodeId
-    step: int
-    state: AttemptState = AttemptState.WAITING
-    index: int = 0  # writes: the proposed entry's index
-    term: int = 0  # writes: the proposed entry's term
-    context: bytes = b""  # linearizable reads: the ReadIndex id
-    reason: str = ""
-    leader_hint: NodeId | None = None  # NotLeader: the leader the node knows of
-
-
-class OpStatus(Enum):
-    OPEN = "open"
-    OK = "ok"
-    FAIL = "fail"
-    INFO = "info"
-
-
-@dataclass
-class ClientOp:
-    """One logical client operation: one invoke, at most one completion, any number of
-    attempts, all carrying the same request id."""
-
-    id: int
-    process: int
-    f: Function
-    key: str
-    value: str | None  # put/cas: the value to write
-    expected_version: int | None  # cas only
-    request_id: str
-    stale: bool  # get only: serve from local state, no ReadIndex barrier
-    retry_on_refusal: bool  # driven clients retry; hand-driven ops fail at once
-    invoked_step: int
-    attempts: list[Attempt] = field(default_factory=list)
-    status: OpStatus = OpStatus.OPEN
-    result_value: str | None = None
-    result_version: int | None = None
-    answered_by: NodeId = ""
-    error: str = ""
-    # Writes answered by a state machine: True applied, False a CAS whose expected version
-    # did not match (result_version is the key's version then); None otherwise.
-    applied: bool | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.status is not OpStatus.OPEN
-
-    @property
-    def ok(self) -> bool:
-        return self.status is OpStatus.OK
-
-    def waiting(self) -> bool:
-        return any(a.state is AttemptState.WAITING for a in self.attempts)
-
-    def maybe_applied(self) -> bool:
-        return any(
-            a.state in (AttemptState.WAITING, AttemptState.UNKNOWN) for a in self.attempts
-        )
-
-
-# ---------------------------------------------------------------------------------------
-# The node shell
-# ---------------------------------------------------------------------------------------
-
-
-class NodeShell:
-    """What the real node process does around a core, minus the I/O: carry out each
-    Ready in order, keep the state machine, and answer clients."""
-
-    def __init__(self, sim: Simulation, node_id: NodeId, config: RaftConfig) -> None:
-        self.sim = sim
-        self.node_id = node_id
-        self.config = config
-        self.disk = FakeDisk()
-        self.incarnation = 0
-        self.core: RaftCore | None = None
-        self.register: Register = sim.variant.register_class()
-        self.applied_index = 0  # highest index applied to `register`
-        self.applied_term = 0  # term of the entry at applied_index
-        self.snapshot_index = 0  # highest index our own or an installed snapshot covers
-        # Writes waiting for their entry to come out committed: index -> [(term, op, attempt)].
-        self.write_waiters: dict[int, list[tuple[int, ClientOp, Attempt]]] = {}
-        self.read_waiters: dict[bytes, tuple[ClientOp, Attempt]] = {}  # ReadIndex pending
-        self.reads_to_serve: list[tuple[int, ClientOp, Attempt]] = []  # confirmed, by index
-
-    @property
-    def alive(self) -> bool:
-        return self.core is not None
-
-    # -- life cycle --------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Boot (or reboot) from whatever the disk holds."""
-        restored = self.disk.load()
-        register_class = self.sim.variant.register_class
-        self.register = register_class()
-        self.applied_index = self.applied_term = self.snapshot_index = 0
-        if restored.snapshot is not None:
-            try:
-                self.register = register_class.restore(restored.snapshot_data)
-            except CorruptSnapshot as error:
-                self.sim.monitor.violate(Rule.SNAPSHOT, f"{self.node_id} restart: {error}")
-            self.applied_index = self.snapshot_index = restored.snapshot.index
-            self.applied_term = restored.snapshot.term
-            self.sim.monitor.restored_state(
-                self.node_id, self.applied_index, self.register.digest()
-            )
-        self.sim.monitor.node_started(self.node_id, restored.snapshot, restored.entries)
-        self.incarnation += 1
-        rng = random.Random(f"raft-sim:{self.sim.seed}:{self.node_id}:{self.incarnation}")
-        self.core = self.sim.variant.core_class(self.config, rng, restored)
-        self.after_input()
-
-    def crash(self, lose_unsynced: bool) -> None:
-        self.core = None
-        self.disk.crash(lose_unsynced)
-        for waiters in self.write_waiters.values():
-            for _, op, attempt in waiters:
-                self.sim.attempt_unknown(op, attempt, f"{self.node_id} crashed")
-        for op, attempt in self.read_waiters.values():
-            self.sim.attempt_unknown(op, attempt, f"{self.node_id} crashed")
-        for _, op, attempt in self.reads_to_serve:
-            self.sim.attempt_unknown(op, attempt, f"{self.node_id} crashed")
-        self.write_waiters, self.read_waiters, self.reads_to_serve = {}, {}, []
-        self.sim.monitor.node_crashed(self.node_id)
-
-    # -- carrying out Readies ----------------------------------------------------------------
-
-    def after_input(self) -> None:
-        """Called after every input to the core: drain its Readies, then report to the
-        monitor."""
-        core = self.core
-        assert core is not None
-        while core.has_ready():
-            ready = core.ready()
-            self.handle_ready(ready)
-            core.advance(ready)
-            self.serve_reads()
-            self.maybe_compact()
-        self.sim.monitor.observe(
-            self.node_id, core.role.value, core.term, core.commit_index, core.status().last_index
-        )
-
-    def handle_ready(self, ready: Ready) -> None:
-        self.persist(ready)
-        for warning in ready.warnings:
-            self.sim.record(f"warning {self.node_id}: {warning}")
-        for message in ready.messages:
-            self.sim.send(message)
-        if ready.snapshot is not None:
-            self.restore_snapshot(ready.snapshot, ready.snapshot_data)
-        for entry in ready.committed_entries:
-            self.apply(entry)
-        for read_state in ready.read_states:
-            waiter = self.read_waiters.pop(read_state.context, None)
-            if waiter is not None:
-                self.reads_to_serve.append((read_state.index, *waiter))
-        for context in ready.dropped_reads:
-            waiter = self.read_waiters.pop(context, None)
-            if waiter is not None:
-                self.sim.attempt_refused(waiter[0], waiter[1], f"{self.node_id} lost leadership")
-
-    def persist(self, ready: Ready) -> None:
-        disk, monitor = self.disk, self.sim.monitor
-        if ready.hard_state is not None:
-            disk.write_hard_state(ready.hard_state)
-        if ready.snapshot is not None:
-            disk.install_snapshot(ready.snapshot, ready.snapshot_data)
-            monitor.persisted_snapshot(self.node_id, ready.snapshot)
-        if ready.entries:
-            try:
-                disk.append(ready.entries)
-            except ValueError as error:
-                monitor.violate(Rule.STORAGE, f"{self.node_id}: {error}")
-            monitor.persisted_entries(self.node_id, ready.entries)
-        if ready.must_sync:
-            disk.sync()
-
-    def restore_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
-        self.sim.record(f"{self.node_id} restores snapshot ({meta.index},{meta.term})")
-        try:
-            self.register = self.sim.variant.register_class.restore(data)
-        except CorruptSnapshot as error:
-            self.sim.monitor.violate(Rule.SNAPSHOT, f"{self.node_id} install: {error}")
-        self.applied_index = self.snapshot_index = meta.index
-        self.applied_term = meta.term
-        self.sim.monitor.restored_state(self.node_id, meta.index, self.register.digest())
-        # Writes waiting at covered indexes: the request-id table says whether they happened.
-        for index in sorted(i for i in self.write_waiters if i <= meta.index):
-            for _, op, attempt in self.write_waiters.pop(index):
-                first = self.register.result_of(op.request_id)
-                if first is None:
-                    self.sim.attempt_refused(op, attempt, "not in the installed snapshot")
-                else:
-                    self.sim.attempt_answered(
-                        op, attempt, self.node_id, first.ok, first.value, first.version,
-                        first.error, mismatch=first.cas_mismatch,
-                    )
-
-    def apply(self, entry: Entry) -> None:
-        if entry.index <= self.applied_index:
-            return  # re-emitted after a restart; already in the restored snapshot
-        if entry.index != self.applied_index + 1:
-            self.sim.monitor.violate(
-                Rule.STATE_MACHINE_SAFETY,
-                f"{self.node_id} was asked to apply index {entry.index} after "
-                f"{self.applied_index}: a gap",
-            )
-        result = self.register.apply(entry)
-        self.applied_index, self.applied_term = entry.index, entry.term
-        self.sim.entries_applied += 1
-        monitor = self.sim.monitor
-        digest = self.register.digest() if monitor.needs_state_digest(entry.index) else None
-        monitor.applied_entry(self.node_id, entry, digest)
-        for term, op, attempt in self.write_waiters.pop(entry.index, ()):
-            if term != entry.term:
-                self.sim.attempt_refused(
-                    op, attempt, f"entry {entry.index} was overwritten by term {entry.term}"
-                )
-            elif result is None:
-                self.sim.attempt_refused(op, attempt, f"entry {entry.index} is a no-op")
-            else:
-                self.acknowledge(op, attempt, entry, result.ok, result.value, result.version,
-                                 result.error, mismatch=result.cas_mismatch)
-
-    def acknowledge(
-        self, op: ClientOp, attempt: Attempt, entry: Entry, ok: bool, value: str | None,
-        version: int, error: str, mismatch: bool = False,
-    ) -> None:
-        """Tell the client its write's outcome; only ever after the entry was applied."""
-        if ok and not op.done:
-            self.sim.monitor.acknowledged_write(entry.index, entry.term, op.request_id)
-        self.sim.attempt_answered(op, attempt, self.node_id, ok, value, version, error,
-                                  mismatch=mismatch)
-
-    def serve_reads(self) -> None:
-        if not self.reads_to_serve:
-            return
-        ready = [r for r in self.reads_to_serve if r[0] <= self.applied_index]
-        self.reads_to_serve = [r for r in self.reads_to_serve if r[0] > self.applied_index]
-        for _, op, attempt in ready:
-            read = self.register.read(op.key)
-            self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version)
-
-    def maybe_compact(self) -> None:
-        threshold = self.sim.compact_every_entries
-        core = self.core
-        assert core is not None
-        if threshold <= 0 or self.applied_index - self.snapshot_index < threshold:
-            return
-        if core.applied_index < self.applied_index:
-            return  # the core has not been told yet (advance comes first)
-        membership = core.membership_at(self.applied_index)
-        meta = SnapshotMeta(
-            self.applied_index, self.applied_term, membership.voters, membership.learners,
-            membership.member_info,
-        )
-        data = self.register.snapshot()
-        self.disk.save_snapshot(meta, data)
-        core.compact(self.applied_index, data)
-        self.snapshot_index = self.applied_index
-        self.sim.record(f"{self.node_id} compacts to ({meta.index},{meta.term})")
-        self.sim.monitor.compacted(self.node_id, meta.index, self.register.digest())
-
-    # -- client requests ---------------------------------------------------------------------
-
-    def submit_write(self, op: ClientOp, attempt: Attempt) -> None:
-        core = self.core
-        assert core is not None
-        operation = Operation.PUT if op.f is Function.PUT else Operation.CAS
-        assert op.value is not None
-        command = Command(op.request_id, operation, op.key, op.value, op.expected_version)
-        try:
-            index, term = core.propose(encode_command(command))
-        except NotLeader as error:
-            attempt.leader_hint = error.leader_id
-            self.sim.attempt_refused(op, attempt, f"not leader (leader: {error.leader_id})")
-            return
-        except ProposalDropped as error:
-            self.sim.attempt_refused(op, attempt, f"dropped: {error}")
-            return
-        attempt.index, attempt.term = index, term
-        self.write_waiters.setdefault(index, []).append((term, op, attempt))
-        self.after_input()
-
-    def submit_read(self, op: ClientOp, attempt: Attempt) -> None:
-        core = self.core
-        assert core is not None
-        if op.stale:
-            read = self.register.read(op.key)
-            self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version)
-            return
-        attempt.context = f"read:{op.id}:{len(op.attempts)}".encode()
-        try:
-            core.read_index(attempt.context)
-        except NotLeader as error:
-            attempt.leader_hint = error.leader_id
-            self.sim.attempt_refused(op, attempt, f"not leader (leader: {error.leader_id})")
-            return
-        self.read_waiters[attempt.context] = (op, attempt)
-        self.after_input()
-
-
-# ---------------------------------------------------------------------------------------
-# The simulation
-# ---------------------------------------------------------------------------------------
+from system.sim.invariants import Rule, SafetyMonitor, Violation
+from system.sim.network import FakeNetwork, InFlight, describe
+from system.sim.schedule import Step, message_key
+from system.sim.shell import NodeShell
+from system.sim.state_machine import Replica
+from system.sim.variant import SimVariant
 
 
 class SimulationStuck(AssertionError):
@@ -572,6 +100,15 @@ class Simulation:
             raise ValueError(f"node_count must be at least 1, got {node_count}")
         self.seed = seed
         self.variant = variant or SimVariant()
+        # What it takes to build this simulation again (system/sim/schedule.py replays it).
+        self.settings: dict[str, object] = {
+            "node_count": node_count, "seed": seed,
+            "compact_every_entries": compact_every_entries, "spare_nodes": spare_nodes,
+            **config,
+        }
+        # When a list: every action taken on the simulation from outside is appended as a
+        # `Step`, so a run can be replayed and shrunk (system/sim/schedule.py, shrink.py).
+        self.schedule: list[Step] | None = None
         self.compact_every_entries = compact_every_entries  # 0: never snapshot
         self.record_trace = record_trace
         # n1..n{node_count} are the bootstrap voters; the spare nodes after them run from
@@ -620,6 +157,10 @@ class Simulation:
             hasher.update(b"\n")
         return hasher.hexdigest()
 
+    def _note(self, kind: str, *args: object) -> None:
+        if self.schedule is not None:
+            self.schedule.append(Step(kind, args))
+
     def _begin_step(self) -> None:
         self.step_count += 1
         self.monitor.step = self.step_count
@@ -660,6 +201,7 @@ class Simulation:
         self.record(f"membership {getattr(kind, 'value', kind)} {target} via {node}")
         self.count_fault(f"membership {getattr(kind, 'value', kind)}")
         index, term = self.core(node).change_membership(kind, target)  # type: ignore[arg-type]
+        self._note("membership", node, getattr(kind, "value", kind), target)  # not if refused
         self.nodes[node].after_input()
         if wait:
             self.run_until(
@@ -668,8 +210,9 @@ class Simulation:
             )
         return index, term
 
-    def register(self, node: NodeId) -> Register:
-        return self.nodes[node].register
+    def replica(self, node: NodeId) -> Replica:
+        """`node`'s copy of the store's state machine."""
+        return self.nodes[node].replica
 
     def alive(self) -> list[NodeId]:
         return [n for n in self.node_ids if self.nodes[n].alive]
@@ -770,6 +313,8 @@ class Simulation:
             self.record(f"release #{flight.id}")
 
     def _deliver(self, flight: InFlight) -> None:
+        if self.schedule is not None:
+            self._note("deliver", message_key(flight, self.network.in_flight.values()))
         del self.network.in_flight[flight.id]
         self.network.held.discard(flight.id)
         message = flight.message
@@ -788,12 +333,16 @@ class Simulation:
         self._deliver(flight)
 
     def drop_flight(self, flight: InFlight, reason: str = "drop") -> None:
+        if self.schedule is not None:
+            self._note("drop", message_key(flight, self.network.in_flight.values()))
         self._begin_step()
         del self.network.in_flight[flight.id]
         self.record(f"{reason} #{flight.id} {describe(flight.message)}")
         self.count_fault(reason)
 
     def duplicate_flight(self, flight: InFlight) -> None:
+        if self.schedule is not None:
+            self._note("duplicate", message_key(flight, self.network.in_flight.values()))
         self._begin_step()
         copy = self.network.add(flight.message, self.step_count)
         self.record(f"duplicate #{flight.id} as #{copy.id}")
@@ -855,6 +404,7 @@ class Simulation:
         """Cut the link src -> dst (and dst -> src unless both_ways=False). Messages in
         flight on a cut link are lost, and so is everything sent on it until healed."""
         self._check_nodes([src, dst])
+        self._note("cut", src, dst, both_ways)
         self._begin_step()
         links = [(src, dst), (dst, src)] if both_ways else [(src, dst)]
         for link in links:
@@ -869,6 +419,7 @@ class Simulation:
         sets = [sorted(set(g)) for g in groups]
         for group in sets:
             self._check_nodes(group)
+        self._note("partition", tuple(tuple(g) for g in sets))
         self._begin_step()
         for i, group in enumerate(sets):
             for other in sets[i + 1 :]:
@@ -884,9 +435,18 @@ class Simulation:
 
     def heal(self) -> None:
         """Reconnect every link."""
+        self._note("heal")
         self._begin_step()
         self.network.cut_links.clear()
         self.record("heal")
+
+    def heal_link(self, src: NodeId, dst: NodeId) -> None:
+        """Reconnect the one link src -> dst (the other direction is left as it is)."""
+        self._check_nodes([src, dst])
+        self._note("heal_link", src, dst)
+        self._begin_step()
+        self.network.cut_links.discard((src, dst))
+        self.record(f"heal {src}->{dst}")
 
     def _drop_on_cut_links(self) -> None:
         for flight in list(self.network.in_flight.values()):
@@ -908,6 +468,7 @@ class Simulation:
         shell = self.nodes[node]
         if not shell.alive:
             raise ValueError(f"{node} is already crashed")
+        self._note("crash", node, lose_unsynced)
         self._begin_step()
         self.record(f"crash {node}{' losing unsynced writes' if lose_unsynced else ''}")
         self.count_fault("crash losing unsynced writes" if lose_unsynced else "crash")
@@ -941,6 +502,7 @@ class Simulation:
         shell = self.nodes[node]
         if shell.alive:
             raise ValueError(f"{node} is running; crash it first")
+        self._note("restart", node)
         self._begin_step()
         self.record(f"restart {node}")
         self.count_fault("restart")
@@ -955,6 +517,10 @@ class Simulation:
         """One step in which exactly `nodes` (live ones) advance their clocks by a tick."""
         targets = list(nodes)
         self._check_nodes(targets)
+        for target in targets:
+            if self.nodes[target].core is None:
+                raise ValueError(f"cannot tick {target}: it is crashed")
+        self._note("tick", tuple(targets))
         self._begin_step()
         self.record(f"tick {','.join(targets)}")
         for target in targets:
@@ -1089,6 +655,8 @@ class Simulation:
             stale=stale, retry_on_refusal=retry_on_refusal, invoked_step=self.step_count,
         )
         self.ops.append(op)
+        self._note("invoke", op.id, f.value, key, value, expected_version, process,
+                   op.request_id, stale, retry_on_refusal)
         self._history(op, EventType.INVOKE)
         return op
 
@@ -1115,6 +683,7 @@ class Simulation:
         if op.done:
             raise ValueError(f"operation {op.id} already completed ({op.status.value})")
         self._check_nodes([node])
+        self._note("submit", op.id, node)
         self._begin_step()
         attempt = Attempt(node=node, step=self.step_count)
         op.attempts.append(attempt)
@@ -1157,11 +726,20 @@ class Simulation:
         """The client stops waiting: info if any attempt may still apply, else fail."""
         if op.done:
             return
+        self._note("give_up", op.id, reason)
         for attempt in op.attempts:
             if attempt.state is AttemptState.WAITING:
                 attempt.state, attempt.reason = AttemptState.UNKNOWN, reason
         op.error = reason
         self._complete(op, OpStatus.INFO if op.maybe_applied() else OpStatus.FAIL)
+
+    def time_out(self, op: ClientOp, reason: str = "client timed out") -> None:
+        """The client stops waiting for its latest attempt (it may still apply) and is
+        free to retry elsewhere with the same request id."""
+        if op.done or not op.attempts or op.attempts[-1].state is not AttemptState.WAITING:
+            raise ValueError(f"operation {op.id} has no attempt waiting to time out")
+        self._note("time_out", op.id, reason)
+        self.attempt_unknown(op, op.attempts[-1], reason)
 
     def finish(self) -> None:
         """End of the run: every open operation completes as info (or fail if certain)."""
@@ -1235,15 +813,17 @@ class Simulation:
         top = max(self.nodes[n].applied_index for n in alive)
         caught_up = [n for n in alive if self.nodes[n].applied_index == top]
         for op in self.acknowledged_writes:
+            if not self.nodes[op.answered_by].proposal_request_id(op):
+                continue  # proposed without its id (a canary): no table entry to look for
             for node in caught_up:
-                if self.register(node).result_of(op.request_id) is None:
+                if self.replica(node).result_of(op.request_id) is None:
                     self.monitor.violate(
                         Rule.ACKNOWLEDGED_WRITE_LOST,
                         f"write {op.request_id!r} ({op.f.value} {op.key}={op.value!r}) was "
                         f"acknowledged by {op.answered_by} but {node} (applied {top}) has "
                         "no record of it",
                     )
-        digests = {n: self.register(n).digest() for n in caught_up}
+        digests = {n: self.replica(n).digest() for n in caught_up}
         if len(set(digests.values())) > 1:
             self.monitor.violate(
                 Rule.STATE_MACHINE_SAFETY,
@@ -1260,164 +840,3 @@ class Simulation:
                 )
 
 
-# ---------------------------------------------------------------------------------------
-# Command line: python -m system.raft.sim --seeds 200
-# ---------------------------------------------------------------------------------------
-
-
-def load_variant(path: str) -> SimVariant:
-    """Import a SimVariant named "package.module:attribute" (e.g. a broken variant from
-    tests/raft/broken.py, so a failing seed of it can be replayed from the shell)."""
-    import importlib
-
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"--variant must look like package.module:name, got {path!r}")
-    variant = getattr(importlib.import_module(module_name), attribute, None)
-    if not isinstance(variant, SimVariant):
-        raise ValueError(f"{path!r} is not a SimVariant (got {type(variant).__name__})")
-    return variant
-
-
-def write_history(history: list[HistoryEvent], path: str) -> None:
-    """Write a run's history as `history.jsonl` (docs/histories.md) for
-    `python -m checker check PATH --model versioned-kv --html out.html`. The `time` of a
-    record is the simulator step it happened at (the sim has no clock), for display only."""
-    from histories.write import HistoryWriter
-
-    records = to_records(history)
-    step = 0
-    with HistoryWriter(path, clock_ns=lambda: step) as writer:
-        invokes: dict[int, int] = {}  # process -> index of its invoke in the file
-        for record in records:
-            fields = {
-                name: value
-                for name, value in record.to_json().items()
-                if name not in ("index", "time", "process", "type", "f", "key", "value")
-            }
-            step = dict(record.extra)["step"]
-            if record.type.value == "invoke":
-                invokes[record.process] = writer.invoke(  # type: ignore[index]
-                    record.process, record.f, record.key, record.value, **fields,  # type: ignore[arg-type]
-                )
-            else:
-                writer.complete(
-                    invokes.pop(record.process), record.type, record.value, **fields,  # type: ignore[arg-type]
-                )
-
-
-def save_history(history: list[HistoryEvent], directory: str, seed: int):  # noqa: ANN201
-    """DIR/seed-N/history.jsonl (replaced if it exists: the same seed gives the same file)."""
-    from pathlib import Path
-
-    path = Path(directory) / f"seed-{seed}" / "history.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    write_history(history, str(path))
-    return path
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the randomized simulation over many seeds; exit 0 if every seed passed."""
-    import argparse
-    import sys
-
-    from tabulate import tabulate
-
-    from system.raft import swarm
-
-    parser = argparse.ArgumentParser(
-        prog="python -m system.raft.sim",
-        description="Randomized, deterministic simulation of a Raft cluster under faults. "
-        "Each seed draws its own fault rates (swarm testing), injects faults, heals, and "
-        "checks Raft's safety properties after every step and linearizability at the end.",
-    )
-    parser.add_argument("--seeds", type=int, default=200, help="how many seeds to run")
-    parser.add_argument("--start-seed", type=int, default=0, help="first seed of the range")
-    parser.add_argument("--seed", type=int, help="replay exactly this one seed (verbose)")
-    parser.add_argument("--variant", help="package.module:name of a SimVariant to run instead "
-                        "of the real core (e.g. tests.raft.broken:VOTES_TWICE)")
-    parser.add_argument("--safety-steps", type=int, default=swarm.SAFETY_STEPS)
-    parser.add_argument("--liveness-steps", type=int, default=swarm.LIVENESS_STEPS)
-    parser.add_argument("--trace", action="store_true", help="with --seed: print the trace")
-    parser.add_argument("--history-out", metavar="DIR",
-                        help="write the client history of each failing seed (and of --seed "
-                        "always) to DIR/seed-N/history.jsonl, for `python -m checker check`")
-    args = parser.parse_args(argv)
-    if args.seeds < 1:
-        parser.error("--seeds must be at least 1")
-    try:
-        variant = load_variant(args.variant) if args.variant else None
-    except (ImportError, ValueError) as error:
-        parser.error(str(error))
-
-    seeds = [args.seed] if args.seed is not None else list(
-        range(args.start_seed, args.start_seed + args.seeds)
-    )
-    every = max(1, len(seeds) // 20)
-    totals_faults: dict[str, int] = {}
-    totals_ops = {"ok": 0, "fail": 0, "info": 0}
-    committed = steps = 0
-    failed: list[swarm.SeedResult] = []
-    verdicts: dict[str, int] = {}
-    for position, seed in enumerate(seeds, 1):
-        run = swarm.SwarmRun(seed, variant, args.safety_steps, args.liveness_steps)
-        result = run.run()
-        if args.history_out and (not result.ok or args.seed is not None):
-            saved = save_history(run.sim.history, args.history_out, seed)
-            print(f"seed {seed}: history written to {saved}; check it with\n"
-                  f"  python -m checker check {saved} --model versioned-kv "
-                  f"--html {saved.parent / 'timeline.html'}")
-        for kind, count in result.faults.items():
-            totals_faults[kind] = totals_faults.get(kind, 0) + count
-        for kind, count in result.ops.items():
-            totals_ops[kind] += count
-        committed += result.committed
-        steps += result.steps
-        verdicts[result.linearizability] = verdicts.get(result.linearizability, 0) + 1
-        if args.seed is not None:
-            print(f"seed {seed}: {result.swarm.line()}")
-            print(f"trace hash {result.trace_hash}")
-            if args.trace:
-                run = swarm.SwarmRun(seed, variant, args.safety_steps, args.liveness_steps)
-                run.run()
-                print("\n".join(run.sim.trace))
-        if result.linearizability == "unknown":
-            print(f"seed {seed}: linearizability unknown ({result.linearizability_note})")
-        if not result.ok:
-            failed.append(result)
-            print(f"seed {seed} FAILED ({len(result.violations)} violations):")
-            for violation in result.violations[:5]:
-                print("  " + violation.line().replace("\n", "\n    "))
-            print("  replay: " + swarm.replay_command(seed, args.variant))
-        if position % every == 0 or position == len(seeds):
-            print(f"[{position}/{len(seeds)}] seeds run, {len(failed)} failed", flush=True)
-
-    rows = [
-        ["seeds run", len(seeds)],
-        ["seeds failed", len(failed)],
-        ["simulation steps", steps],
-        ["entries committed (sum of final commit indexes)", committed],
-        ["client ops ok", totals_ops["ok"]],
-        ["client ops fail", totals_ops["fail"]],
-        ["client ops info", totals_ops["info"]],
-    ]
-    rows += [[f"linearizability {k}", v] for k, v in sorted(verdicts.items())]
-    rows += [[f"faults: {kind}", count] for kind, count in sorted(totals_faults.items())]
-    rows.append(["violations", sum(len(r.violations) for r in failed)])
-    print(tabulate(rows, headers=["summary", "count"], tablefmt="github"))
-    if failed:
-        print("failing seeds (each line replays one):")
-        for result in failed:
-            print("  " + swarm.replay_command(result.seed, args.variant))
-        sys.stdout.flush()
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    # Run the copy of this module that everything else imports (not __main__), so the
-    # classes a --variant refers to are the ones main() checks against.
-    from system.raft.sim import main as _main
-
-    raise SystemExit(_main())

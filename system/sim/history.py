@@ -3,11 +3,11 @@
 What it is for: the simulator records every client operation as Jepsen does (an `invoke`,
 later one completion: `ok` it happened, `fail` it certainly did not, `info` unknown) as
 `HistoryEvent`s. At the end of a run the history must be linearizable for the versioned
-register of `system.raft.register`; the project's checker (`checker/`, model
+register the store's state machine keeps (`system.sim.state_machine`); the project's checker (`checker/`, model
 `versioned-kv`, docs/checker.md) decides that, so `to_records` turns the events into its
 `histories.Op` records (docs/histories.md), one record per event, same index, same order.
 
-How the register maps onto `versioned-kv` (both: a key is (value, version), version 0 =
+How the store's keys map onto `versioned-kv` (both: a key is (value, version), version 0 =
 never written, +1 per applied write):
 - `put` -> `put` without `expected_version`; `cas` -> `put` with `expected_version`.
 - a CAS whose expected version did not match completes `fail` here with the key's current

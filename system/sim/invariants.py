@@ -12,6 +12,8 @@ role/term/commit after every input. The monitor keeps, over all time and all nod
   (its chain at the highest committed index equals the committed chain);
 - state-machine safety: no two nodes apply different entries at one index, and two
   nodes' state machines agree wherever both snapshot or restore at the same index;
+- snapshot integrity: every snapshot's (index, term) — taken, installed or restored — names
+  the entry committed at that index (checked when it commits, if it has not yet);
 - a live node's commit index never decreases, and never passes its last log index;
 - a leader's commit index only moves to an entry of its own term (Figure 8, §5.4.2);
 - no acknowledged write is lost: an entry acknowledged to a client stays the entry at
@@ -104,6 +106,9 @@ class SafetyMonitor:
         self.applied: dict[int, tuple[int, bytes]] = {}  # index -> (term, entry digest)
         self.state_digest_at: dict[int, str] = {}  # applied index -> state-machine digest
         self.acknowledged: dict[int, tuple[int, str]] = {}  # index -> (term, request id)
+        # Every snapshot's (index, term), by index, until the entry at that index commits:
+        # a snapshot is of committed state, so its term must be the committed entry's.
+        self._snapshot_terms: dict[int, dict[int, NodeId]] = {}
         self._logs: dict[NodeId, _NodeLog] = {n: _NodeLog() for n in voters}
         self._commit: dict[NodeId, int] = {}
         self._role_term: dict[NodeId, tuple[str, int]] = {}
@@ -160,6 +165,7 @@ class SafetyMonitor:
         log = self._logs[node]
         log.snapshot_index = index
         log.snapshot_term = log.terms.get(index, 0)
+        self._check_snapshot_term(node, index, log.snapshot_term)
         self._check_state(node, index, state_digest, "compacted its state machine")
 
     def restored_state(self, node: NodeId, index: int, state_digest: str) -> None:
@@ -289,10 +295,29 @@ class SafetyMonitor:
                 f"{node} holds a snapshot at (index={snap.index}, term={snap.term}) that "
                 "is not the committed entry at that index",
             )
+        self._check_snapshot_term(node, snap.index, snap.term)
         log.snapshot_index, log.snapshot_term = snap.index, snap.term
         log.terms[snap.index] = snap.term
         log.chains[snap.index] = chain if chain is not None else _ROOT
         log.last_index = max(log.last_index, snap.index)
+
+    def _check_snapshot_term(self, node: NodeId, index: int, term: int) -> None:
+        """A snapshot's (index, term) against the committed log: now if that index has
+        committed, else when it does (a snapshot is taken of applied, so committed, state;
+        the metadata is not taken on trust just because no known entry matches it)."""
+        committed = self.committed_term.get(index)
+        if committed is None:
+            self._snapshot_terms.setdefault(index, {}).setdefault(term, node)
+        elif committed != term:
+            self._snapshot_term_violation(node, index, term, committed)
+
+    def _snapshot_term_violation(self, node: NodeId, index: int, term: int,
+                                 committed: int) -> None:
+        self.violate(
+            Rule.SNAPSHOT,
+            f"{node} holds a snapshot at (index={index}, term={term}) but the entry committed "
+            f"at index {index} has term {committed}",
+        )
 
     def _check_state(self, node: NodeId, index: int, digest: str, what: str) -> None:
         known = self.state_digest_at.setdefault(index, digest)
@@ -332,8 +357,11 @@ class SafetyMonitor:
                     f"different entry (term {self.committed_term.get(index)}) was committed "
                     "there before: a committed entry was lost",
                 )
-            self.committed_term.setdefault(index, log.terms[index])
+            committed_term = self.committed_term.setdefault(index, log.terms[index])
             self.max_committed = max(self.max_committed, index)
+            for term, holder in sorted(self._snapshot_terms.pop(index, {}).items()):
+                if term != committed_term:
+                    self._snapshot_term_violation(holder, index, term, committed_term)
 
     def _check_leader_log(self, node: NodeId, term: int) -> None:
         """Leader completeness (Raft §5.4): a new leader holds every committed entry."""

@@ -1,0 +1,220 @@
+"""The `sim` platform: the store's nodes as a deterministic simulation, in simulated time.
+
+What it is for: `python -m nemesis run --platform sim` drives the same workload generator,
+fault schedule and checkers as the real platforms, but against `system.sim.Simulation`:
+the real Raft core and the store's own state machine over a fake network and fake disks.
+Nothing runs concurrently and nothing reads a clock, so one seed gives one history, byte
+for byte, and a failing run can be replayed and shrunk.
+
+Time: one Raft tick is `TICK_S` of simulated time (the real node's default tick). Each
+`advance()` first delivers what is on the wire — oldest first, replies included, as on a
+loopback network that is fast next to a tick — then ticks every running, unpaused node.
+
+The fault vocabulary maps onto the simulator:
+- `cut(src, dst)` / `heal_link`: one direction of a link stops carrying messages (in
+  flight ones are lost), as the proxies and iptables rules do;
+- `set_loss`: each message on the link is lost with that probability (seeded);
+- `kill` / `start_node`: a process crash (the OS keeps what was written) and a restart
+  from the fake disk;
+- `pause` / `resume`: a frozen process: it neither ticks nor receives (messages wait on the
+  wire, as in a socket buffer) until resumed.
+
+What it must never do: read a clock, use global randomness, or let anything but the seed
+and the calls made on it decide what happens.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
+from system.raft.core import Role
+from system.sim.simulation import Simulation
+from system.sim.variant import SimVariant
+
+TICK_S = 0.02  # simulated seconds per Raft tick (the real node's tick_ms is 20)
+TICK_NS = int(TICK_S * 1e9)
+MAX_DELIVERIES_PER_TICK = 20_000  # a bound: a healthy 9-node cluster needs far fewer
+COMPACT_EVERY_ENTRIES = 500  # snapshots happen in a run of any length, chunks included
+
+
+class SimPlatform(Platform):
+    """A `Platform` whose nodes are the cores of one `Simulation` (see the module doc)."""
+
+    name = "sim"
+
+    def __init__(self, config: ClusterConfig, *, seed: int, variant: SimVariant | None = None,
+                 compact_every_entries: int = COMPACT_EVERY_ENTRIES,
+                 record_trace: bool = True, **raft_config: Any) -> None:
+        super().__init__(config)
+        self.seed = seed
+        self.sim = Simulation(node_count=config.nodes, seed=seed, variant=variant,
+                              compact_every_entries=compact_every_entries,
+                              record_trace=record_trace, **raft_config)
+        self.paused: set[str] = set()  # membership only; node order comes from node_ids
+        self.loss: dict[tuple[str, str], float] = {}
+        self.rng = random.Random(f"sim-platform:{seed}:loss")
+        self.ticks = 0  # simulated time, in ticks
+        self._events_in_tick = 0  # orders records within one tick (1 ns apart)
+
+    # ----- time --------------------------------------------------------------------------
+
+    def now_s(self) -> float:
+        return self.ticks * TICK_S
+
+    def now_ns(self) -> int:
+        """The history's clock: the tick's start plus 1 ns per record within it, so
+        records keep their order and the same run gives the same times."""
+        self._events_in_tick += 1
+        return self.ticks * TICK_NS + min(self._events_in_tick, TICK_NS - 1)
+
+    def advance(self) -> None:
+        """One tick of simulated time: deliver what is on the wire, then tick the nodes."""
+        self.deliver_pending()
+        running = [n for n in self.sim.alive() if n not in self.paused]
+        if running:
+            self.sim.tick_nodes(running)
+        self.ticks += 1
+        self._events_in_tick = 0
+
+    def deliver_pending(self) -> int:
+        """Deliver every message whose destination is not paused, replies included, oldest
+        first; each lost with its link's loss probability. Returns how many moved."""
+        sim, paused = self.sim, self.paused
+        moved = 0
+        while moved < MAX_DELIVERIES_PER_TICK:
+            flight = next((f for f in sim.network.in_flight.values()
+                           if f.message.dst not in paused), None)
+            if flight is None:
+                break
+            moved += 1
+            loss = self.loss.get((flight.message.src, flight.message.dst), 0.0)
+            if loss and self.rng.random() < loss:
+                sim.drop_flight(flight, "packet loss")
+            else:
+                sim.deliver_flight(flight)
+        return moved
+
+    # ----- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """The simulation boots every node when it is built."""
+
+    def close(self) -> None:
+        """Nothing to tear down: no process, socket or file outlives the run."""
+
+    @property
+    def client_addresses(self) -> dict[str, str]:
+        return {n: f"sim:{n}" for n in self.node_ids}
+
+    # ----- nodes -------------------------------------------------------------------------
+
+    def start_node(self, node_id: str) -> None:
+        if not self.sim.nodes[node_id].alive:
+            self.sim.restart(node_id)
+
+    def stop_node(self, node_id: str) -> None:
+        self.kill(node_id)
+
+    def kill(self, node_id: str) -> None:
+        self.paused.discard(node_id)
+        if self.sim.nodes[node_id].alive:
+            self.sim.crash(node_id)
+
+    def pause(self, node_id: str) -> None:
+        if self.sim.nodes[node_id].alive:
+            self.sim.record(f"pause {node_id}")
+            self.paused.add(node_id)
+
+    def resume(self, node_id: str) -> None:
+        if node_id in self.paused:
+            self.sim.record(f"resume {node_id}")
+            self.paused.discard(node_id)
+
+    def wipe(self, node_id: str) -> None:
+        raise PlatformError("the sim platform does not run the member fault (its nodes have "
+                            "no identity to wipe and re-admit); use --platform local or docker")
+
+    def member_address(self, node_id: str) -> str:
+        raise PlatformError("the sim platform has no member addresses (no member fault)")
+
+    def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
+        raise PlatformError("the sim platform does not run the member fault")
+
+    def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
+        raise PlatformError("the sim platform does not run the member fault")
+
+    def is_running(self, node_id: str) -> bool:
+        return self.sim.nodes[node_id].alive
+
+    def exit_code(self, node_id: str) -> int | None:
+        return None  # a simulated node never exits on its own
+
+    # ----- network -----------------------------------------------------------------------
+
+    def cut(self, src: str, dst: str) -> None:
+        self.sim.cut(src, dst, both_ways=False)
+
+    def heal_link(self, src: str, dst: str) -> None:
+        self.loss.pop((src, dst), None)
+        if self.sim.network.is_cut(src, dst):
+            self.sim.heal_link(src, dst)
+
+    def heal_all(self) -> None:
+        self.loss.clear()
+        self.sim.heal()
+
+    def set_loss(self, src: str, dst: str, probability: float) -> None:
+        if not 0 < probability < 1:
+            raise ValueError(f"loss probability must be in (0, 1), got {probability}")
+        self.sim.record(f"loss {src}->{dst} {probability:g}")
+        self.loss[(src, dst)] = probability
+
+    # ----- observing ---------------------------------------------------------------------
+
+    def status(self, node_id: str, timeout_s: float = 0.5) -> None:
+        """No RPC here: `leader`, `ready` and `describe` read the cores directly."""
+        return None
+
+    def answering(self) -> list[str]:
+        """Nodes that would answer a Status call: running and not paused."""
+        return [n for n in self.sim.alive() if n not in self.paused]
+
+    def leader(self) -> str | None:
+        best: tuple[int, str] | None = None
+        for node in self.answering():
+            core = self.sim.core(node)
+            if core.role is Role.LEADER and (best is None or core.term > best[0]):
+                best = (core.term, node)
+        return best[1] if best else None
+
+    def ready(self) -> str | None:
+        """The leader once every node runs and the leader can serve linearizable reads."""
+        if len(self.answering()) != len(self.node_ids):
+            return None
+        leader = self.leader()
+        if leader is None or not self.sim.core(leader).read_barrier_open():
+            return None
+        return leader
+
+    def describe(self) -> str:
+        parts = []
+        for node in self.node_ids:
+            shell = self.sim.nodes[node]
+            if shell.core is None:
+                parts.append(f"{node}=down")
+                continue
+            core = shell.core
+            state = f"{core.role.value}/t{core.term}/applied={shell.applied_index}"
+            parts.append(f"{node}={state}{'/paused' if node in self.paused else ''}")
+        return ", ".join(parts)
+
+    def collect_logs(self) -> dict[str, Path]:
+        """The simulation's trace (every event, one line each) as nodes/sim-trace.log."""
+        folder = self.config.work_dir / "nodes"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "sim-trace.log"
+        path.write_text("\n".join(self.sim.trace) + "\n", encoding="utf-8")
+        return {path.name: path}

@@ -1,0 +1,400 @@
+"""`python -m nemesis run --platform sim`: the main job against the simulator, in simulated time.
+
+The real runner (nemesis/runner.py) is an interpreter that owns threads and the wall clock:
+client threads, a nemesis thread, sleeps. This one is the same job with one thread and a
+simulated clock, so the same seed gives the same history byte for byte:
+
+    SimPlatform built from the seed -> ticks until a leader serves
+    -> each tick: the nemesis schedule, the clients, then the platform advances one tick
+    -> at the deadline: open operations time out, heal everything, final reads
+    -> the same run folder (test.json, history.jsonl with nemesis records, nemesis.jsonl,
+       nodes/, results.json), the same checkers and the same report
+
+What is shared with the real platforms, unchanged: the workload's decisions
+(`workloads.kv.ClientPlan`: pace, key, operation, value, compare-and-swap's expected
+version), the fault schedule and vocabulary (`nemesis.faults.Nemesis`: kinds, shapes,
+targets dealt from the same seeded decks), the history writer, the checkers
+(`nemesis.check`) and the report. What differs is only the interpreter: a client here
+talks to a node through the simulator (`Simulation.invoke/submit`), and its patience (a
+0.5 s attempt timeout, then the next node; the operation's deadline `--op-timeout`) runs
+on simulated time.
+
+What it must never do: read a clock or use unseeded randomness between the seed and the
+history (test.json and results.json may carry the wall-clock time of the run; the history
+and nemesis.jsonl carry simulated time only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from histories.write import HistoryWriter
+from nemesis.faults import ActiveFault, Nemesis
+from nemesis.platforms.base import ClusterConfig
+from nemesis.platforms.sim import TICK_S, SimPlatform
+from nemesis.store import write_json
+from system.sim.clients import AttemptState, ClientOp, OpStatus
+from system.sim.history import Function
+from workloads.kv import ClientPlan, KeyPool, KVWorkload, expected_version
+
+log = logging.getLogger("nemesis")
+
+LEADER_TIMEOUT_S = 60.0  # simulated: the first election
+RECOVERY_TIMEOUT_S = 30.0  # simulated: a leader again after the heal
+FINAL_READ_TIMEOUT_S = 30.0
+ATTEMPT_TIMEOUT_S = 0.5  # a silent node (paused, cut off) is given up for the next one
+RETRY_BACKOFF_S = 0.04  # after a refusal, before the next attempt
+
+
+@dataclass
+class _Client:
+    """One client thread of the workload, in simulated time."""
+
+    thread_no: int
+    plan: ClientPlan
+    process: int
+    next_at_s: float
+    seen: dict[str, int] = field(default_factory=dict)  # key -> last version seen
+    op: ClientOp | None = None
+    kind: str = ""  # get / put / cas, as the workload counts it
+    invoke_index: int = -1  # the invoke's index in the history
+    started_s: float = 0.0
+    retry_at_s: float = 0.0
+    leader_hint: str | None = None
+
+
+class SimClients:
+    """The kv workload's clients driven by the simulator; records into the run's history
+    exactly what the real clients record (workloads/kv.py)."""
+
+    def __init__(self, workload: KVWorkload, platform: SimPlatform, history: HistoryWriter,
+                 seed: int) -> None:
+        self.workload = workload
+        self.platform = platform
+        self.sim = platform.sim
+        self.history = history
+        self.pool: KeyPool = workload.pool
+        self.clients = [
+            _Client(t, plan := ClientPlan(seed, t, self.pool, workload.concurrency,
+                                           workload.rate), process=t,
+                    next_at_s=plan.first_delay_s)
+            for t in range(workload.concurrency)
+        ]
+
+    # ----- the loop's two moves ------------------------------------------------------------
+
+    def invoke_due(self, now_s: float, deadline_s: float) -> None:
+        """Idle clients whose time has come start their next operation."""
+        for client in self.clients:
+            if client.op is not None or now_s >= deadline_s or now_s < client.next_at_s:
+                continue
+            period = client.plan.period_s
+            client.next_at_s = max(client.next_at_s + period, now_s - period)
+            key, op, value = client.plan.next_op(client.process)
+            self._start(client, key, op, value, now_s)
+        self.collect(now_s)
+
+    def collect(self, now_s: float) -> None:
+        """Record finished operations; retry or time out the others."""
+        for client in self.clients:
+            op = client.op
+            if op is None:
+                continue
+            if op.done:
+                self._record(client, op)
+                continue
+            if now_s - client.started_s >= self.workload.op_timeout_s:
+                self.sim.give_up(op, f"no answer within {self.workload.op_timeout_s:g} s")
+                self._record(client, op)
+                continue
+            last = op.attempts[-1]
+            if last.state is AttemptState.WAITING:
+                if now_s - client.started_s >= ATTEMPT_TIMEOUT_S * len(op.attempts):
+                    self.sim.time_out(op, "attempt timed out")
+                    client.leader_hint = None
+                    client.retry_at_s = now_s
+                continue
+            if last.leader_hint is not None:
+                client.leader_hint = last.leader_hint
+            elif last.state is not AttemptState.ANSWERED:
+                client.leader_hint = None
+            if client.retry_at_s == 0.0:
+                client.retry_at_s = now_s + RETRY_BACKOFF_S
+            if now_s >= client.retry_at_s:
+                client.retry_at_s = 0.0
+                self.sim.submit(op, self._next_node(client, op))
+                if op.done:
+                    self._record(client, op)
+
+    def stop(self, now_s: float) -> None:
+        """The run's end: every open operation gives up (info if it may have applied)."""
+        for client in self.clients:
+            if client.op is not None and not client.op.done:
+                self.sim.give_up(client.op, "run ended with the operation in flight")
+        self.collect(now_s)
+
+    # ----- one operation ---------------------------------------------------------------------
+
+    def _start(self, client: _Client, key: str, op: str, value: str, now_s: float) -> None:
+        process = client.process
+        if op == "get":
+            consistency = self.workload.read_consistency
+            client.invoke_index = self.history.invoke(process, "get", key, None,
+                                                      consistency=consistency)
+            client.op = self.sim.invoke(Function.GET, key, process=process,
+                                        stale=consistency == "stale", retry_on_refusal=True)
+        else:
+            expected = expected_version(op, key, client.seen)
+            fields: dict[str, Any] = {}
+            if expected is not None:
+                fields["expected_version"] = expected
+            f = Function.CAS if expected is not None else Function.PUT
+            client.op = self.sim.invoke(f, key, value, expected, process=process,
+                                        request_id=f"p{process}-{value}",
+                                        retry_on_refusal=True)
+            client.invoke_index = self.history.invoke(process, "put", key, value,
+                                                      request_id=client.op.request_id, **fields)
+        client.kind, client.started_s, client.retry_at_s = op, now_s, 0.0
+        self.sim.submit(client.op, self._home(client) if op == "get"
+                        else client.leader_hint or self._home(client))
+        if client.op.done:
+            self._record(client, client.op)
+
+    def _home(self, client: _Client) -> str:
+        nodes = self.platform.node_ids
+        return nodes[client.process % len(nodes)]
+
+    def _next_node(self, client: _Client, op: ClientOp) -> str:
+        """The leader a refusal named, else the next node after the last one tried."""
+        if client.leader_hint is not None:
+            return client.leader_hint
+        nodes = self.platform.node_ids
+        last = nodes.index(op.attempts[-1].node)
+        return nodes[(last + 1) % len(nodes)]
+
+    def _record(self, client: _Client, op: ClientOp) -> None:
+        """The completion, as workloads/kv.py records it for the same outcome."""
+        history, index, kind = self.history, client.invoke_index, client.kind
+        counts = self.workload.counts
+        client.op = None
+        if op.f is Function.GET:
+            if op.status is OpStatus.OK:
+                client.seen[op.key] = op.result_version or 0
+                history.complete(index, "ok", op.result_value, version=op.result_version,
+                                 node=op.answered_by)
+                counts.add("get", "ok")
+            else:  # a read changes nothing: not served is certainly not applied
+                history.complete(index, "fail", None, error=op.error or "not served")
+                counts.add("get", "fail")
+            return
+        if op.status is OpStatus.OK:
+            client.seen[op.key] = op.result_version or 0
+            if op.answered_by:
+                client.leader_hint = op.answered_by
+            term = next((a.term for a in op.attempts if a.state is AttemptState.ANSWERED), None)
+            history.complete(index, "ok", op.value, version=op.result_version, applied=True,
+                             node=op.answered_by, term=term)
+            counts.add(kind, "ok")
+        elif op.applied is False:  # a compare that did not match: a result, recorded ok
+            client.seen[op.key] = op.result_version or 0
+            history.complete(index, "ok", op.value, version=op.result_version, applied=False,
+                             node=op.answered_by)
+            counts.add(kind, "ok")
+        elif op.status is OpStatus.FAIL:
+            history.complete(index, "fail", op.value, error=op.error or "refused")
+            counts.add(kind, "fail")
+        else:  # unknown outcome: the process retires, as Jepsen's do
+            history.complete(index, "info", op.value, error=op.error or "unknown")
+            counts.add(kind, "info")
+            client.process += self.workload.concurrency
+            client.seen.clear()
+            client.leader_hint = None
+
+    # ----- the end ---------------------------------------------------------------------------
+
+    def final_reads(self, run: SimRun, timeout_s: float) -> dict[str, Any]:
+        """A linearizable read of every key the run touched, each retried (as new
+        operations) until it succeeds or `timeout_s` of simulated time runs out."""
+        deadline = self.platform.now_s() + timeout_s
+        process = self.workload.concurrency * 1_000_000
+        read, failed = 0, []
+        for key in list(self.pool.touched):
+            while True:
+                index = self.history.invoke(process, "get", key, None,
+                                            consistency="linearizable")
+                op = self.sim.invoke(Function.GET, key, process=process, retry_on_refusal=False)
+                self.sim.submit(op, self.platform.leader() or self.platform.node_ids[0])
+                run.advance_until(lambda op=op: op.done, ATTEMPT_TIMEOUT_S * 4)
+                if not op.done:
+                    self.sim.give_up(op, "final read timed out")
+                if op.status is OpStatus.OK:
+                    self.history.complete(index, "ok", op.result_value,
+                                          version=op.result_version, node=op.answered_by)
+                    read += 1
+                    break
+                self.history.complete(index, "fail", None, error=op.error or "not served")
+                if self.platform.now_s() >= deadline:
+                    failed.append(key)
+                    break
+                run.advance_until(lambda: False, RETRY_BACKOFF_S)
+        return {"keys": len(self.pool.touched), "read": read, "unread": failed}
+
+
+class SimRun:
+    """The run's simulated clock, its fault schedule and its clients, stepped together."""
+
+    def __init__(self, platform: SimPlatform, nemesis: Nemesis, clients: SimClients,
+                 interval_s: float) -> None:
+        self.platform = platform
+        self.nemesis = nemesis
+        self.clients = clients
+        self.interval_s = interval_s
+        self.fault: ActiveFault | None = None
+        self.fault_ends_s = 0.0
+        self.next_fault_s = interval_s  # quiet first, as nemesis.Nemesis._run
+
+    def advance_until(self, condition, limit_s: float) -> bool:  # noqa: ANN001 - a predicate
+        """Advance simulated time (no new faults or operations) until `condition()`."""
+        end = self.platform.now_s() + limit_s
+        while not condition():
+            if self.platform.now_s() >= end:
+                return False
+            self.platform.advance()
+            self.clients.collect(self.platform.now_s())
+        return True
+
+    def schedule_faults(self, now_s: float, deadline_s: float) -> None:
+        """Nemesis._run's rhythm in simulated time: quiet for an interval, a fault held for
+        an interval (cut short by the deadline), healed, and again."""
+        nemesis = self.nemesis
+        if not nemesis.faults:
+            return
+        if self.fault is not None:
+            if now_s >= self.fault_ends_s:
+                nemesis.end(self.fault)
+                self.fault = None
+                self.next_fault_s = now_s + self.interval_s
+            return
+        if now_s < self.next_fault_s or now_s + self.interval_s / 2 > deadline_s:
+            return
+        self.fault = nemesis.begin_next()
+        if self.fault is None:
+            self.next_fault_s = now_s + self.interval_s
+        else:
+            self.fault_ends_s = min(now_s + self.interval_s, deadline_s)
+
+    def run_workload(self, duration_s: float) -> None:
+        platform = self.platform
+        start = platform.now_s()
+        deadline = start + duration_s
+        self.next_fault_s = start + self.interval_s
+        for client in self.clients.clients:  # each thread's pace starts with the workload
+            client.next_at_s += start
+        while platform.now_s() < deadline:
+            now = platform.now_s()
+            self.schedule_faults(now, deadline)
+            self.clients.invoke_due(now, deadline)
+            platform.advance()
+            self.clients.collect(platform.now_s())
+        if self.fault is not None:
+            self.nemesis.end(self.fault)
+            self.fault = None
+
+
+def run_sim(config, run_dir: Path, run_id: str, out, test: dict[str, Any]) -> int:  # noqa: ANN001
+    """The run on the simulator; writes the run folder and returns the exit code
+    (0 valid, 1 invalid, 2 unknown, 3 harness error), as `runner.run` does."""
+    from nemesis.runner import finish_run, print_line
+
+    workload = make_workload(config)
+    test["workload"] = workload.describe()
+    test["sim"] = {"tick_s": TICK_S, "attempt_timeout_s": ATTEMPT_TIMEOUT_S,
+                   "variant": variant_for_run(config.unsafe).name if config.unsafe else "correct"}
+    write_json(run_dir / "test.json", test)
+    run_info: dict[str, Any] = {"run_id": run_id, "platform": "sim", "crashed_nodes": [],
+                                "nemesis_errors": [], "harness_error": None}
+    platform = simulate(config, run_dir, run_id, out, run_info)
+    write_json(run_dir / "results.json", run_info)
+    if platform.sim.violations:
+        print_line(out, f"the simulator's safety monitor saw {len(platform.sim.violations)} "
+                        f"violation(s); first: {platform.sim.violations[0].line()}")
+    return finish_run(config, run_dir, run_info, out)
+
+
+def make_workload(config) -> KVWorkload:  # noqa: ANN001 - a RunConfig
+    return KVWorkload(concurrency=config.concurrency, rate=config.rate,
+                      op_timeout_s=config.op_timeout_s, read_consistency=config.read_consistency)
+
+
+def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any],  # noqa: ANN001
+             record_schedule: bool = False) -> SimPlatform:
+    """The whole run in simulated time: history.jsonl, nemesis.jsonl and nodes/ written
+    to `run_dir`, what happened added to `run_info`. With `record_schedule`, the
+    simulation's `schedule` records every step (for `python -m nemesis shrink`)."""
+    from nemesis.runner import print_line
+
+    platform = SimPlatform(ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir),
+                           seed=config.seed, variant=variant_for_run(config.unsafe),
+                           record_trace=not record_schedule)
+    if record_schedule:
+        platform.sim.schedule = []
+    workload = make_workload(config)
+    history = HistoryWriter(run_dir / "history.jsonl", clock_ns=platform.now_ns)
+    with (run_dir / "nemesis.jsonl").open("w", encoding="utf-8") as nemesis_events:
+
+        def record(f: str, value: dict[str, Any]) -> None:
+            index = history.event("nemesis", f, value)
+            nemesis_events.write(json.dumps({"index": index, "sim_time_s": platform.now_s(),
+                                             "f": f, **value}, default=str) + "\n")
+
+        nemesis = Nemesis(platform, config.faults, seed=config.seed,
+                          interval_s=config.interval_s, record=record)
+        clients = SimClients(workload, platform, history, config.seed)
+        run = SimRun(platform, nemesis, clients, config.interval_s)
+        try:
+            if not run.advance_until(lambda: platform.ready() is not None, LEADER_TIMEOUT_S):
+                raise RuntimeError(f"no leader within {LEADER_TIMEOUT_S:g} simulated seconds: "
+                                   f"{platform.describe()}")
+            print_line(out, f"leader {platform.leader()} at {platform.now_s():.2f} s (simulated); "
+                            f"running the kv workload for {config.duration_s:g} simulated s "
+                            f"with faults {','.join(config.faults)} (seed {config.seed})")
+            run.run_workload(config.duration_s)
+            clients.stop(platform.now_s())
+            print_line(out, "healing every fault ...")
+            nemesis.heal_everything()
+            run_info["recovered_leader"] = (
+                platform.leader() if run.advance_until(lambda: platform.ready() is not None,
+                                                       RECOVERY_TIMEOUT_S) else None)
+            print_line(out, "final reads ...")
+            run_info["final_reads"] = clients.final_reads(run, FINAL_READ_TIMEOUT_S)
+        except Exception as exc:  # a harness bug must never read as "invalid" (exit 1)
+            log.exception("harness failure")
+            run_info["harness_error"] = f"{type(exc).__name__}: {exc}"
+            print_line(out, f"harness error: {type(exc).__name__}: {exc}")
+        finally:
+            for index in history.in_flight():
+                history.complete(index, "info", None, error="run ended with the operation in flight")
+            history.close()
+            platform.collect_logs()
+            run_info["nemesis_errors"] = list(nemesis.errors)
+            run_info["faults"] = dict(nemesis.counts)
+            run_info["sim"] = {
+                "simulated_s": round(platform.now_s(), 3), "ticks": platform.ticks,
+                "steps": platform.sim.step_count, "trace_hash": platform.sim.trace_hash(),
+                "monitor_violations": [v.line() for v in platform.sim.violations][:20],
+            }
+    return platform
+
+
+def variant_for_run(unsafe: str | None):  # noqa: ANN201 - SimVariant | None
+    """The simulator's variant of the store for `--unsafe` (None: the real store)."""
+    if not unsafe:
+        return None
+    from system.sim.unsafe import variant_for
+
+    return variant_for(unsafe)
+

@@ -1,0 +1,278 @@
+"""The simulator's node shell: what the real node process does around a core, minus the I/O.
+
+What it is for: it carries out each Ready in order (persist to its `FakeDisk`, send into
+the network, restore snapshots, apply committed entries to the replicated state machine),
+serves ReadIndex reads once applied, answers waiting clients, compacts, then calls
+`advance`, and reports everything to the simulation's `SafetyMonitor`. What it must never
+do: acknowledge a write before its entry is committed and applied.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, Ready
+from system.raft.types import Entry, NodeId, SnapshotMeta
+from system.sim.clients import Attempt, ClientOp
+from system.sim.disk import FakeDisk
+from system.sim.invariants import Rule
+from system.sim.state_machine import CorruptSnapshot, Replica, encode_write
+
+if TYPE_CHECKING:
+    from system.sim.simulation import Simulation
+
+
+class NodeShell:
+    """What the real node process does around a core, minus the I/O: carry out each
+    Ready in order, keep the state machine, and answer clients."""
+
+    def __init__(self, sim: Simulation, node_id: NodeId, config: RaftConfig) -> None:
+        self.sim = sim
+        self.node_id = node_id
+        self.config = config
+        self.disk = FakeDisk()
+        self.incarnation = 0
+        self.core: RaftCore | None = None
+        self.replica = Replica(sim.variant.state_machine_class())
+        self.applied_index = 0  # highest index applied to `replica`
+        self.applied_term = 0  # term of the entry at applied_index
+        self.snapshot_index = 0  # highest index our own or an installed snapshot covers
+        # Writes waiting for their entry to come out committed: index -> [(term, op, attempt)].
+        self.write_waiters: dict[int, list[tuple[int, ClientOp, Attempt]]] = {}
+        self.read_waiters: dict[bytes, tuple[ClientOp, Attempt]] = {}  # ReadIndex pending
+        self.reads_to_serve: list[tuple[int, ClientOp, Attempt]] = []  # confirmed, by index
+
+    @property
+    def alive(self) -> bool:
+        return self.core is not None
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Boot (or reboot) from whatever the disk holds."""
+        restored = self.disk.load()
+        self.replica = Replica(self.sim.variant.state_machine_class())
+        self.applied_index = self.applied_term = self.snapshot_index = 0
+        if restored.snapshot is not None:
+            self.replica = self.restored_replica(restored.snapshot.index,
+                                                 restored.snapshot_data, "restart")
+            self.applied_index = self.snapshot_index = restored.snapshot.index
+            self.applied_term = restored.snapshot.term
+            self.sim.monitor.restored_state(
+                self.node_id, self.applied_index, self.replica.digest()
+            )
+        self.sim.monitor.node_started(self.node_id, restored.snapshot, restored.entries)
+        self.incarnation += 1
+        rng = random.Random(f"raft-sim:{self.sim.seed}:{self.node_id}:{self.incarnation}")
+        self.core = self.sim.variant.core_class(self.config, rng, restored)
+        self.after_input()
+
+    def crash(self, lose_unsynced: bool) -> None:
+        self.core = None
+        self.disk.crash(lose_unsynced)
+        for waiters in self.write_waiters.values():
+            for _, op, attempt in waiters:
+                self.sim.attempt_unknown(op, attempt, f"{self.node_id} crashed")
+        for op, attempt in self.read_waiters.values():
+            self.sim.attempt_unknown(op, attempt, f"{self.node_id} crashed")
+        for _, op, attempt in self.reads_to_serve:
+            self.sim.attempt_unknown(op, attempt, f"{self.node_id} crashed")
+        self.write_waiters, self.read_waiters, self.reads_to_serve = {}, {}, []
+        self.sim.monitor.node_crashed(self.node_id)
+
+    # -- carrying out Readies ----------------------------------------------------------------
+
+    def after_input(self) -> None:
+        """Called after every input to the core: drain its Readies, then report to the
+        monitor."""
+        core = self.core
+        assert core is not None
+        while core.has_ready():
+            ready = core.ready()
+            self.handle_ready(ready)
+            core.advance(ready)
+            self.serve_reads()
+            self.maybe_compact()
+        self.sim.monitor.observe(
+            self.node_id, core.role.value, core.term, core.commit_index, core.status().last_index
+        )
+
+    def handle_ready(self, ready: Ready) -> None:
+        self.persist(ready)
+        for warning in ready.warnings:
+            self.sim.record(f"warning {self.node_id}: {warning}")
+        for message in ready.messages:
+            self.sim.send(message)
+        if ready.snapshot is not None:
+            self.restore_snapshot(ready.snapshot, ready.snapshot_data)
+        for entry in ready.committed_entries:
+            self.apply(entry)
+        for read_state in ready.read_states:
+            waiter = self.read_waiters.pop(read_state.context, None)
+            if waiter is not None:
+                self.reads_to_serve.append((read_state.index, *waiter))
+        for context in ready.dropped_reads:
+            waiter = self.read_waiters.pop(context, None)
+            if waiter is not None:
+                self.sim.attempt_refused(waiter[0], waiter[1], f"{self.node_id} lost leadership")
+
+    def persist(self, ready: Ready) -> None:
+        disk, monitor = self.disk, self.sim.monitor
+        if ready.hard_state is not None:
+            disk.write_hard_state(ready.hard_state)
+        if ready.snapshot is not None:
+            disk.install_snapshot(ready.snapshot, ready.snapshot_data)
+            monitor.persisted_snapshot(self.node_id, ready.snapshot)
+        if ready.entries:
+            try:
+                disk.append(ready.entries)
+            except ValueError as error:
+                monitor.violate(Rule.STORAGE, f"{self.node_id}: {error}")
+            monitor.persisted_entries(self.node_id, ready.entries)
+        if ready.must_sync:
+            disk.sync()
+
+    def restore_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        self.sim.record(f"{self.node_id} restores snapshot ({meta.index},{meta.term})")
+        self.replica = self.restored_replica(meta.index, data, "install")
+        self.applied_index = self.snapshot_index = meta.index
+        self.applied_term = meta.term
+        self.sim.monitor.restored_state(self.node_id, meta.index, self.replica.digest())
+        # Writes waiting at covered indexes: the request-id table says whether they happened.
+        for index in sorted(i for i in self.write_waiters if i <= meta.index):
+            for _, op, attempt in self.write_waiters.pop(index):
+                first = self.replica.result_of(op.request_id)
+                if first is None:
+                    self.sim.attempt_refused(op, attempt, "not in the installed snapshot")
+                else:
+                    self.sim.attempt_answered(
+                        op, attempt, self.node_id, first.ok, op.value, first.version,
+                        first.error, mismatch=first.cas_mismatch,
+                    )
+
+    def apply(self, entry: Entry) -> None:
+        if entry.index <= self.applied_index:
+            return  # re-emitted after a restart; already in the restored snapshot
+        if entry.index != self.applied_index + 1:
+            self.sim.monitor.violate(
+                Rule.STATE_MACHINE_SAFETY,
+                f"{self.node_id} was asked to apply index {entry.index} after "
+                f"{self.applied_index}: a gap",
+            )
+            return  # the store's state machine refuses to apply out of order
+        result = self.replica.apply(entry)
+        self.applied_index, self.applied_term = entry.index, entry.term
+        self.sim.entries_applied += 1
+        monitor = self.sim.monitor
+        digest = self.replica.digest() if monitor.needs_state_digest(entry.index) else None
+        monitor.applied_entry(self.node_id, entry, digest)
+        for term, op, attempt in self.write_waiters.pop(entry.index, ()):
+            if term != entry.term:
+                self.sim.attempt_refused(
+                    op, attempt, f"entry {entry.index} was overwritten by term {entry.term}"
+                )
+            elif result is None:
+                self.sim.attempt_refused(op, attempt, f"entry {entry.index} is a no-op")
+            else:
+                self.acknowledge(op, attempt, entry, result.ok, op.value, result.version,
+                                 result.error, mismatch=result.cas_mismatch)
+
+    def acknowledge(
+        self, op: ClientOp, attempt: Attempt, entry: Entry, ok: bool, value: str | None,
+        version: int, error: str, mismatch: bool = False,
+    ) -> None:
+        """Tell the client its write's outcome; only ever after the entry was applied."""
+        if ok and not op.done:
+            self.sim.monitor.acknowledged_write(entry.index, entry.term, op.request_id)
+        self.sim.attempt_answered(op, attempt, self.node_id, ok, value, version, error,
+                                  mismatch=mismatch)
+
+    def serve_reads(self) -> None:
+        if not self.reads_to_serve:
+            return
+        ready = [r for r in self.reads_to_serve if r[0] <= self.applied_index]
+        self.reads_to_serve = [r for r in self.reads_to_serve if r[0] > self.applied_index]
+        for _, op, attempt in ready:
+            read = self.replica.read(op.key)
+            self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version)
+
+    def maybe_compact(self) -> None:
+        threshold = self.sim.compact_every_entries
+        core = self.core
+        assert core is not None
+        if threshold <= 0 or self.applied_index - self.snapshot_index < threshold:
+            return
+        if core.applied_index < self.applied_index:
+            return  # the core has not been told yet (advance comes first)
+        membership = core.membership_at(self.applied_index)
+        meta = SnapshotMeta(
+            self.applied_index, self.applied_term, membership.voters, membership.learners,
+            membership.member_info,
+        )
+        data = self.replica.snapshot()
+        self.disk.save_snapshot(meta, data)
+        core.compact(self.applied_index, data)
+        self.snapshot_index = self.applied_index
+        self.sim.record(f"{self.node_id} compacts to ({meta.index},{meta.term})")
+        self.sim.monitor.compacted(self.node_id, meta.index, self.replica.digest())
+
+    def restored_replica(self, index: int, data: bytes, what: str) -> Replica:
+        """The state machine rebuilt from snapshot bytes; a snapshot that does not verify is
+        a violation, and the node goes on from an empty machine at that index."""
+        machine_class = self.sim.variant.state_machine_class
+        try:
+            return Replica.restore(machine_class, data)
+        except CorruptSnapshot as error:
+            self.sim.monitor.violate(Rule.SNAPSHOT, f"{self.node_id} {what}: {error}")
+            return Replica(machine_class(applied_index=index))
+
+    # -- client requests ---------------------------------------------------------------------
+
+    # Two seams the store's canaries override (system/sim/unsafe.py), as the real node
+    # calls system/kv/unsafe.py's hooks: the request id a write is proposed with, and
+    # whether a linearizable read may skip the ReadIndex barrier.
+
+    def proposal_request_id(self, op: ClientOp) -> str:
+        return op.request_id
+
+    def serves_reads_locally(self) -> bool:
+        return False
+
+    def submit_write(self, op: ClientOp, attempt: Attempt) -> None:
+        core = self.core
+        assert core is not None
+        assert op.value is not None
+        command = encode_write(self.proposal_request_id(op), op.key, op.value,
+                               op.expected_version)
+        try:
+            index, term = core.propose(command)
+        except NotLeader as error:
+            attempt.leader_hint = error.leader_id
+            self.sim.attempt_refused(op, attempt, f"not leader (leader: {error.leader_id})")
+            return
+        except ProposalDropped as error:
+            self.sim.attempt_refused(op, attempt, f"dropped: {error}")
+            return
+        attempt.index, attempt.term = index, term
+        self.write_waiters.setdefault(index, []).append((term, op, attempt))
+        self.after_input()
+
+    def submit_read(self, op: ClientOp, attempt: Attempt) -> None:
+        core = self.core
+        assert core is not None
+        if op.stale or self.serves_reads_locally():
+            read = self.replica.read(op.key)
+            self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version)
+            return
+        attempt.context = f"read:{op.id}:{len(op.attempts)}".encode()
+        try:
+            core.read_index(attempt.context)
+        except NotLeader as error:
+            attempt.leader_hint = error.leader_id
+            self.sim.attempt_refused(op, attempt, f"not leader (leader: {error.leader_id})")
+            return
+        self.read_waiters[attempt.context] = (op, attempt)
+        self.after_input()
+
+

@@ -1,0 +1,110 @@
+"""The store's canaries (`--unsafe NAME`, system/kv/unsafe.py) as simulator variants.
+
+What it is for: `python -m nemesis run --platform sim --unsafe NAME` must break the
+simulated store the way `--unsafe NAME` breaks a real node, so the harness's canary matrix
+holds on the simulator too. Two canaries are the store's own hooks, called where the real
+node calls them: `no-dedup` (`request_id_for_proposal` drops the request id) and
+`stale-read` (`skips_read_barrier`: linearizable reads served from local state). The third,
+`ack-before-commit`, needs the node's internals in the store, so it is written again here
+for the simulator's shell: a write is answered once the leader's own log holds it, with the
+result its entry will have if the log commits as it stands.
+
+What it must never do: be reachable except by naming a canary (`variant_for`); every line
+of deliberately wrong simulator code for the store's canaries is in this module.
+"""
+
+from __future__ import annotations
+
+from system.kv.state_machine import PutCommand, decode_command
+from system.kv.unsafe import CANARIES, AckBeforeCommit, NoDedup, StaleRead, UnsafeMode
+from system.raft.core import Ready
+from system.raft.types import EntryKind
+from system.sim.clients import ClientOp
+from system.sim.shell import NodeShell
+from system.sim.variant import SimVariant
+
+
+class _CanaryShell(NodeShell):
+    """A shell that consults the store's unsafe hooks where the real node does."""
+
+    mode: UnsafeMode = UnsafeMode()
+
+    def proposal_request_id(self, op: ClientOp) -> str:
+        return self.mode.request_id_for_proposal(op.request_id)
+
+    def serves_reads_locally(self) -> bool:
+        # The store's hook takes the node; the canaries answer without looking at it.
+        return self.mode.skips_read_barrier(None)  # type: ignore[arg-type]
+
+
+class NoDedupShell(_CanaryShell):
+    """WRONG (no-dedup): proposes writes without their request id; a retry applies twice."""
+
+    mode = NoDedup()
+
+
+class StaleReadShell(_CanaryShell):
+    """WRONG (stale-read): every node serves linearizable reads from its local state."""
+
+    mode = StaleRead()
+
+
+class AckBeforeCommitShell(NodeShell):
+    """WRONG (ack-before-commit): answers a write once the leader persisted it to its own
+    log, before a majority holds it. The answer replays the unapplied entries on the keys'
+    versions, so without faults it is right; a deposed or crashed leader loses it."""
+
+    def persist(self, ready: Ready) -> None:
+        super().persist(ready)
+        core = self.core
+        if core is None or not ready.entries:
+            return
+        waiting = [e for e in ready.entries if e.kind is EntryKind.NORMAL
+                   and any(term == e.term and not op.done
+                           for term, op, _ in self.write_waiters.get(e.index, ()))]
+        if not waiting:
+            return
+        versions: dict[str, int] = {}
+        results: dict[int, tuple[bool, int]] = {}
+        for entry in core.log.slice(self.applied_index + 1, max(e.index for e in waiting) + 1):
+            if entry.kind is not EntryKind.NORMAL:
+                continue
+            command = decode_command(entry.data)
+            if command.key not in versions:
+                versions[command.key] = self.replica.read(command.key).version
+            version = versions[command.key]
+            matches = command.expected_version in (None, version)
+            assert isinstance(command, PutCommand), "the simulator proposes puts only"
+            results[entry.index] = (matches, version + 1 if matches else version)
+            if matches:
+                versions[command.key] = version + 1
+        for entry in waiting:
+            applied, version = results[entry.index]
+            for term, op, attempt in self.write_waiters[entry.index]:
+                if term == entry.term and not op.done:
+                    error = "" if applied else f"version mismatch: the key is at version {version}"
+                    self.acknowledge(op, attempt, entry, applied, op.value, version, error,
+                                     mismatch=not applied)
+
+
+_VARIANTS = {
+    AckBeforeCommit.name: SimVariant("ack-before-commit", shell_class=AckBeforeCommitShell,
+                                     description=AckBeforeCommitShell.__doc__ or ""),
+    StaleRead.name: SimVariant("stale-read", shell_class=StaleReadShell,
+                               description=StaleReadShell.__doc__ or ""),
+    NoDedup.name: SimVariant("no-dedup", shell_class=NoDedupShell,
+                             description=NoDedupShell.__doc__ or ""),
+}
+assert tuple(_VARIANTS) == CANARIES, "every store canary has a simulator variant"
+# By name, for `python -m system.sim --variant system.sim.unsafe:NO_DEDUP`.
+ACK_BEFORE_COMMIT = _VARIANTS[AckBeforeCommit.name]
+STALE_READ = _VARIANTS[StaleRead.name]
+NO_DEDUP = _VARIANTS[NoDedup.name]
+
+
+def variant_for(canary: str) -> SimVariant:
+    """The simulator variant of the store canary `canary`; ValueError names the known ones."""
+    variant = _VARIANTS.get(canary)
+    if variant is None:
+        raise ValueError(f"unknown store canary {canary!r}; known canaries: {', '.join(CANARIES)}")
+    return variant
