@@ -8,7 +8,11 @@ checked under per-key budgets. Check time excludes parsing (as Porcupine's bench
 each file's time is the median of --repeat runs, in CPU seconds of this process (the
 checker is single-threaded; CPU time is what stays comparable on a shared, loaded machine).
 
-    python benchmarks/checker_bench.py [--repeat 3] [--skip-all-keys] [--out FILE]
+Also: the six long single keys of ../shared/data/longkeys/ beside Porcupine's time and peak
+memory (each in its own process: CPU user+sys and wall of the check, peak RSS), and EDN
+reading speed against edn-format on a seeded 7.6 MB Jepsen-style history (same run).
+
+    python benchmarks/checker_bench.py [--repeat 3] [--skip-all-keys] [--only corpus|long|edn] [--out FILE]
 """
 
 from __future__ import annotations
