@@ -194,7 +194,7 @@ def check_key(
     started = time.perf_counter()
     kept: list[Operation] = []
     steps = []
-    for op in operations:
+    for op in model.forget_unread_values(operations):
         step = model.prepare(op)
         if step is not None:
             kept.append(op)

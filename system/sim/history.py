@@ -25,7 +25,7 @@ What it must never do: I/O, clocks or anything but turning values into values.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 
 from histories.ops import Op, OpType
@@ -121,42 +121,3 @@ def to_records(history: list[HistoryEvent]) -> list[Op]:
             )
         )
     return records
-
-
-NEVER_READ = "<a value no read returned>"
-
-
-def forget_unread_values(records: list[Op]) -> list[Op]:
-    """The records with the value of every unknown-outcome write that no read returned
-    replaced by one placeholder, which leaves the verdict unchanged and the search small.
-
-    Why it is exact for `versioned-kv`: a write's value is only ever compared by reads
-    (a get matches a state iff value and version are equal; puts, mismatches and versions
-    never look at values). A value no read returned fails every such comparison, and so
-    does the placeholder (chosen unequal to every value read), so each step is legal in the
-    same configurations before and after. Why it matters: the sim's values are unique, so
-    the checker must try every subset and order of the pending unknown writes to fill the
-    version gaps (exponential: seeds 583 and 901 exhaust 2,000,000 configurations); once
-    their inputs are equal, its symmetry rule places identical unknown writes in invoke
-    order only (seed 583: 437 configurations). Counterexamples show the placeholder for them.
-    """
-    read = {r.value for r in records if r.f == "get" and r.type is OpType.OK}
-    placeholder = NEVER_READ
-    while placeholder in read:
-        placeholder += "'"
-    invokes: dict[object, int] = {}  # process -> position of its open invoke
-    unknown: list[int] = []
-    for position, record in enumerate(records):
-        if record.type is OpType.INVOKE:
-            invokes[record.process] = position
-            continue
-        start = invokes.pop(record.process, None)
-        if start is not None and record.type is OpType.INFO:
-            unknown.append(start)
-    unknown.extend(invokes.values())  # never completed: unknown as well
-    out = list(records)
-    for position in unknown:
-        record = out[position]
-        if record.f == "put" and record.value not in read:
-            out[position] = replace(record, value=placeholder)
-    return out
