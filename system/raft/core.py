@@ -540,6 +540,20 @@ class RaftCore:
     def is_voter(self) -> bool:
         return self.id in self._voter_set
 
+    def may_campaign(self) -> bool:
+        """Who may stand for election (thesis §4.1, Figure 4.6): a voter of the membership
+        in effect; and, while that membership is not yet committed, a voter of the one
+        before it. A server removed by an uncommitted change may hold the most up-to-date
+        log, whose vote no other server can win: if it never campaigned, no leader could
+        be elected (found by swarming PreVote and CheckQuorum off: docs/raft-bugs-found.md).
+        Elected, it counts only the voters of the new membership, commits it, and steps
+        down (`maybe_step_down_after_removal`)."""
+        if self.is_voter():
+            return True
+        if self._config_index == 0 or self.log.committed >= self._config_index:
+            return False
+        return self.id in self.membership_at(self._config_index - 1).voters
+
     def maybe_step_down_after_removal(self) -> bool:
         """Thesis §4.2.2: a leader that is not a voter of the membership in effect (it
         removed itself, or was demoted) keeps managing the cluster until that membership
@@ -713,7 +727,7 @@ class RaftCore:
         self.check_invariants()
 
     def _tick_election(self) -> None:
-        if not self.is_voter():
+        if not self.may_campaign():
             self.election_elapsed = min(self.election_elapsed + 1, 1 << 30)
             return  # a learner (or a removed server) never campaigns
         self.election_elapsed += 1
@@ -1029,8 +1043,8 @@ class RaftCore:
         """Start an election of the given kind (see CampaignKind)."""
         if self._role is Role.LEADER:
             return
-        if not self.is_voter():
-            return  # learners and removed servers never stand for election
+        if not self.may_campaign():
+            return  # learners and (committed) removed servers never stand for election
         if self.lost_entries_forbid_vote() or self._vote_withheld:
             # We know (or the shell knows) our log lacks entries a majority acknowledged: we could only win
             # with voters that lack them too, and then lose them (docs/raft.md).

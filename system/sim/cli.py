@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     every = max(1, len(seeds) // 20)
     totals_faults: dict[str, int] = {}
     totals_ops = {"ok": 0, "fail": 0, "info": 0}
-    committed = steps = waived = 0
+    committed = steps = 0
     failed: list[swarm.SeedResult] = []
     verdicts: dict[str, int] = {}
     for position, seed in enumerate(seeds, 1):
@@ -133,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         committed += result.committed
         steps += result.steps
         verdicts[result.linearizability] = verdicts.get(result.linearizability, 0) + 1
-        waived += bool(result.liveness_waived)
         if args.seed is not None:
             print(f"seed {seed}: {result.swarm.line()}")
             print(f"trace hash {result.trace_hash}")
@@ -162,8 +161,6 @@ def main(argv: list[str] | None = None) -> int:
         ["client ops info", totals_ops["info"]],
     ]
     rows += [[f"linearizability {k}", v] for k, v in sorted(verdicts.items())]
-    rows.append(["liveness not reached where not promised (PreVote and CheckQuorum off)",
-                 waived])
     rows += [[f"faults: {kind}", count] for kind, count in sorted(totals_faults.items())]
     rows.append(["violations", sum(len(r.violations) for r in failed)])
     print(tabulate(rows, headers=["summary", "count"], tablefmt="github"))

@@ -104,15 +104,6 @@ class Swarm:
     def line(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
 
-    @property
-    def promises_liveness(self) -> bool:
-        """Whether "a write commits soon after healing" is expected of this configuration.
-        Not with PreVote and CheckQuorum both off: seed 134 then ends with a node whose
-        uncommitted configuration removes itself holding the most up-to-date log, so it
-        neither campaigns nor votes for the others, and no leader is elected (found by
-        swarming the configuration; docs/raft-bugs-found.md). Safety is still checked."""
-        return self.pre_vote or self.check_quorum
-
 
 def draw_swarm(seed: int) -> Swarm:
     """The settings and fault rates of one seed."""
@@ -184,9 +175,6 @@ class SeedResult:
     trace_hash: str = ""
     linearizability: str = ""  # "valid", "invalid" or "unknown"
     linearizability_note: str = ""  # unknown: which budget ran out, on which key
-    # A liveness failure in a configuration that does not promise liveness (see
-    # `Swarm.promises_liveness`): reported here, not as a violation.
-    liveness_waived: str = ""
 
     @property
     def ok(self) -> bool:
@@ -228,7 +216,6 @@ class SwarmRun:
         self.keys = [f"k{i}" for i in range(1, swarm.keys + 1)]
         self.faults_on = True
         self.new_ops_on = True
-        self.liveness_waived = ""
         self.held_until: dict[int, int] = {}  # message id -> step from which it may go
 
     # -- the run -------------------------------------------------------------------------
@@ -241,7 +228,7 @@ class SwarmRun:
                 if sim.violations:
                     return self.result("stopped at the first violation")
             self.liveness_phase()
-            if not sim.violations and not self.liveness_waived:
+            if not sim.violations:
                 self.final_reads()
         except Exception as error:  # noqa: BLE001 -- any escape is a finding, with its seed
             last = "\n".join(sim.trace[-5:])
@@ -278,7 +265,6 @@ class SwarmRun:
             trace_hash=sim.trace_hash(),
             linearizability=linearizability,
             linearizability_note=note,
-            liveness_waived=self.liveness_waived,
         )
 
     def liveness_phase(self) -> None:
@@ -301,10 +287,6 @@ class SwarmRun:
             what = (f"after healing, a new write was not acknowledged within "
                     f"{self.liveness_steps} steps (status {client.op.status.value}: "
                     f"{client.op.error})\n{sim.describe_cluster()}")
-            if not self.swarm.promises_liveness:
-                self.liveness_waived = what
-                sim.record(f"liveness not promised by this configuration: {what}")
-                return
             sim.monitor.violate(Rule.LIVENESS, what)
             return
         # Convergence: every member applies everything, so the end checks compare all

@@ -15,7 +15,7 @@ from checker import check_linearizable
 from checker.models import versioned_kv
 from histories.read import read_history
 from system.kv.state_machine import KVStateMachine
-from system.raft.core import Role
+from system.raft.core import RaftCore, Role
 from system.raft.messages import MessageType
 from system.raft.types import Entry, EntryKind, HardState, SnapshotMeta
 from system.sim.cli import main, write_history
@@ -31,6 +31,7 @@ from system.sim.invariants import Rule, SafetyMonitor
 from system.sim.simulation import Simulation
 from system.sim.state_machine import CorruptSnapshot, Replica, encode_write
 from system.sim.swarm import SwarmRun, draw_swarm, run_seed
+from system.sim.variant import SimVariant
 
 ROOT = Path(__file__).resolve().parents[2]
 APPEND = MessageType.APPEND
@@ -99,14 +100,24 @@ def test_swarm_varies_the_core_configuration_and_holds_messages_across_terms() -
     assert result.ok and result.faults.get("hold across terms", 0) > 0
 
 
-def test_a_configuration_without_prevote_and_checkquorum_promises_no_liveness() -> None:
-    """Seed 134 (docs/raft-bugs-found.md, 3): no leader after healing with both off; the
-    seed is not failed for it, its safety still checked, the shortfall reported."""
+class CampaignsOnlyAsAVoterInEffect(RaftCore):
+    """Broken (the core before the fix): a server removed by a configuration that is not
+    yet committed never campaigns, though its log may be the one no other can beat."""
+
+    def may_campaign(self) -> bool:
+        return self.is_voter()
+
+
+def test_a_server_removed_by_an_uncommitted_configuration_still_campaigns() -> None:
+    """Seed 134 (docs/raft-bugs-found.md, 3; thesis §4.1, Figure 4.6): PreVote and
+    CheckQuorum off, the most up-to-date log is a server's whose last, uncommitted
+    configuration removes it. It must still campaign, or no leader is ever elected."""
     swarm = draw_swarm(134)
-    assert not swarm.pre_vote and not swarm.check_quorum and not swarm.promises_liveness
-    result = run_seed(134, record_trace=False)
-    assert result.ok and result.linearizability == "valid"
-    assert "not acknowledged" in result.liveness_waived
+    assert not swarm.pre_vote and not swarm.check_quorum
+    assert run_seed(134, record_trace=False).ok
+    broken = SimVariant(name="campaigns-only-as-voter", core_class=CampaignsOnlyAsAVoterInEffect)
+    result = run_seed(134, variant=broken, record_trace=False)
+    assert not result.ok and any(v.rule is Rule.LIVENESS for v in result.violations)
 
 
 # -- fake disk -----------------------------------------------------------------------------
