@@ -320,14 +320,17 @@ class KVClient:
         return self._stub(address).Status(kv_pb2.StatusRequest(), timeout=timeout_s)
 
     def close(self) -> None:
+        # Under the lock: another thread of the caller may be opening a channel right now
+        # (a coordinator closed its client while its lease thread still called: "dictionary
+        # changed size during iteration", and the process exited 1 instead of stepping down).
         with self._lock:
             sessions, self._sessions = list(self._sessions.values()), {}
+            channels, self._channels = list(self._channels.values()), {}
+            self._stubs = {}
         for session in sessions:
             session.close()
-        for channel in self._channels.values():
+        for channel in channels:
             channel.close()
-        self._channels.clear()
-        self._stubs.clear()
 
     def __enter__(self) -> KVClient:
         return self

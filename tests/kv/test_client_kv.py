@@ -328,3 +328,35 @@ def test_a_delete_whose_version_does_not_match_says_so_in_its_own_words() -> Non
                         "version 5; nothing was deleted")
     assert "does not exist" in str(DeleteVersionMismatch("k", 3, 0))
     assert "compare-and-swap" not in str(err)
+
+
+def test_close_while_another_thread_opens_channels_never_raises() -> None:
+    """A trainer coordinator closed its client while its lease thread still called it:
+    close() iterated the channels unlocked and raised "dictionary changed size during
+    iteration" (exit 1 instead of stepping down). Without the lock in close() this test
+    saw that error in 93 of 200 closes."""
+    import threading
+
+    kv = KVClient(["127.0.0.1:1"])
+    stop = threading.Event()
+
+    def open_channels() -> None:
+        for i in range(20_000):
+            if stop.is_set():
+                return
+            kv._stub(f"127.0.0.1:{1000 + i}")
+
+    opener = threading.Thread(target=open_channels)
+    opener.start()
+    errors = []
+    try:
+        for _ in range(200):
+            try:
+                kv.close()
+            except RuntimeError as exc:
+                errors.append(exc)
+    finally:
+        stop.set()
+        opener.join()
+        kv.close()
+    assert errors == []
