@@ -293,7 +293,7 @@ SNAPSHOTS_WITH_CURRENT_TERM = SimVariant(
 )
 
 
-# -- Figure 2's receiver rules (issue 12, point 0; tests/raft/test_receiver_rules.py breaks them too, one core at a time) ----
+# -- Figure 2's receiver rules (issue 12, point 0; also driven one core at a time by tests/raft/test_receiver_rules.py) ----
 
 
 class CountsVotesFromOlderTerms(_WithoutLocalAssertions):

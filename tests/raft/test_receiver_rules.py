@@ -1,6 +1,7 @@
 """Receiver rules of the Raft paper's Figure 2, each tested directly on one core, each
-beside a variant of the core that breaks exactly that rule (made here by subclassing) and
-the same scenario showing the broken variant fails the assertion.
+beside a variant of the core that breaks exactly that rule (tests/raft/broken.py, where
+the randomized scans use them too) and the same scenario showing the broken variant fails
+the assertion.
 
 These rules escaped the randomized simulation in an outside review: each needs a message
 kept alive across a term change or a reordering the swarm rarely produces, so the named
@@ -9,11 +10,16 @@ scenario is what shows them.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from system.raft.core import RaftCore, Role
 from system.raft.messages import Message, MessageType
 from system.raft.types import Entry
+from tests.raft.broken import (
+    AcceptsAppendsFromOlderTerms,
+    CommitsPastVerifiedEntries,
+    CountsVotesFromOlderTerms,
+    IgnoresHigherTermAnswers,
+    TruncatesWithoutAConflict,
+)
 from tests.raft.test_core import core, message, ready_messages, restored
 
 MT = MessageType
@@ -28,15 +34,6 @@ def _campaign(node: RaftCore) -> None:
 
 
 # ----- a candidate ignores an answer from an older term (Figure 2, "all servers") --------
-
-
-class CountsVotesFromOlderTerms(RaftCore):
-    """Broken: a vote granted in an earlier election is counted in the current one."""
-
-    def step(self, m: Message) -> None:
-        if m.type is MT.VOTE_RESPONSE and m.term < self.term:
-            m = replace(m, term=self.term)
-        super().step(m)
 
 
 def candidate_after_a_stale_grant(cls: type[RaftCore]) -> Role:
@@ -60,15 +57,6 @@ def test_broken_counting_old_votes_elects_a_leader_without_a_majority() -> None:
 
 
 # ----- a follower rejects an append from an older term (AppendEntries rule 1) ------------
-
-
-class AcceptsAppendsFromOlderTerms(RaftCore):
-    """Broken: an append from a deposed leader is handled as if it were current."""
-
-    def step(self, m: Message) -> None:
-        if m.type is MT.APPEND and m.term < self.term:
-            m = replace(m, term=self.term)
-        super().step(m)
 
 
 def follower_after_a_stale_append(cls: type[RaftCore]) -> tuple[tuple[int, ...], str | None, Message]:
@@ -97,16 +85,6 @@ def test_broken_accepting_old_appends_overwrites_the_current_leaders_entry() -> 
 # ----- commit = min(leaderCommit, index of last new entry) (AppendEntries rule 5) --------
 
 
-class CommitsUnverifiedEntries(RaftCore):
-    """Broken: commits up to the leader's commit index over its whole log, not only over
-    the prefix this append verified."""
-
-    def handle_append(self, m: Message) -> None:
-        super().handle_append(m)
-        if self.log.match_term(m.index, m.log_term):
-            self.log.commit_to(min(m.commit, self.log.last_index()))
-
-
 def follower_commit_after_a_short_append(cls: type[RaftCore]) -> tuple[int, tuple[int, ...]]:
     """b holds entries 3 and 4 of term 2 that never committed; the leader a of term 3
     has other entries there and has committed to 4. Its first append to b verifies only
@@ -123,22 +101,11 @@ def test_a_follower_commits_no_further_than_what_the_append_verified() -> None:
 
 
 def test_broken_commit_past_the_verified_prefix_commits_entries_the_leader_lacks() -> None:
-    commit, _ = follower_commit_after_a_short_append(CommitsUnverifiedEntries)
+    commit, _ = follower_commit_after_a_short_append(CommitsPastVerifiedEntries)
     assert commit == 4
 
 
 # ----- truncate only on a real conflict (AppendEntries rule 3) ---------------------------
-
-
-class TruncatesAfterEveryAppend(RaftCore):
-    """Broken: an accepted append cuts the log after its last entry, conflict or not."""
-
-    def handle_append(self, m: Message) -> None:
-        super().handle_append(m)
-        log = self.log
-        last_new = m.index + len(m.entries)
-        if log.match_term(m.index, m.log_term) and last_new > log.committed:
-            del log.entries[last_new - log.snapshot_index:]
 
 
 def follower_log_after_a_reordered_append(cls: type[RaftCore]) -> tuple[int, list[int]]:
@@ -161,21 +128,11 @@ def test_an_append_without_a_conflict_truncates_nothing() -> None:
 
 
 def test_broken_truncation_drops_an_entry_the_follower_acknowledged() -> None:
-    last, acks = follower_log_after_a_reordered_append(TruncatesAfterEveryAppend)
+    last, acks = follower_log_after_a_reordered_append(TruncatesWithoutAConflict)
     assert acks[0] == 4 and last == 2
 
 
 # ----- a leader steps down on an answer from a higher term (Figure 2, "all servers") ----
-
-
-class IgnoresHigherTermAnswers(RaftCore):
-    """Broken: a leader drops answers that carry a higher term instead of stepping down."""
-
-    def step(self, m: Message) -> None:
-        if (self.role is Role.LEADER and m.term > self.term
-                and m.type in (MT.APPEND_RESPONSE, MT.HEARTBEAT_RESPONSE)):
-            return
-        super().step(m)
 
 
 def leader_after_a_higher_term_answer(cls: type[RaftCore], answer: MessageType) -> tuple[Role, int]:
