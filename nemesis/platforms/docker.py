@@ -535,23 +535,14 @@ class DockerPlatform(Platform):
     def wipe(self, node_id: str) -> None:
         """Empty the data directory on the node's volume through a short-lived helper
         container (a stopped container cannot exec); the log beside it stays."""
-        import docker.errors
-
         container = self._container(node_id)
         if self.is_running(node_id):
             raise PlatformError(f"{node_id} is running; kill or stop it before wiping its data")
-        helper = self.client.containers.run(
-            self.image, ["sh", "-c", f"rm -rf {DATA_DIR}"], network_mode="none",
-            volumes={container.name: {"bind": VOLUME_MOUNT, "mode": "rw"}},
-            labels=self._label_dict("helper", node_id), detach=True)
-        try:
-            outcome = helper.wait(timeout=60)
-            if int(outcome.get("StatusCode", 1)) != 0:
-                output = helper.logs(stdout=True, stderr=True).decode(errors="replace")
-                raise PlatformError(f"wiping {node_id}'s data failed: {output.strip()[-300:]}")
-        finally:
-            with contextlib.suppress(docker.errors.APIError):
-                helper.remove(force=True)
+        code, output = self._run_helper(
+            node_id, f"rm -rf {DATA_DIR}", network_mode="none",
+            volumes={container.name: {"bind": VOLUME_MOUNT, "mode": "rw"}})
+        if code != 0:
+            raise PlatformError(f"wiping {node_id}'s data failed: {output.strip()[-300:]}")
 
     def member_address(self, node_id: str) -> str:
         self._container(node_id)  # an unknown node is an error, as elsewhere
@@ -672,9 +663,17 @@ class DockerPlatform(Platform):
                 if "paused" not in str(exc).lower():
                     return 1, _one_line(exc)
                 # Paused between our check and the exec: use a helper.
+        return self._run_helper(node_id, script, network_mode=f"container:{container.id}",
+                                cap_add=["NET_ADMIN"])
+
+    def _run_helper(self, node_id: str, script: str, **options) -> tuple[int, str]:  # noqa: ANN003
+        """Run `sh -c script` in a short-lived container of the node image, labelled as
+        node_id's helper (so `clean` finds it if we die meanwhile); its exit code and output."""
+        import docker.errors
+
         helper = self.client.containers.run(
-            self.image, ["sh", "-c", script], network_mode=f"container:{container.id}",
-            cap_add=["NET_ADMIN"], labels=self._label_dict("helper", node_id), detach=True)
+            self.image, ["sh", "-c", script], labels=self._label_dict("helper", node_id),
+            detach=True, **options)
         try:
             outcome = helper.wait(timeout=60)
             output = helper.logs(stdout=True, stderr=True).decode(errors="replace")
