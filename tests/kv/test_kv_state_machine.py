@@ -484,3 +484,66 @@ def test_the_replica_property_fails_when_snapshots_lose_the_request_ids() -> Non
     steps = [("put", "a", b"x", None, "r1"), ("put", "a", b"x", None, "r1")]
     assert replicas_agree(KVStateMachine, steps, 1)
     assert not replicas_agree(SnapshotForgetsRequestIds, steps, 1)
+
+
+# --- retention against a reference model ---------------------------------------------------
+# The table is a dict plus an expiry queue (for cheap snapshots); this checks it against the
+# rule written the plain way: a list in application order, trimmed by window and count.
+
+
+class ForgetsByCountNewestFirst(KVStateMachine):
+    """Over the count limit, forgets the NEWEST id instead of the oldest."""
+
+    def _remember(self, request_id, record):
+        self._remembered.pop(request_id, None)
+        if len(self._remembered) >= self.dedup_max_ids:
+            newest = next(reversed(self._remembered))
+            del self._remembered[newest]
+        self._remembered[request_id] = record
+        self._expiry.append((record.applied_index, request_id))
+
+
+def retention_matches_reference(machine_class, steps, window: int, max_ids: int,
+                                split: int) -> bool:
+    """Apply puts with ids from a small pool; after each, whether the machine deduplicated
+    must match a reference list. Midway the machine is replaced by its restored snapshot."""
+    machine = machine_class(dedup_window_entries=window, dedup_max_ids=max_ids)
+    reference: list[tuple[int, str]] = []  # (applied index, id), application order
+    for index, (request_id, is_noop) in enumerate(steps, start=1):
+        if index == split:
+            machine = machine_class.restore(machine.snapshot())
+        reference = [(at, rid) for at, rid in reference if at + window >= index]
+        if is_noop:
+            machine.apply_noop(index)
+            continue
+        before = machine.get("k")
+        machine.apply(index, encode_put("k", b"v", request_id=request_id))
+        # An unconditional put bumps the version unless it was answered from the table.
+        deduplicated = machine.get("k") == before
+        expected_dedup = any(rid == request_id for _, rid in reference)
+        if deduplicated != expected_dedup:
+            return False
+        if not expected_dedup:
+            reference = [(at, rid) for at, rid in reference if rid != request_id]
+            while len(reference) >= max_ids:
+                reference.pop(0)
+            reference.append((index, request_id))
+        if machine.remembered_request_ids() != len(reference):
+            return False
+    return True
+
+
+retention_steps = st.lists(st.tuples(st.sampled_from("abcde"), st.booleans()), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=retention_steps, window=st.integers(1, 9), max_ids=st.integers(1, 5),
+       split=st.integers(0, 80))
+def test_request_id_retention_matches_the_plain_rule(steps, window, max_ids, split) -> None:
+    assert retention_matches_reference(KVStateMachine, steps, window, max_ids, split)
+
+
+def test_the_retention_check_fails_when_the_count_limit_forgets_the_newest() -> None:
+    steps = [("a", False), ("b", False), ("c", False), ("b", False)]
+    assert retention_matches_reference(KVStateMachine, steps, 100, 2, 0)
+    assert not retention_matches_reference(ForgetsByCountNewestFirst, steps, 100, 2, 0)
