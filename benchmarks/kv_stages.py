@@ -57,7 +57,7 @@ def leader_summary(target: OursTarget, leader: int, trace_dir: Path) -> dict:
 
 
 def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duration_s: float,
-            profile: bool) -> dict:
+            profile: bool, operation: Operation = Operation.PUT) -> dict:
     leader = target.find_leader()
     assert leader is not None
     index = leader if via == "leader" else (leader + 1) % len(target.ids)
@@ -66,7 +66,7 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
     pids = target.server_pids()
     cpu_before = [cpu_s(pid) for pid in pids]
     spec = LoadSpec(
-        client_kind=target.client_kind, addresses=(addresses[index],), operation=Operation.PUT,
+        client_kind=target.client_kind, addresses=(addresses[index],), operation=operation,
         clients=clients, value_size_bytes=256, warmup_s=0.0, duration_s=duration_s,
         max_measured_ops=100_000, keys_per_client=100, op_timeout_s=10.0)
     sampler = None
@@ -83,7 +83,7 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
     summary = leader_summary(target, leader, trace_dir)
     puts = max(1, load.acknowledged_ops)
     return {
-        "clients": clients, "via": via, "protocol": "unary calls" if target.client_kind is ClientKind.KV else "Session stream", "ops_per_s": load.ops_per_s, "errors": load.errors,
+        "operation": operation.value, "clients": clients, "via": via, "protocol": "unary calls" if target.client_kind is ClientKind.KV else "Session stream", "ops_per_s": load.ops_per_s, "errors": load.errors,
         "client_p50_ms": load.latency_ms(50), "client_p99_ms": load.latency_ms(99),
         "client_mean_ms": sum(load.latencies_us) / max(1, len(load.latencies_us)) / 1000,
         "cpu_ms_per_put": [(a - b) * 1000 / puts for a, b in zip(cpu_after, cpu_before, strict=True)],
@@ -96,10 +96,18 @@ def render(rows: list[dict]) -> str:
     out = []
     for row in rows:
         s = row["leader"]
-        out.append(f"### {row['clients']} client(s), puts sent to the {row['via']} ({row['protocol']})\n")
-        out.append(f"{row['ops_per_s']:,.0f} puts/s, client latency mean {row['client_mean_ms']:.2f} ms, "
+        kind = row.get("operation", "put") + "s"
+        out.append(f"### {row['clients']} client(s), {kind} sent to the {row['via']} ({row['protocol']})\n")
+        out.append(f"{row['ops_per_s']:,.0f} {kind}/s, client latency mean {row['client_mean_ms']:.2f} ms, "
                    f"p50 {row['client_p50_ms']:.2f} ms, p99 {row['client_p99_ms']:.2f} ms; "
                    f"{row['errors']} errors; load average {row['load_average']}.\n")
+        if kind != "puts":  # the stage trace follows writes only
+            leader_i = row["leader_pid_index"]
+            out.append("CPU ms per operation: " + ", ".join(
+                f"{'leader' if i == leader_i else 'member'} {c:.3f}"
+                for i, c in enumerate(row["cpu_ms_per_put"])) + ".\n")
+            out += _profile_table(row)
+            continue
         out.append("| stage (on the leader) | mean ms | p99 ms |")
         out.append("|---|---|---|")
         for stage in STAGES[1:]:
@@ -115,12 +123,16 @@ def render(rows: list[dict]) -> str:
         out.append(f"\nCPU ms per put: {cpus}. Entries per fsync on the leader: "
                    f"{s['entries_per_ready']:.1f}; fsync mean {s['fsync_mean_us'] / 1000:.2f} ms; "
                    f"{s['writes']} writes traced.\n")
-        if row["profile"]:
-            out.append("| leader profile (py-spy --gil: samples holding the GIL): function | self % | with callees % |")
-            out.append("|---|---|---|")
-            out += [f"| {name} | {own:.1f} | {total:.1f} |" for name, own, total in row["profile"]]
-            out.append("")
+        out += _profile_table(row)
     return "\n".join(out)
+
+
+def _profile_table(row: dict) -> list[str]:
+    if not row["profile"]:
+        return []
+    return ["| leader profile (py-spy --gil: samples holding the GIL): function | self % | with callees % |",
+            "|---|---|---|",
+            *(f"| {name} | {own:.1f} | {total:.1f} |" for name, own, total in row["profile"]), ""]
 
 
 def main() -> int:
@@ -132,6 +144,8 @@ def main() -> int:
                         help="unary calls instead of the Session stream (the path other clients take)")
     parser.add_argument("--profile", action="store_true",
                         help="sample the leader with py-spy during each load (lowers the figures)")
+    parser.add_argument("--operation", choices=[o.value for o in Operation], default="put",
+                        help="what the clients do (the stage table follows puts only)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvstages-") as work:
@@ -146,7 +160,7 @@ def main() -> int:
             for via in args.via.split(","):
                 for clients in (int(c) for c in args.clients.split(",")):
                     rows.append(measure(target, trace_dir, clients, via, args.duration_s,
-                                        args.profile))
+                                        args.profile, Operation(args.operation)))
                     print(render(rows[-1:]), flush=True)
         finally:
             target.stop()
