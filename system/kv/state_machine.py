@@ -62,7 +62,6 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
-from operator import attrgetter
 
 import crc32c
 
@@ -258,7 +257,8 @@ def decode_command(data: bytes | bytearray | memoryview) -> PutCommand | DeleteC
 
 @dataclass(frozen=True, slots=True)
 class _Remembered:
-    """A request id's first outcome, kept for deterministic retries."""
+    """A request id's first outcome, kept for deterministic retries (decoded from its
+    stored record only when the id is seen again)."""
 
     applied_index: int  # log index at which the request was first applied
     operation: Operation
@@ -267,28 +267,67 @@ class _Remembered:
     # CRC32C of the value and expected version; None when restored from a format-1
     # snapshot that did not keep it (then only operation and key are compared).
     fingerprint: int | None = None
-    # This record as the snapshot stores it, encoded once when the id is remembered:
-    # a snapshot then joins 100,000 of these instead of packing each again (which took
-    # ~250 ms of CPU holding the GIL, every snapshot, and stalled the leader's commits).
-    encoded: bytes = b""
 
 
-_ENCODED = attrgetter("encoded")
+# The table keeps each id's record as the snapshot stores it, one bytes object per id:
+# encoded once when the id is remembered, a snapshot joins them (packing 100,000 records
+# per snapshot took ~250 ms of CPU holding the GIL and stalled the leader's commits), and
+# bytes are invisible to Python's cyclic GC (100,000 records as two dataclass objects each
+# made every full collection walk 200,000 more objects: 54-62 ms pauses on a leader, its
+# 64-client p99).
+_RID_LENGTH = struct.Struct(">H")
 _RECORD_TAIL = struct.Struct(">QBI")  # applied index, operation, key length
-_RECORD_RESULT = struct.Struct(">BBQI")  # applied, existed, version, fingerprint
+_RECORD_RESULT = struct.Struct(">BBQI")  # applied, existed, version, fingerprint (0: none)
+_RECORD_RESULT_V1 = struct.Struct(">BBQ")  # format 1: no fingerprint
 
 
-def _remembered(request_id: str, applied_index: int, operation: Operation, key: str,
-                result: PutResult | DeleteResult, fingerprint: int | None) -> _Remembered:
+def _encode_record(request_id: str, applied_index: int, operation: Operation, key: str,
+                   result: PutResult | DeleteResult, fingerprint: int | None) -> bytes:
     rid_bytes = request_id.encode("utf-8")
     key_bytes = key.encode("utf-8")
     existed = result.existed if isinstance(result, DeleteResult) else False
-    encoded = b"".join((
-        struct.pack(">H", len(rid_bytes)), rid_bytes,
+    return b"".join((
+        _RID_LENGTH.pack(len(rid_bytes)), rid_bytes,
         _RECORD_TAIL.pack(applied_index, operation.value, len(key_bytes)), key_bytes,
         _RECORD_RESULT.pack(result.applied, existed, result.version, fingerprint or 0),
     ))
-    return _Remembered(applied_index, operation, key, result, fingerprint, encoded)
+
+
+def _record_applied_index(record: bytes) -> int:
+    (rid_length,) = _RID_LENGTH.unpack_from(record, 0)
+    return _RECORD_TAIL.unpack_from(record, 2 + rid_length)[0]
+
+
+def _decode_record(record: bytes | memoryview, offset: int = 0, format_version: int = 2,
+                   ) -> tuple[str, _Remembered, int]:
+    """(request id, its record, offset after it) of the record at `offset`; raises
+    struct.error, UnicodeDecodeError or ValueError when the bytes are not one."""
+    (rid_length,) = _RID_LENGTH.unpack_from(record, offset)
+    offset += 2
+    request_id = str(record[offset:offset + rid_length], "utf-8")
+    if len(request_id.encode("utf-8")) != rid_length:
+        raise ValueError(f"request id {request_id!r} is cut short")
+    offset += rid_length
+    applied_at, op_code, key_length = _RECORD_TAIL.unpack_from(record, offset)
+    offset += _RECORD_TAIL.size
+    key = str(record[offset:offset + key_length], "utf-8")
+    if len(key.encode("utf-8")) != key_length:
+        raise ValueError(f"key {key!r} of request id {request_id!r} is cut short")
+    offset += key_length
+    if format_version >= 2:
+        applied, existed, version, fingerprint = _RECORD_RESULT.unpack_from(record, offset)
+        offset += _RECORD_RESULT.size
+    else:
+        applied, existed, version = _RECORD_RESULT_V1.unpack_from(record, offset)
+        fingerprint = 0
+        offset += _RECORD_RESULT_V1.size
+    operation = Operation(op_code)
+    result: PutResult | DeleteResult
+    if operation is Operation.PUT:
+        result = PutResult(applied=bool(applied), version=version)
+    else:
+        result = DeleteResult(applied=bool(applied), existed=bool(existed), version=version)
+    return request_id, _Remembered(applied_at, operation, key, result, fingerprint or None), offset
 
 
 def payload_fingerprint(command: PutCommand | DeleteCommand) -> int:
@@ -321,7 +360,7 @@ class KVStateMachine:
         self._data: dict[str, tuple[bytes, int]] = {}
         # Insertion order == application order == increasing log index, which makes
         # expiry a walk from the front.
-        self._remembered: dict[str, _Remembered] = {}
+        self._remembered: dict[str, bytes] = {}  # id -> its encoded record
         # (applied index, id) in application order: expiry walks it from the front. A
         # plain dict plus this queue instead of an OrderedDict, because copying an
         # OrderedDict's 100,000 values for a snapshot took 9 ms on the event loop and a
@@ -355,7 +394,7 @@ class KVStateMachine:
         """The result `request_id` got when first applied, or None if it never was (or has
         been forgotten). The simulator checks with it that acknowledged writes survive."""
         record = self._remembered.get(request_id)
-        return record.result if record is not None else None
+        return _decode_record(record)[1].result if record is not None else None
 
     # -- applying
 
@@ -377,7 +416,7 @@ class KVStateMachine:
     def _forget_oldest(self) -> None:
         applied_index, request_id = self._expiry.popleft()
         record = self._remembered.get(request_id)
-        if record is not None and record.applied_index == applied_index:
+        if record is not None and _record_applied_index(record) == applied_index:
             del self._remembered[request_id]
 
     def apply_noop(self, index: int) -> None:
@@ -415,24 +454,27 @@ class KVStateMachine:
         else:
             result = self._delete(decoded)
         if decoded.request_id:
-            self._remember(decoded.request_id, _remembered(
+            self._remember(decoded.request_id, index, _encode_record(
                 decoded.request_id, index, operation, decoded.key, result,
                 payload_fingerprint(decoded)))
         return result
 
     def _lookup(self, request_id: str, index: int) -> _Remembered | None:
-        earlier = self._remembered.get(request_id)
-        if earlier is None or earlier.applied_index + self.dedup_window_entries < index:
+        record = self._remembered.get(request_id)
+        if record is None:
+            return None
+        earlier = _decode_record(record)[1]
+        if earlier.applied_index + self.dedup_window_entries < index:
             return None
         return earlier
 
-    def _remember(self, request_id: str, record: _Remembered) -> None:
+    def _remember(self, request_id: str, applied_index: int, record: bytes) -> None:
         # An expired entry of the same id: popped so that the new one goes to the end.
         self._remembered.pop(request_id, None)
         while len(self._remembered) >= self.dedup_max_ids:
             self._forget_oldest()
         self._remembered[request_id] = record
-        self._expiry.append((record.applied_index, request_id))
+        self._expiry.append((applied_index, request_id))
 
     def _put(self, command: PutCommand) -> PutResult:
         current = self._data.get(command.key)
@@ -462,7 +504,7 @@ class KVStateMachine:
         not stall its event loop)."""
         return FrozenState(self._applied_index, self.dedup_window_entries,
                            self.dedup_max_ids, dict(self._data),
-                           list(map(_ENCODED, self._remembered.values())))
+                           list(self._remembered.values()))
 
     def snapshot(self) -> bytes:
         """The whole state as bytes; see `FrozenState.snapshot` for the layout."""
@@ -528,47 +570,25 @@ class KVStateMachine:
 def _parse_records(body: memoryview, offset: int, count: int, format_version: int,
                    machine: KVStateMachine) -> int:
     """Read `count` remembered-id records starting at `offset` into `machine`; returns the
-    offset after them. One tight loop, because a restore (startup, InstallSnapshot) reads
-    up to 100,000 of them on the event loop."""
+    offset after them. Format-2 records are kept as the bytes they are (validated by
+    decoding each); format-1 records are re-encoded in format 2."""
     data = bytes(body)
-    end = len(data)
-    tail_size = _RECORD_TAIL.size
-    result_size = _RECORD_RESULT.size if format_version >= 2 else _RECORD_RESULT.size - 4
-    result_format = _RECORD_RESULT if format_version >= 2 else struct.Struct(">BBQ")
     remembered = machine._remembered
     expiry = machine._expiry
-    put = Operation.PUT
     for _ in range(count):
         start = offset
-        (rid_length,) = struct.unpack_from(">H", data, offset)
-        offset += 2
-        request_id = str(data[offset:offset + rid_length], "utf-8")
-        offset += rid_length
-        applied_at, op_code, key_length = _RECORD_TAIL.unpack_from(data, offset)
-        offset += tail_size
-        key = str(data[offset:offset + key_length], "utf-8")
-        offset += key_length
-        fields = result_format.unpack_from(data, offset)
-        offset += result_size
-        if offset > end:
+        request_id, record, offset = _decode_record(data, offset, format_version)
+        if offset > len(data):
             raise InvalidSnapshot(f"snapshot is truncated inside the request id {request_id!r}")
-        applied, existed, version = fields[0], fields[1], fields[2]
-        fingerprint = (fields[3] or None) if format_version >= 2 else None
-        operation = Operation(op_code)
-        result: PutResult | DeleteResult
-        if operation is put:
-            result = PutResult(applied=bool(applied), version=version)
-        else:
-            result = DeleteResult(applied=bool(applied), existed=bool(existed), version=version)
         if request_id in remembered:
             raise InvalidSnapshot(f"request id {request_id!r} is remembered twice")
         if format_version >= 2:
-            record = _Remembered(applied_at, operation, key, result, fingerprint,
-                                 data[start:offset])
+            remembered[request_id] = data[start:offset]
         else:
-            record = _remembered(request_id, applied_at, operation, key, result, fingerprint)
-        remembered[request_id] = record
-        expiry.append((applied_at, request_id))
+            remembered[request_id] = _encode_record(
+                request_id, record.applied_index, record.operation, record.key, record.result,
+                record.fingerprint)
+        expiry.append((record.applied_index, request_id))
     return offset
 
 

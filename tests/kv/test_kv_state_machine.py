@@ -494,13 +494,13 @@ def test_the_replica_property_fails_when_snapshots_lose_the_request_ids() -> Non
 class ForgetsByCountNewestFirst(KVStateMachine):
     """Over the count limit, forgets the NEWEST id instead of the oldest."""
 
-    def _remember(self, request_id, record):
+    def _remember(self, request_id, applied_index, record):
         self._remembered.pop(request_id, None)
         if len(self._remembered) >= self.dedup_max_ids:
             newest = next(reversed(self._remembered))
             del self._remembered[newest]
         self._remembered[request_id] = record
-        self._expiry.append((record.applied_index, request_id))
+        self._expiry.append((applied_index, request_id))
 
 
 def retention_matches_reference(machine_class, steps, window: int, max_ids: int,
