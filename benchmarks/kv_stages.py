@@ -1,7 +1,8 @@
 """Where a put's time goes, stage by stage, on our store at 1 and 64 clients.
 
     python benchmarks/kv_stages.py [--duration-s 5] [--clients 1,64] [--via leader,follower]
-                                   [--unary] [--profile] [--json FILE]
+                                   [--unary] [--profile] [--operation put|get-linearizable]
+                                   [--json FILE]
 
 Starts one 3-member cluster of ours with KV_STAGE_TRACE set (system/kv/stage_trace.py), runs
 the benchmark's load generator (benchmarks/kvbench/loadgen.py, the same clients as
@@ -10,6 +11,9 @@ kv_bench.py) with 256-byte puts, and after each load asks the leader for its sta
 p99), the part the leader does not see (client library, gRPC and the kernel on both sides),
 the CPU each member spent per put, entries per fsync, and the machine's load average.
 `--via follower` sends the puts to a follower, which forwards them to the leader.
+It also asks every member for its hops (stage_trace.py) and merges them into one timeline
+of a put across the processes: leader to follower, the follower's Ready and fsync, the
+answer back, the commit (at 1 client one put per Ready; under load a Ready carries many).
 
 A benchmark, not a test: it prints figures and asserts nothing about speed. Every process
 it starts is stopped in a `finally`; loads are bounded in time and count; loopback only.
@@ -23,7 +27,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -45,15 +48,96 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
-def leader_summary(target: OursTarget, leader: int, trace_dir: Path) -> dict:
-    path = trace_dir / f"{target.ids[leader]}.json"
+def summary_of(target: OursTarget, index: int, trace_dir: Path) -> dict:
+    """A member's stage summary (it writes the file whole, by rename); resets its trace."""
+    path = trace_dir / f"{target.ids[index]}.json"
     path.unlink(missing_ok=True)
-    member = target.members[leader]
+    member = target.members[index]
     assert member is not None
     os.kill(member.pid, signal.SIGUSR2)
-    wait_until(lambda: path.exists() or None, 10.0, what="the leader's stage summary")
-    time.sleep(0.05)  # written in one call; let it land whole
+    wait_until(lambda: path.exists() or None, 10.0, what=f"{target.ids[index]}'s stage summary")
     return json.loads(path.read_text())
+
+
+def member_summaries(target: OursTarget, trace_dir: Path) -> list[dict]:
+    """Every member's summary (their hops included); resets their traces."""
+    return [summary_of(target, i, trace_dir) for i in range(len(target.ids))]
+
+
+# The path of one put across the members, in order; each step is the first event of that
+# name on that member (L the leader, F the follower whose answer came first) at or after
+# the previous step, for an index at least the put's (batches carry several).
+TIMELINE = (
+    ("L", "append-write", "leader hands the APPEND to gRPC"),
+    ("F", "append-received", "follower has it decoded (gRPC, network, gRPC)"),
+    ("F", "taken", "follower's drive loop takes the Ready"),
+    ("F", "persisted", "follower's write + fsync done"),
+    ("F", "answer-write", "follower hands its answer to gRPC"),
+    ("L", "answer-received", "leader has the answer decoded (gRPC, network, gRPC)"),
+    ("L", "committed", "leader's Ready commits it"),
+)
+
+
+def timeline(summaries: list[dict], leader: int) -> dict:
+    """Median time of each TIMELINE step after the leader took the put's Ready (us), the
+    leader's own fsync beside it, and how many of the leader's Readies could be followed all the way (one put each at 1 client)."""
+    import bisect
+
+    def by_name(hops: list) -> dict[str, list[tuple[int, int]]]:
+        names: dict[str, list[tuple[int, int]]] = {}
+        for name, index, t in hops:
+            names.setdefault(name, []).append((t, index))
+        for events in names.values():
+            events.sort()
+        return names
+
+    def first(events: dict, name: str, after: int, index: int) -> int | None:
+        found = events.get(name, [])
+        position = bisect.bisect_left(found, (after, -1))
+        for t, i in found[position:position + 64]:
+            if i >= index:
+                return t
+        return None
+
+    members = [by_name(s.get("hops", [])) for s in summaries]
+    lead = members[leader]
+    followers = [m for i, m in enumerate(members) if i != leader]
+    offsets: dict[str, list[float]] = {}
+    for t0, index in lead.get("taken", []):
+        best = None
+        for follower in followers:
+            times, t = {}, t0
+            for who, name, _ in TIMELINE:
+                t = first(lead if who == "L" else follower, name, t, index)
+                if t is None:
+                    break
+                times[name] = t
+            if t is not None and (best is None or times["committed"] < best["committed"]):
+                best = times
+        own = first(lead, "persisted", t0, index)
+        if best is None or own is None:
+            continue
+        for name, t in (*best.items(), ("leader persisted", own)):
+            offsets.setdefault(name, []).append((t - t0) / 1000)
+    return {"puts": len(offsets.get("committed", [])),
+            "median_us": {k: sorted(v)[len(v) // 2] for k, v in offsets.items()}}
+
+
+def render_timeline(row: dict) -> str:
+    line = row.get("timeline")
+    if not line or not line["puts"]:
+        return ""
+    out = [f"Across the members ({line['puts']:,} Readies followed; median microseconds after "
+           f"the leader took a Ready of puts):\n", "| step | at | since the step before |",
+           "|---|---|---|"]
+    previous = 0.0
+    for _, name, what in TIMELINE:
+        at = line["median_us"][name]
+        out.append(f"| {what} (`{name}`) | {at:,.0f} | {at - previous:+,.0f} |")
+        previous = at
+    out.append(f"| beside it: leader's own write + fsync done (`persisted`) | "
+               f"{line['median_us']['leader persisted']:,.0f} | |")
+    return "\n".join(out) + "\n"
 
 
 def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duration_s: float,
@@ -62,7 +146,7 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
     assert leader is not None
     index = leader if via == "leader" else (leader + 1) % len(target.ids)
     addresses = target.client_addresses()
-    leader_summary(target, leader, trace_dir)  # resets the leader's trace
+    member_summaries(target, trace_dir)  # resets every member's trace
     pids = target.server_pids()
     cpu_before = [cpu_s(pid) for pid in pids]
     spec = LoadSpec(
@@ -80,7 +164,11 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
         top = [(f.function, f.self_percent, f.total_percent)
                for f in (*result.top_self[:10], *result.top_total_in_project[:8])]
     cpu_after = [cpu_s(pid) for pid in pids]
-    summary = leader_summary(target, leader, trace_dir)
+    summaries = member_summaries(target, trace_dir)
+    summary = summaries[leader]
+    line = timeline(summaries, leader) if operation is Operation.PUT else None
+    for each in summaries:
+        each.pop("hops", None)
     puts = max(1, load.acknowledged_ops)
     return {
         "operation": operation.value, "clients": clients, "via": via, "protocol": "unary calls" if target.client_kind is ClientKind.KV else "Session stream", "ops_per_s": load.ops_per_s, "errors": load.errors,
@@ -88,7 +176,7 @@ def measure(target: OursTarget, trace_dir: Path, clients: int, via: str, duratio
         "client_mean_ms": sum(load.latencies_us) / max(1, len(load.latencies_us)) / 1000,
         "cpu_ms_per_put": [(a - b) * 1000 / puts for a, b in zip(cpu_after, cpu_before, strict=True)],
         "leader_pid_index": pids.index(target.members[leader].pid),
-        "leader": summary, "load_average": load_average(), "profile": top,
+        "leader": summary, "timeline": line, "load_average": load_average(), "profile": top,
     }
 
 
@@ -123,6 +211,7 @@ def render(rows: list[dict]) -> str:
         out.append(f"\nCPU ms per put: {cpus}. Entries per fsync on the leader: "
                    f"{s['entries_per_ready']:.1f}; fsync mean {s['fsync_mean_us'] / 1000:.2f} ms; "
                    f"{s['writes']} writes traced.\n")
+        out.append(render_timeline(row))
         out += _profile_table(row)
     return "\n".join(out)
 

@@ -209,11 +209,11 @@ class Node:
             self.core.withhold_vote("new data directory: introducing itself to its peers")
         self._identity_task: asyncio.Task[None] | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
-        self.transport = Transport(config.node_id, config.peers)
+        self.trace = StageTrace.from_environment(config.node_id)  # None unless KV_STAGE_TRACE
+        self.transport = Transport(config.node_id, config.peers, trace=self.trace)
         self.forwarder = Forwarder(config.node_id)  # requests sent on to the leader
         self.snapshots_installed = 0
         self.last_installed_snapshot_index = 0
-        self.trace = StageTrace.from_environment(config.node_id)  # None unless KV_STAGE_TRACE
         self._write_waiters: dict[int, _WriteWaiter] = {}
         self._read_waiters: list[_ReadWaiter] = []  # heap by index
         # Linearizable reads that arrived since the drive task last ran: they share ONE
@@ -315,6 +315,8 @@ class Node:
         """Messages from peers (called on the loop by the peer service)."""
         if self._stopping:
             return
+        if self.trace is not None:
+            self.trace.hops_received(messages)
         for message in messages:
             self.core.step(message)
         self._kick()
@@ -413,6 +415,7 @@ class Node:
                     ready = self.core.ready()
                     if self.trace is not None and ready.entries:
                         self.trace.mark([e.index for e in ready.entries], "taken")
+                        self.trace.hop("taken", ready.entries[-1].index)
                     applied_early = self._may_apply_before_persist(ready)
                     if applied_early:
                         # Entries committed AND already durable here: acknowledging them
@@ -427,7 +430,7 @@ class Node:
                         self.transport.send(ready.messages_before_persist)
                     persisting = None
                     inline = self._persist_on_loop(ready)
-                    if inline and ready.messages_before_persist:
+                    if inline and ready.messages_before_persist and ready.entries:
                         # The appends are only queued for the transport's writer tasks;
                         # let them hand the bytes to the socket before the loop blocks on
                         # our fsync, or the follower's fsync would wait for ours instead
@@ -541,6 +544,8 @@ class Node:
             if self.trace is not None:
                 self.trace.ready_persisted(len(ready.entries), took)
                 self.trace.mark([e.index for e in ready.entries], "persisted")
+                if ready.entries:
+                    self.trace.hop("persisted", ready.entries[-1].index)
 
     def _may_apply_before_persist(self, ready: Ready) -> bool:
         """Whether steps 3-4 (apply, serve reads) may run while this Ready is persisted.
@@ -575,6 +580,7 @@ class Node:
             self._restore_snapshot(ready.snapshot, ready.snapshot_data)
         if self.trace is not None and ready.committed_entries:
             self.trace.mark([e.index for e in ready.committed_entries], "committed")
+            self.trace.hop("committed", ready.committed_entries[-1].index)
         for entry in ready.committed_entries:
             self._apply(entry)
         if self.trace is not None and ready.committed_entries:

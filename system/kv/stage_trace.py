@@ -16,6 +16,16 @@ previous one):
   replied    the handler coroutine resumed with the answer (scheduling the reply)
 Per Ready the node also counts entries and fsync time, so the batching is visible.
 
+Hops, on every member (leader and followers alike), so that one put can be followed
+across processes: `hop(name, index)` records (name, log index, time) when an APPEND
+carrying entries up to `index` is handed to gRPC (`append-write`) or arrives
+(`append-received`), when a Ready with entries up to `index` is taken (`taken`) and
+fsynced (`persisted`), and when the answer acknowledging `index` is handed to gRPC
+(`answer-write`) or arrives (`answer-received`), and when a Ready commits entries up to
+`index` (`committed`). The times are CLOCK_MONOTONIC, one clock
+for every process on a machine (time.perf_counter_ns on Linux), so the members' lists
+merge into one timeline (`benchmarks/kv_stages.py --timeline`).
+
 What it must never do: change what the node does or when; with tracing off it costs one
 `is None` test per stage.
 """
@@ -36,6 +46,7 @@ _INDEX = {name: i for i, name in enumerate(STAGES)}
 received_ns: contextvars.ContextVar[int] = contextvars.ContextVar("received_ns", default=0)
 
 _MAX_OPEN = 200_000  # records of writes never finished (leader change) are dropped past this
+_MAX_HOPS = 400_000  # hop records kept between two dumps; the oldest half goes past this
 
 
 def now_ns() -> int:
@@ -54,6 +65,7 @@ class StageTrace:
         self._fsyncs = 0
         self._fsync_ns = 0
         self._started_ns = now_ns()
+        self._hops: list[tuple[str, int, int]] = []
 
     @classmethod
     def from_environment(cls, node_id: str) -> StageTrace | None:
@@ -86,6 +98,24 @@ class StageTrace:
         self._fsyncs += 1
         self._fsync_ns += fsync_ns
 
+    def hop(self, name: str, index: int) -> None:
+        if len(self._hops) >= _MAX_HOPS:
+            del self._hops[: _MAX_HOPS // 2]
+        self._hops.append((name, index, now_ns()))
+
+    def hops_sent(self, messages) -> None:  # noqa: ANN001 - Messages
+        """Record the appends and answers of a batch about to be handed to gRPC."""
+        for message in messages:
+            hop = _hop_of(message, "write")
+            if hop is not None:
+                self.hop(*hop)
+
+    def hops_received(self, messages) -> None:  # noqa: ANN001 - Messages
+        for message in messages:
+            hop = _hop_of(message, "received")
+            if hop is not None:
+                self.hop(*hop)
+
     def replied(self, index: int) -> None:
         record = self._open.pop(index, None)
         if record is None:
@@ -112,14 +142,27 @@ class StageTrace:
             "readies_with_entries": self._readies,
             "entries_per_ready": self._ready_entries / self._readies if self._readies else 0.0,
             "fsync_mean_us": self._fsync_ns / self._fsyncs / 1000 if self._fsyncs else 0.0,
+            "hops": self._hops,
         }
 
     def dump_and_reset(self) -> None:
-        self.path.write_text(json.dumps(self.summary()))
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(json.dumps(self.summary()))
+        partial.replace(self.path)  # whole or absent for whoever waits for it
         self._open.clear()
         self._finished.clear()
+        self._hops = []
         self._readies = self._ready_entries = self._fsyncs = self._fsync_ns = 0
         self._started_ns = now_ns()
+
+
+def _hop_of(message, suffix: str) -> tuple[str, int] | None:  # noqa: ANN001 - a Message
+    kind = message.type.name
+    if kind == "APPEND" and message.entries:
+        return f"append-{suffix}", message.entries[-1].index
+    if kind == "APPEND_RESPONSE" and not message.reject:
+        return f"answer-{suffix}", message.index
+    return None
 
 
 def _stats_us(sorted_ns: list[int]) -> dict[str, float]:

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 import grpc
 
 from system.kv.proto import raft_pb2, raft_pb2_grpc
+from system.kv.stage_trace import StageTrace
 from system.raft.messages import Message, MessageType
 from system.raft.types import Entry, EntryKind, NodeId, SnapshotMeta
 
@@ -231,8 +232,10 @@ class PeerSender:
         max_queue_messages: int = 4096,
         max_queue_bytes: int = 512 * 1024 * 1024,
         max_batch_bytes: int = 64 * 1024 * 1024,
+        trace: StageTrace | None = None,
     ) -> None:
         self.src = src
+        self.trace = trace  # KV_STAGE_TRACE: when appends and answers are handed to gRPC
         self.peer_id = peer_id
         self.address = address
         self.lane = lane
@@ -328,6 +331,8 @@ class PeerSender:
             try:
                 if call is None or call.done():
                     call = self._stream_rpc(wait_for_ready=False)
+                if self.trace is not None:
+                    self.trace.hops_sent(batch)
                 await call.write(encode_batch(self.src, batch))
             except asyncio.CancelledError:
                 if call is not None:
@@ -385,11 +390,13 @@ _BULK_TYPES = frozenset({MessageType.APPEND, MessageType.SNAPSHOT})
 class Transport:
     """All outbound peer links of one node: per peer, a control lane and a bulk lane."""
 
-    def __init__(self, node_id: NodeId, peers: Mapping[NodeId, str]) -> None:
+    def __init__(self, node_id: NodeId, peers: Mapping[NodeId, str],
+                 trace: StageTrace | None = None) -> None:
         self.node_id = node_id
-        self._control = {pid: PeerSender(node_id, pid, addr, lane="control")
+        self.trace = trace
+        self._control = {pid: PeerSender(node_id, pid, addr, lane="control", trace=trace)
                          for pid, addr in peers.items()}
-        self._bulk = {pid: PeerSender(node_id, pid, addr, lane="bulk")
+        self._bulk = {pid: PeerSender(node_id, pid, addr, lane="bulk", trace=trace)
                       for pid, addr in peers.items()}
         self._started = False
         self._closing: set[asyncio.Future[None]] = set()
@@ -408,8 +415,10 @@ class Transport:
         if self.peer_address(peer_id) == address:
             return
         self.remove_peer(peer_id)
-        self._control[peer_id] = PeerSender(self.node_id, peer_id, address, lane="control")
-        self._bulk[peer_id] = PeerSender(self.node_id, peer_id, address, lane="bulk")
+        self._control[peer_id] = PeerSender(self.node_id, peer_id, address, lane="control",
+                                            trace=self.trace)
+        self._bulk[peer_id] = PeerSender(self.node_id, peer_id, address, lane="bulk",
+                                         trace=self.trace)
         if self._started:
             self._control[peer_id].start()
             self._bulk[peer_id].start()
