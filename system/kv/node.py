@@ -364,6 +364,22 @@ class Node:
             if self._write_waiters.get(index) is waiter:
                 del self._write_waiters[index]
 
+    def start_read_barrier(self) -> asyncio.Future[int] | None:
+        """For a caller that cannot await (the Session stream's reads): the future of the
+        ReadIndex round this read joins, resolved with the index to serve it at; or None
+        whenever `read_barrier` would do anything but wait for a round (not the leader,
+        stopping, an unsafe mode). The caller reads the state machine in the future's
+        callback, and only once `applied_index` has reached that index."""
+        if self.unsafe is not None or self._stopping or not self.is_leader:
+            return None
+        return self._join_read_round()
+
+    def _join_read_round(self) -> asyncio.Future[int]:
+        confirmed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._read_batch.append(confirmed)
+        self._kick()
+        return confirmed
+
     async def read_barrier(self) -> int:
         """Wait until a linearizable read may be served here (ReadIndex, Raft §6.4).
 
@@ -378,10 +394,7 @@ class Node:
             leader = self.core.leader_id
             raise NotLeaderError(leader, self.address_of(leader))
         loop = asyncio.get_running_loop()
-        confirmed: asyncio.Future[int] = loop.create_future()
-        self._read_batch.append(confirmed)
-        self._kick()
-        index = await confirmed
+        index = await self._join_read_round()
         if self.state_machine.applied_index < index:
             ready: asyncio.Future[None] = loop.create_future()
             heapq.heappush(self._read_waiters, _ReadWaiter(index, next(self._read_ids), ready))
