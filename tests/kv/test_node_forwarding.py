@@ -21,14 +21,6 @@ from system.kv.proto import kv_pb2, kv_pb2_grpc
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    with LocalCluster(3, tmp_path_factory.mktemp("forwarding")) as c:
-        c.start()
-        c.wait_for_leader(timeout_s=20)
-        yield c
-
-
 def _follower(cluster: LocalCluster) -> tuple[str, str]:
     leader = cluster.wait_for_leader(timeout_s=20)
     return leader, next(i for i in cluster.ids if i != leader)

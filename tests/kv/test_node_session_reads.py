@@ -21,14 +21,6 @@ pytestmark = pytest.mark.integration
 GETS = 200
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
-    with LocalCluster(3, tmp_path_factory.mktemp("session-reads")) as c:
-        c.start()
-        c.wait_for_leader(timeout_s=20)
-        yield c
-
-
 def _pipelined_gets(address: str, key: str) -> dict[int, kv_pb2.SessionResponse]:
     """Send GETS linearizable gets on one stream without waiting, half-close, and read
     every answer until the stream ends."""
