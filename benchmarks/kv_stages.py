@@ -22,6 +22,7 @@ it starts is stopped in a `finally`; loads are bounded in time and count; loopba
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import signal
@@ -80,9 +81,8 @@ TIMELINE = (
 
 def timeline(summaries: list[dict], leader: int) -> dict:
     """Median time of each TIMELINE step after the leader took the put's Ready (us), the
-    leader's own fsync beside it, and how many of the leader's Readies could be followed all the way (one put each at 1 client)."""
-    import bisect
-
+    leader's own fsync beside it, and how many of the leader's Readies could be followed
+    all the way ("puts": one put each at 1 client)."""
     def by_name(hops: list) -> dict[str, list[tuple[int, int]]]:
         names: dict[str, list[tuple[int, int]]] = {}
         for name, index, t in hops:

@@ -517,11 +517,11 @@ class Node:
         Handing a write to the storage thread and its completion back costs two thread
         wake-ups and a tug of war over the GIL with the loop (0.3-0.5 ms in all, measured),
         on the path of every write at low load, on the leader and again on the follower
-        whose answer commits it. A Ready of
-        a few small entries on a disk whose fsyncs take well under a millisecond costs
-        less done here. Under load the Readies are larger and go to the thread, where the
-        fsync overlaps the loop's work on the next requests (group commit). Never while
-        the thread holds a call (a snapshot being saved): the storage has no lock."""
+        whose answer commits it. A Ready of one small entry on a disk whose fsyncs take
+        well under a millisecond costs less done here. Under load the Readies are larger
+        and go to the thread, where the fsync overlaps the loop's work on the next
+        requests (group commit). Never while the thread holds a call (a snapshot being
+        saved): the storage has no lock."""
         if self._storage_jobs or ready.snapshot is not None:
             return False
         if not (ready.entries or ready.must_sync or (
@@ -535,8 +535,8 @@ class Node:
                 and sum(len(e.data) for e in ready.entries) <= INLINE_PERSIST_MAX_BYTES)
 
     def _persist(self, ready: Ready) -> None:
-        """Step 1 of a Ready, on the storage thread: write, then fsync, before anything
-        that depends on it leaves this node (Raft Figure 2)."""
+        """Step 1 of a Ready, on the storage thread or the loop (`_persist_on_loop`): write,
+        then fsync, before anything that depends on it leaves this node (Raft Figure 2)."""
         need_sync = ready.must_sync
         if ready.snapshot is not None:
             self.storage.install_snapshot(ready.snapshot, ready.snapshot_data)

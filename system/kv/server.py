@@ -215,10 +215,12 @@ class KVService:
         """The ReadIndex round of a linearizable get this node serves as it stands (the
         leader, a valid key, no rate limit), for a caller that answers it in the round's
         callback; None for every other get, which takes the general path (`get`)."""
-        if (request.consistency != kv_pb2.LINEARIZABLE or self.limiter.rate_per_s > 0
-                or not request.key
-                or len(request.key.encode("utf-8")) > self.config.max_key_bytes):
+        if request.consistency != kv_pb2.LINEARIZABLE or self.limiter.rate_per_s > 0:
             return None
+        try:
+            self._check_key(request.key)
+        except _Reject:
+            return None  # the general path answers with the reason
         return self.node.start_read_barrier()
 
     async def _forward(self, exc: NotLeaderError, method: str, request: ProtoMessage,

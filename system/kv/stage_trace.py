@@ -22,9 +22,9 @@ carrying entries up to `index` is handed to gRPC (`append-write`) or arrives
 (`append-received`), when a Ready with entries up to `index` is taken (`taken`) and
 fsynced (`persisted`), and when the answer acknowledging `index` is handed to gRPC
 (`answer-write`) or arrives (`answer-received`), and when a Ready commits entries up to
-`index` (`committed`). The times are CLOCK_MONOTONIC, one clock
-for every process on a machine (time.perf_counter_ns on Linux), so the members' lists
-merge into one timeline (`benchmarks/kv_stages.py --timeline`).
+`index` (`committed`). The times are CLOCK_MONOTONIC, one clock for every process on a
+machine (time.perf_counter_ns on Linux), so the members' lists merge into one timeline
+(`benchmarks/kv_stages.py` prints it).
 
 What it must never do: change what the node does or when; with tracing off it costs one
 `is None` test per stage.
@@ -36,7 +36,10 @@ import contextvars
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
+
+from system.raft.messages import Message, MessageType
 
 ENV_VAR = "KV_STAGE_TRACE"
 STAGES = ("received", "proposed", "taken", "persisted", "committed", "applied", "replied")
@@ -103,14 +106,14 @@ class StageTrace:
             del self._hops[: _MAX_HOPS // 2]
         self._hops.append((name, index, now_ns()))
 
-    def hops_sent(self, messages) -> None:  # noqa: ANN001 - Messages
+    def hops_sent(self, messages: Iterable[Message]) -> None:
         """Record the appends and answers of a batch about to be handed to gRPC."""
         for message in messages:
             hop = _hop_of(message, "write")
             if hop is not None:
                 self.hop(*hop)
 
-    def hops_received(self, messages) -> None:  # noqa: ANN001 - Messages
+    def hops_received(self, messages: Iterable[Message]) -> None:
         for message in messages:
             hop = _hop_of(message, "received")
             if hop is not None:
@@ -156,11 +159,10 @@ class StageTrace:
         self._started_ns = now_ns()
 
 
-def _hop_of(message, suffix: str) -> tuple[str, int] | None:  # noqa: ANN001 - a Message
-    kind = message.type.name
-    if kind == "APPEND" and message.entries:
+def _hop_of(message: Message, suffix: str) -> tuple[str, int] | None:
+    if message.type is MessageType.APPEND and message.entries:
         return f"append-{suffix}", message.entries[-1].index
-    if kind == "APPEND_RESPONSE" and not message.reject:
+    if message.type is MessageType.APPEND_RESPONSE and not message.reject:
         return f"answer-{suffix}", message.index
     return None
 

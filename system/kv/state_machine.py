@@ -358,8 +358,8 @@ class KVStateMachine:
         self.dedup_max_ids = dedup_max_ids
         self._applied_index = applied_index
         self._data: dict[str, tuple[bytes, int]] = {}
-        # Insertion order == application order == increasing log index, which makes
-        # expiry a walk from the front.
+        # Insertion order == application order == increasing log index (the snapshot
+        # keeps that order).
         self._remembered: dict[str, bytes] = {}  # id -> its encoded record
         # (applied index, id) in application order: expiry walks it from the front. A
         # plain dict plus this queue instead of an OrderedDict, because copying an
