@@ -329,12 +329,14 @@ class Nemesis:
                 self.platform.pause(node)
 
         def heal() -> dict[str, Any]:
+            notes = []
             for node in nodes:
                 if process:
-                    self.targets.resume_target(node)
+                    notes.append(self.targets.resume_target(node))
                 else:
                     self.platform.resume(node)
-            return {}
+            notes = [n for n in notes if n]
+            return {"detail": "; ".join(notes)} if notes else {}
 
         return self._register("pause", nodes, f"{target}: {' '.join(nodes)}", heal,
                               {"target": target}, "pause")

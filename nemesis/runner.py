@@ -29,7 +29,7 @@ from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
 from system.kv.unsafe import ALLOW_ENV_VAR
 from system.kv.unsafe import CANARIES as STORE_CANARIES
-from workloads.base import ProcessTargets, RunContext, Workload
+from workloads.base import ProcessTargets, RunContext, Workload, WorkloadError
 from workloads.kv import KVWorkload
 
 log = logging.getLogger("nemesis")
@@ -345,7 +345,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                         f"({platform.describe()}); final reads may fail")
         _print(out, "final reads ...")
         run_info["final_reads"] = workload.final_reads(ctx, FINAL_READ_TIMEOUT_S)
-    except HarnessError as exc:
+    except (HarnessError, WorkloadError) as exc:
         run_info["harness_error"] = str(exc)
         _print(out, f"harness error: {exc}")
     except PlatformError as exc:

@@ -21,6 +21,11 @@ from typing import Any, Protocol, runtime_checkable
 from histories.write import HistoryWriter
 
 
+class WorkloadError(Exception):
+    """The workload could not do its part (its processes never came up, say): the run has
+    no verdict, and the message says what to look at."""
+
+
 @dataclass
 class RunContext:
     addresses: dict[str, str]  # node id -> 127.0.0.1:PORT
@@ -65,7 +70,9 @@ class Workload(abc.ABC):
 
     @abc.abstractmethod
     def start(self, ctx: RunContext) -> None:
-        """Start the client processes; they stop invoking at ctx.deadline or ctx.stop."""
+        """Start the client processes and return once they are running (the run's duration,
+        and so its fault schedule, counts from then); they stop invoking at ctx.deadline or
+        ctx.stop. Raises WorkloadError when they cannot be started."""
 
     @abc.abstractmethod
     def join(self, timeout_s: float) -> bool:
@@ -96,7 +103,7 @@ class ProcessTargets(Protocol):
 
     def pause_target(self, name: str) -> None: ...
 
-    def resume_target(self, name: str) -> None: ...
+    def resume_target(self, name: str) -> str | None: ...  # what happened, if noteworthy
 
     def cut_from_store(self, name: str) -> None: ...
 

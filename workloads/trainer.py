@@ -32,7 +32,9 @@ armed at (system/trainer/pause_points.py, `TRAINER_PAUSE_ARM_FILE`): the fault a
 coordinator stops itself (SIGSTOP) after placing the blob and checking its lease, right
 before the head CAS, and records a `paused-at` event; then
 - pause `coordinator-mid-write`: it stays stopped until its lease record names another
-  coordinator (a standby took over), then SIGCONT: its CAS is now a deposed writer's;
+  coordinator (a standby took over), then SIGCONT: its CAS is now a deposed writer's (if
+  no standby takes over within four leases and 5 s, it is woken anyway and the resume
+  record's `detail` says so, with every coordinator's state);
 - kill `coordinator-mid-write`: SIGKILL there (blob placed, head not written);
 - partition `coordinator-reply-lost`: its proxies forward requests but drop the store's
   answers, it is continued, and once the head has moved (its CAS committed) every one of
@@ -56,6 +58,11 @@ History (docs/histories.md). Every coordinator appends events to its event log
 - lease acquisitions and losses, resumes (which checkpoint, which step, the head version
   it produced), skipped worker steps, retries, depositions, starts and ends are events of
   process `"trainer"`, f = the event's kind, value = the event.
+
+`start` returns once a coordinator holds the lease (within 60 s), so the run's duration
+and its fault schedule count from a running trainer. Before the final read, a coordinator
+that the final heal woke after a takeover is given (bounded) time to exit on its own, so
+its step-down, or a canary's late write, is in the history.
 
 The final read (process 100, f `read-checkpoint`) reads the head by a linearizable read
 after every trainer process is stopped: step, head version, the SHA-256 of the
@@ -84,7 +91,7 @@ from system.trainer import checkpoint as codec
 from system.trainer.checkpoint_store import head_key
 from system.trainer.config import TrainConfig
 from system.trainer.run import TrainerRun
-from workloads.base import RunContext, Workload
+from workloads.base import RunContext, Workload, WorkloadError
 from workloads.trainer_docker import DockerTrainerProcesses
 
 log = logging.getLogger("nemesis")
@@ -96,6 +103,7 @@ REACH_POINT_S = 5.0  # how long an armed coordinator is given to reach its next 
 COMMIT_WAIT_S = 3.0  # reply-lost: how long the answer is held back waiting for the commit
 READ_PROCESS = 100
 PUMP_PERIOD_S = 0.1
+START_TIMEOUT_S = 60.0  # from the processes' start to a coordinator holding the lease
 # Events of the coordinator's log that become history events (the rest — per-step
 # progress, rejected gradients — stay in the event logs only).
 EVENT_KINDS = {"started", "lease-acquired", "lease-lost", "lease-observe-failed", "resume",
@@ -251,6 +259,9 @@ class TrainerWorkload(Workload):
         self.paused: set[str] = set()
         self.down: set[str] = set()
         self.cut: set[str] = set()
+        # Coordinators woken after a successor took their lease: what they do next (step
+        # down, or a canary's write) must reach the history before the trainer is stopped.
+        self._woken_deposed: set[str] = set()
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model, "config": json.loads(self.config.to_json()),
@@ -279,6 +290,23 @@ class TrainerWorkload(Workload):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
+        self._wait_running()
+
+    def _wait_running(self) -> None:
+        """Return once a coordinator holds the lease: a fault dealt before that (the processes
+        still importing numpy and gRPC on a loaded machine) finds no coordinator to hurt, and
+        a short run's schedule would be spent on nothing."""
+        assert self.run is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.run.active_coordinator() is None:
+            refused = self.run.config_error()
+            if refused:
+                raise WorkloadError(f"the trainer coordinator refused to start: {refused}")
+            if time.monotonic() >= deadline:
+                raise WorkloadError(
+                    f"no trainer coordinator took the lease within {START_TIMEOUT_S:g} s of "
+                    f"starting; the coordinators' logs: {self.run.run_dir}/c*.log")
+            time.sleep(0.1)  # polling the lease record, bounded by the deadline
 
     def _supervise(self) -> None:
         assert self.run is not None
@@ -466,10 +494,13 @@ class TrainerWorkload(Workload):
             time.sleep(0.1)  # polling the lease record, bounded by the deadline
         return None
 
+    def _takeover_wait_s(self) -> float:
+        return 4 * self.lease_s + 5.0
+
     def _wait_takeover(self, cid: str) -> bool:
         """Wait (bounded) until the lease record names a coordinator other than `cid`."""
         assert self.run is not None
-        deadline = time.monotonic() + 4 * self.lease_s + 5.0
+        deadline = time.monotonic() + self._takeover_wait_s()
         while time.monotonic() < deadline and not self._stop.is_set():
             record = self.run.lease()
             if record is not None and (record.coordinator_id != cid or record.done):
@@ -570,15 +601,39 @@ class TrainerWorkload(Workload):
         with self._lock:
             self.paused.add(cid)
 
-    def resume_target(self, name: str) -> None:
+    def resume_target(self, name: str) -> str | None:
+        """Continue a paused process; a coordinator paused inside its write is woken only
+        after a standby took over (bounded). Returns a note when that takeover never came."""
         assert self.run is not None
         cid, _, point = name.partition("@")
-        if point and cid in self.paused:
-            self._wait_takeover(cid)  # the point of the fault: it wakes a deposed writer
+        note = None
+        if point and cid in self.paused and not self._wait_takeover(cid):
+            note = (f"no standby took the lease from {cid} within {self._takeover_wait_s():g} s; "
+                    f"woken anyway ({self._coordinator_states()})")
+            self._error(note)
         with self._lock:
             if cid in self.paused and self.run.procs[cid].poll() is None:
                 self.run.resume(cid)
+                record = self.run.lease()
+                if record is not None and record.coordinator_id != cid:
+                    self._woken_deposed.add(cid)  # final_reads lets it act before the stop
             self.paused.discard(cid)
+        return note
+
+    def _coordinator_states(self) -> str:
+        """Each coordinator's state for a note: `c1 paused, c2 exited 3, c3 running`."""
+        assert self.run is not None
+        with self._lock:
+            states = []
+            for name, proc in sorted(self.run.procs.items()):
+                if name.startswith("c"):
+                    code = proc.poll()
+                    state = ("paused" if name in self.paused else "running" if code is None
+                             else f"exited {code}")
+                    states.append(f"{name} {state}")
+        record = self.run.lease()
+        holder = f"; lease held by {record.coordinator_id}" if record is not None else ""
+        return ", ".join(states) + holder
 
     def cut_from_store(self, name: str) -> None:
         assert self.run is not None
@@ -607,6 +662,7 @@ class TrainerWorkload(Workload):
 
     def final_reads(self, ctx: RunContext, timeout_s: float) -> dict[str, Any]:
         """Stop the trainer, then read the checkpoint head (retried as new operations)."""
+        self._let_woken_coordinators_exit()
         self.stop_trainer()
         for cid, index in list(self._open.items()):
             ctx.history.complete(index, "info", None, error="coordinator stopped with the write in flight")
@@ -636,6 +692,22 @@ class TrainerWorkload(Workload):
                     time.sleep(0.2)  # retry pacing, bounded by the deadline above
         finally:
             client.close()
+
+    def _let_woken_coordinators_exit(self) -> None:
+        """A coordinator woken by the final heal is still deciding what to do: stopping the
+        trainer at once would cut off its step-down (or a broken one's late write) and the
+        history would not show it. Wait, bounded, for each one to exit on its own."""
+        assert self.run is not None
+        # Its in-flight write gets max(5, 2 leases) to finish, then it exits.
+        deadline = time.monotonic() + max(5.0, 2 * self.lease_s) + 3 * self.lease_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                waiting = [c for c in self._woken_deposed if self.run.procs[c].poll() is None]
+            if not waiting:
+                return
+            time.sleep(0.1)  # polling process exits, bounded by the deadline
+        self._error(f"woken deposed coordinator(s) {', '.join(sorted(waiting))} still running "
+                    f"after the heal; stopped with the trainer")
 
     @staticmethod
     def _describe_head(client: KVClient, meta: codec.Metadata, inline: bytes | None,
