@@ -391,6 +391,11 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
     if run_info["nemesis_errors"]:
         _print(out, f"nemesis errors ({len(run_info['nemesis_errors'])}): "
                     f"{run_info['nemesis_errors'][0]}")
+    if run_info.get("client_errors"):
+        # The workload's own notes (a trainer fault whose takeover never came, a client
+        # error): they say why a fault may have tested less than it was meant to.
+        _print(out, f"workload notes ({len(run_info['client_errors'])}): "
+                    f"{run_info['client_errors'][0]}")
     verdict = results["valid"]
     word = check.WORDS[verdict]
     reason = {True: ("no acknowledged checkpoint was lost, every resume started from the latest, "
