@@ -611,10 +611,10 @@ class TrainerWorkload(Workload):
             note = (f"no standby took the lease from {cid} within {self._takeover_wait_s():g} s; "
                     f"woken anyway ({self._coordinator_states()})")
             self._error(note)
+        record = self.run.lease()  # read outside the lock: a store call may take seconds
         with self._lock:
             if cid in self.paused and self.run.procs[cid].poll() is None:
                 self.run.resume(cid)
-                record = self.run.lease()
                 if record is not None and record.coordinator_id != cid:
                     self._woken_deposed.add(cid)  # final_reads lets it act before the stop
             self.paused.discard(cid)
