@@ -11,8 +11,12 @@ Rows (docs/trainer.md, "benchmark"):
    end to end (a run with a checkpoint every 100 steps against one with only the final
    checkpoint), and for a 1,000,000-parameter state (two float64 arrays, 16 MB blob) as
    ms per write through the same code, expressed as a share of 100 steps;
-3. SIGKILL of the active coordinator -> first step closed by the next one (lease 2 s);
+3. SIGKILL of the active coordinator -> first step closed by the next one (lease 2 s), and
+   the same for SIGSTOP (a pause: its connections stay open, so the workers learn of the
+   takeover only when their call to it times out; it is continued afterwards and steps down);
 4. steps of work lost per failover (the step reached when killed minus the resumed step).
+
+`--failover-only` runs rows 3 and 4 alone (a minute).
 Every process is killed at the end (TrainerRun and LocalCluster close their groups).
 """
 
@@ -118,8 +122,10 @@ def checkpoint_ms(kv: KVClient, params: int, mode: str, objects: LocalObjectStor
     return 1000 * statistics.median(samples)
 
 
-def failovers(kv: list[str], kills: int, job: str) -> list[tuple[float, int]]:
-    """(seconds from SIGKILL to the next coordinator's first step, steps lost) per kill."""
+def failovers(kv: list[str], kills: int, job: str, sig: int = signal.SIGKILL) -> list[tuple[float, int]]:
+    """(seconds from the signal (SIGKILL or SIGSTOP) to the next coordinator's first step,
+    steps lost) per failover. A stopped coordinator is continued once its successor has
+    stepped, and must then exit (deposed)."""
     config = TrainConfig(dataset="digits", workers=3, steps=100_000, batch_size=32,
                          learning_rate=0.05, checkpoint_every=100, job=job)
     out = []
@@ -133,9 +139,10 @@ def failovers(kv: list[str], kills: int, job: str) -> list[tuple[float, int]]:
                                 120, f"step {target}")
             victim = st.coordinator_id
             killed_at = time.time()
-            os.killpg(run.procs[victim].pid, signal.SIGKILL)
+            os.killpg(run.procs[victim].pid, sig)
             step_at_kill = st.step  # read just before the kill; it may have closed a few more
-            run.procs[victim].wait(timeout=10)
+            if sig == signal.SIGKILL:
+                run.procs[victim].wait(timeout=10)
 
             def resumed(victim: str = victim, killed_at: float = killed_at):  # noqa: ANN202
                 evs = [e for e in run.events() if e["coordinator_id"] != victim
@@ -145,13 +152,50 @@ def failovers(kv: list[str], kills: int, job: str) -> list[tuple[float, int]]:
                 return (evs[0], res[0]) if evs and res else None
             first, resume = run.wait_until(resumed, 60, "the standby's first step")
             out.append((first["time"] - killed_at, max(0, step_at_kill - resume["step"])))
+            if sig == signal.SIGSTOP:
+                os.killpg(run.procs[victim].pid, signal.SIGCONT)
+                code = run.procs[victim].wait(timeout=30)
+                if code != 3:  # EXIT_DEPOSED
+                    raise RuntimeError(f"paused coordinator {victim} exited {code} after its "
+                                       f"successor took over, not 3 (deposed)")
     return out
+
+
+def throughput_and_checkpoints(kv: list[str], scale: float, tmp: Path, say) -> None:  # noqa: ANN001
+    """Rows 1 and 2: samples/s against the single-process loop, and checkpoint cost."""
+    say("\n| batch / worker | 1 process numpy | 1 worker | 2 workers | 4 workers | 2 workers / numpy |")
+    say("|---:|---:|---:|---:|---:|---:|")
+    for batch, steps in [(256, 2000), (4096, 1000), (65536, 300)]:
+        steps = max(200, int(steps * scale) // 100 * 100)
+        base = single_process_rate(batch, steps)
+        rates = [distributed_rate(kv, w, batch, steps, f"tp-{batch}-{w}")[0] for w in (1, 2, 4)]
+        say(f"| {batch:,} | {base / 1e6:.2f} M/s | {rates[0] / 1e6:.2f} M/s | {rates[1] / 1e6:.2f} M/s "
+            f"| {rates[2] / 1e6:.2f} M/s | {rates[1] / base:.2f}x |")
+
+    say("\n| checkpoint mode | 101-param model (2 workers, batch 4,096, every 100 steps): ms per write "
+        "| share of run time a write was in flight | 1,000,000-param state: ms per write "
+        "| share of 100 steps, at most |")
+    say("|---|---:|---:|---:|---:|")
+    batch, steps = 4096, max(400, int(1000 * scale) // 100 * 100)
+    with KVClient(kv) as client:
+        for mode in ("inline", "object"):
+            odir = Path(tmp) / f"objects-{mode}"
+            _, small_ms, small_share = distributed_rate(kv, 2, batch, steps, f"ck-{mode}", 100,
+                                                        mode, odir)
+            ms = checkpoint_ms(client, 1_000_000, mode, LocalObjectStore(odir), f"big-{mode}", 5)
+            # A step of a 1M-parameter model moves at least the parameters to and the
+            # gradients from 2 workers (4 x 8 MB) at ~400 MB/s (loopback gRPC, measured
+            # in the issue): >= 80 ms, so 100 steps take >= 8 s. An upper bound on the share.
+            step_ms_big = 4 * 8e6 / 400e6 * 1000
+            share = ms / (ms + 100 * step_ms_big)
+            say(f"| {mode} | {small_ms:.1f} ms | {small_share * 100:.2f}% | {ms:.0f} ms | {share * 100:.1f}% |")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps (a smoke run)")
     parser.add_argument("--out", default="")
+    parser.add_argument("--failover-only", action="store_true", help="only the failover rows")
     args = parser.parse_args()
     scale = 0.2 if args.quick else 0.5
     lines: list[str] = []
@@ -165,42 +209,18 @@ def main() -> int:
         cluster.start()
         cluster.wait_for_leader(timeout_s=30)
         kv = cluster.addresses
-        say("\n| batch / worker | 1 process numpy | 1 worker | 2 workers | 4 workers | 2 workers / numpy |")
-        say("|---:|---:|---:|---:|---:|---:|")
-        throughput = {}
-        for batch, steps in [(256, 2000), (4096, 1000), (65536, 300)]:
-            steps = max(200, int(steps * scale) // 100 * 100)
-            base = single_process_rate(batch, steps)
-            rates = [distributed_rate(kv, w, batch, steps, f"tp-{batch}-{w}")[0] for w in (1, 2, 4)]
-            throughput[batch] = (base, rates)
-            say(f"| {batch:,} | {base / 1e6:.2f} M/s | {rates[0] / 1e6:.2f} M/s | {rates[1] / 1e6:.2f} M/s "
-                f"| {rates[2] / 1e6:.2f} M/s | {rates[1] / base:.2f}x |")
-
-        say("\n| checkpoint mode | 101-param model (2 workers, batch 4,096, every 100 steps): ms per write "
-            "| share of run time a write was in flight | 1,000,000-param state: ms per write "
-            "| share of 100 steps, at most |")
-        say("|---|---:|---:|---:|---:|")
-        batch, steps = 4096, max(400, int(1000 * scale) // 100 * 100)
-        with KVClient(kv) as client:
-            for mode in ("inline", "object"):
-                odir = Path(tmp) / f"objects-{mode}"
-                _, small_ms, small_share = distributed_rate(kv, 2, batch, steps, f"ck-{mode}", 100,
-                                                            mode, odir)
-                ms = checkpoint_ms(client, 1_000_000, mode, LocalObjectStore(odir), f"big-{mode}", 5)
-                # A step of a 1M-parameter model moves at least the parameters to and the
-                # gradients from 2 workers (4 x 8 MB) at ~400 MB/s (loopback gRPC, measured
-                # in the issue): >= 80 ms, so 100 steps take >= 8 s. An upper bound on the share.
-                step_ms_big = 4 * 8e6 / 400e6 * 1000
-                share = ms / (ms + 100 * step_ms_big)
-                say(f"| {mode} | {small_ms:.1f} ms | {small_share * 100:.2f}% | {ms:.0f} ms | {share * 100:.1f}% |")
-
+        if not args.failover_only:
+            throughput_and_checkpoints(kv, scale, Path(tmp), say)
         say("\n| failover (lease 2 s, 3 workers, digits) | value |")
         say("|---|---:|")
-        result = failovers(kv, 3 if not args.quick else 2, "failover")
-        times = [t for t, _ in result]
-        lost = [n for _, n in result]
-        say(f"| SIGKILL -> first step of the next coordinator, s (each) | {', '.join(f'{t:.2f}' for t in times)} |")
-        say(f"| steps of work lost per failover (each; interval 100) | {', '.join(str(n) for n in lost)} |")
+        for sig, what in ((signal.SIGKILL, "SIGKILL"), (signal.SIGSTOP, "SIGSTOP (pause)")):
+            result = failovers(kv, 3 if not args.quick else 2, f"failover-{what[:7]}", sig)
+            times = [t for t, _ in result]
+            lost = [n for _, n in result]
+            say(f"| {what} -> first step of the next coordinator, s (each) | "
+                f"{', '.join(f'{t:.2f}' for t in times)} |")
+            say(f"| steps of work lost per {what} failover (each; interval 100) | "
+                f"{', '.join(str(n) for n in lost)} |")
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
     return 0

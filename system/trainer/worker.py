@@ -25,6 +25,13 @@ from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
 from system.trainer.tensors import from_tensor, to_tensor
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 0.02, 0.5
+# A call long-polls the coordinator for at most WAIT_S, so a live one answers within it plus
+# its work; RPC_TIMEOUT_S bounds how long a worker keeps waiting on a coordinator that was
+# paused (a GC pause, a stopped VM: its connection stays open and nothing fails) before it
+# reads the lease record again. With a 5 s timeout the successor sat idle for 2.2-2.4 s
+# after its takeover, waiting for the workers to give up on the old one.
+WAIT_S = 1.0
+RPC_TIMEOUT_S = WAIT_S + 1.0
 
 
 @dataclass
@@ -86,7 +93,7 @@ class Worker:
                 try:
                     reply = self._stub.GetParameters(trainer_pb2.ParametersRequest(
                         job=self.config.job, worker=self.worker, after_step=after_step,
-                        term=self.max_term, wait_s=1.0), timeout=5.0)
+                        term=self.max_term, wait_s=WAIT_S), timeout=RPC_TIMEOUT_S)
                 except grpc.RpcError:
                     self._stub = None
                     self._sleep_backoff()
@@ -107,7 +114,7 @@ class Worker:
             try:
                 pushed = self._stub.PushGradient(trainer_pb2.GradientPush(
                     job=self.config.job, worker=self.worker, step=current.step, term=current.term,
-                    gradient=to_tensor(grad), rows=rows, wait_s=1.0), timeout=5.0)
+                    gradient=to_tensor(grad), rows=rows, wait_s=WAIT_S), timeout=RPC_TIMEOUT_S)
             except grpc.RpcError:
                 self._stub = None
                 self._sleep_backoff()
