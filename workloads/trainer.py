@@ -262,6 +262,7 @@ class TrainerWorkload(Workload):
         # Coordinators woken after a successor took their lease: what they do next (step
         # down, or a canary's write) must reach the history before the trainer is stopped.
         self._woken_deposed: set[str] = set()
+        self._paused_holders: set[str] = set()  # paused while holding the lease
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "model": self.model, "config": json.loads(self.config.to_json()),
@@ -598,8 +599,11 @@ class TrainerWorkload(Workload):
         if not (point and self._stop_at_write(cid) is not None):
             with self._lock:
                 self.run.pause(cid)
+        record = self.run.lease()  # just stopped: the record still names it if it held it
         with self._lock:
             self.paused.add(cid)
+            if record is not None and record.coordinator_id == cid:
+                self._paused_holders.add(cid)
 
     def resume_target(self, name: str) -> str | None:
         """Continue a paused process; a coordinator paused inside its write is woken only
@@ -615,9 +619,12 @@ class TrainerWorkload(Workload):
         with self._lock:
             if cid in self.paused and self.run.procs[cid].poll() is None:
                 self.run.resume(cid)
-                if record is not None and record.coordinator_id != cid:
+                # It held the lease when paused and another holds it now: it wakes deposed
+                # (a paused standby wakes a standby, and stays one).
+                if cid in self._paused_holders and record is not None and record.coordinator_id != cid:
                     self._woken_deposed.add(cid)  # final_reads lets it act before the stop
             self.paused.discard(cid)
+            self._paused_holders.discard(cid)
         return note
 
     def _coordinator_states(self) -> str:

@@ -29,6 +29,7 @@ class FakeRun:
     def __init__(self, names: list[str], holder: str | None) -> None:
         self.procs = {name: FakeProc() for name in names}
         self.holder = holder
+        self.paused: list[str] = []
         self.resumed: list[str] = []
         self.refused: str | None = None
         self.run_dir = Path("/nonexistent/run")
@@ -41,6 +42,9 @@ class FakeRun:
 
     def config_error(self) -> str | None:
         return self.refused
+
+    def pause(self, name: str) -> None:
+        self.paused.append(name)
 
     def resume(self, name: str) -> None:
         self.resumed.append(name)
@@ -91,10 +95,11 @@ def test_a_mid_write_pause_without_takeover_is_woken_with_a_note(monkeypatch: py
 
 def test_a_coordinator_woken_after_a_takeover_may_exit_before_the_stop(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    run = FakeRun(["c1", "c2"], holder="c2")
+    run = FakeRun(["c1", "c2"], holder="c1")
     workload = _workload(run, monkeypatch)
-    workload.paused.add("c1")
-    assert workload.resume_target("c1@before-head-cas") is None
+    workload.pause_target("c1")
+    run.holder = "c2"  # the standby took over while c1 was stopped
+    assert workload.resume_target("c1") is None
     assert workload._woken_deposed == {"c1"}
     threading.Timer(0.3, lambda: setattr(run.procs["c1"], "code", 3)).start()
     started = time.monotonic()
@@ -102,3 +107,14 @@ def test_a_coordinator_woken_after_a_takeover_may_exit_before_the_stop(
     waited = time.monotonic() - started
     assert 0.25 <= waited < 2.0 and run.procs["c1"].code == 3
     assert workload.harness_errors == []
+
+
+def test_a_paused_standby_wakes_a_standby_and_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = FakeRun(["c1", "c2"], holder="c1")
+    workload = _workload(run, monkeypatch)
+    workload.pause_target("c2")
+    assert workload.resume_target("c2") is None and run.resumed == ["c2"]
+    assert workload._woken_deposed == set()
+    started = time.monotonic()
+    workload._let_woken_coordinators_exit()  # c2 runs on, as a standby: nothing to wait for
+    assert time.monotonic() - started < 0.2 and workload.harness_errors == []
