@@ -17,7 +17,8 @@ Canaries (names distinct from the store's, system/kv/unsafe.py, so `python -m ne
   the checkpoint recorded as failed: checker/trainer.py's `failed-write-applied`.
 - `write-after-lease-loss`: a coordinator that loses its lease (paused past it, cut off
   from the store) saves its state in one last checkpoint before stepping down, taking the
-  head's current version (re-read) as the expected one, so the CAS fence does not stop it.
+  head's current version (re-read before each attempt, each attempt its own request id) as
+  the expected one, so the CAS fence does not stop it, even while its successor writes.
   It writes under a superseded lease after its successor's resume: `fencing`.
 
 What it must never do: be reachable without both the flag and the environment variable.
@@ -73,7 +74,7 @@ def write_after_lease_loss(coordinator) -> None:  # noqa: ANN001 - coordinator.C
     one last checkpoint, by CAS on the head version it re-reads (so no fence stops it)."""
     import time
 
-    from system.kv.client import KVError
+    from system.kv.client import CasMismatch, KVError
     from system.trainer import checkpoint as codec
     from system.trainer import data
 
@@ -87,31 +88,40 @@ def write_after_lease_loss(coordinator) -> None:  # noqa: ANN001 - coordinator.C
         rng={"algorithm": "philox-seedsequence", "key": "(seed, worker+1, epoch, 0xBA7C4)",
              "seed": config.seed}, done=False)
     blob = codec.encode(ckpt)
-    rid = f"{coordinator.options.coordinator_id}:flush-{step}"
     meta = codec.Metadata(step=step, mode="inline", size=len(blob), checksum=codec.blob_checksum(blob),
                           config_hash=config.config_hash(),
                           coordinator_id=coordinator.options.coordinator_id,
-                          lease_version=core.term, request_id=rid)
-    value = codec.encode_head(meta, blob)
+                          lease_version=core.term, request_id="")
     store = coordinator.store
     deadline = time.monotonic() + FLUSH_DEADLINE_S
-    invoked = False
+    attempt = 0
     while time.monotonic() < deadline:
         try:
             head = store.read_head()
-            expected = head[2] if head is not None else 0
-            if not invoked:
-                coordinator._emit({"kind": "checkpoint-invoke", "step": step, "request_id": rid,
-                                   "version": expected, "lease_version": core.term})
-                invoked = True
-            version = store.kv.cas(store.key, value, expected, request_id=rid).version
         except KVError:
             time.sleep(0.2)
             continue
-        coordinator._emit({"kind": "checkpoint-ok", "step": step, "request_id": rid,
-                           "version": version, "lease_version": core.term, "outcome": "ok"})
+        expected = head[2] if head is not None else 0
+        # Each attempt is another CAS (another expected version), so it has its own request
+        # id: the store refuses an id reused for a different request (state_machine.py), so
+        # under one id every retry after a first attempt that lost to the successor's next
+        # checkpoint (one every few tens of ms) was refused, for as long as it tried.
+        attempt += 1
+        meta.request_id = rid = f"{coordinator.options.coordinator_id}:flush-{step}-{attempt}"
+        event = {"step": step, "request_id": rid, "lease_version": core.term}
+        coordinator._emit({"kind": "checkpoint-invoke", "version": expected, **event})
+        try:
+            version = store.kv.cas(store.key, codec.encode_head(meta, blob), expected,
+                                   request_id=rid).version
+        except CasMismatch:
+            coordinator._emit({"kind": "checkpoint-fail", "outcome": "cas-mismatch", **event})
+            time.sleep(0.2)
+            continue
+        except KVError as exc:
+            coordinator._emit({"kind": "checkpoint-info", "outcome": "indeterminate",
+                               "detail": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}",
+                               **event})
+            time.sleep(0.2)
+            continue
+        coordinator._emit({"kind": "checkpoint-ok", "version": version, "outcome": "ok", **event})
         return
-    if invoked:
-        coordinator._emit({"kind": "checkpoint-info", "step": step, "request_id": rid,
-                           "lease_version": core.term, "outcome": "indeterminate",
-                           "detail": "flush gave up"})

@@ -231,3 +231,44 @@ def test_takeover_of_a_finished_inline_checkpoint_keeps_its_bytes(kv_cluster, jo
         store.rewrite_head(latest, latest.version, takeover)
         again = store.read_latest("cfg")  # checksum verified against the original blob
         assert again.blob == latest.blob and again.meta.kind == "resume"
+
+
+def test_the_write_after_lease_loss_canary_lands_while_its_successor_writes(
+        kv_cluster, job: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The canary's flush must land even when its first CAS loses to the successor's next
+    checkpoint (the successor writes every few tens of ms): the store refuses a retry under
+    the first attempt's request id with another expected version, for as long as it tries."""
+    from types import SimpleNamespace
+
+    from system.trainer import unsafe
+    from system.trainer.config import TrainConfig
+
+    monkeypatch.setattr(unsafe, "FLUSH_DEADLINE_S", 3.0)
+    with KVClient(kv_cluster.addresses) as kv:
+        store = CheckpointStore(kv, job, "inline")
+        write_series(store, [10])
+        read_head, reads = store.read_head, []
+
+        def successor_writes_after_the_first_read(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            head = read_head(*args, **kwargs)
+            reads.append(head[2])
+            if len(reads) == 1:  # between the canary's read and its CAS, the head moves
+                kv.cas(store.key, kv.get(store.key).value, head[2])
+            return head
+
+        store.read_head = successor_writes_after_the_first_read
+        events: list[dict] = []
+        ckpt = make_checkpoint(20)
+        coordinator = SimpleNamespace(
+            core=SimpleNamespace(step=20, state=SimpleNamespace(params=ckpt.params, velocity=ckpt.velocity),
+                                 term=1, shard_rows=[100]),
+            config=TrainConfig(job=job), options=SimpleNamespace(coordinator_id=f"{job}-c1"),
+            store=store, _emit=events.append)
+        unsafe.write_after_lease_loss(coordinator)
+        meta, _ = codec.decode_head(kv.get(store.key).value)
+    outcomes = [(e["kind"], e.get("outcome")) for e in events]
+    assert outcomes[:2] == [("checkpoint-invoke", None), ("checkpoint-fail", "cas-mismatch")], outcomes
+    assert outcomes[-1] == ("checkpoint-ok", "ok"), outcomes
+    ids = [e["request_id"] for e in events if e["kind"] == "checkpoint-invoke"]
+    assert len(set(ids)) == len(ids) == 2  # each attempt is its own request
+    assert meta.request_id == ids[-1] and meta.step == 20
