@@ -61,8 +61,8 @@ History (docs/histories.md). Every coordinator appends events to its event log
 
 `start` returns once a coordinator holds the lease (within 60 s), so the run's duration
 and its fault schedule count from a running trainer. Before the final read, a coordinator
-that the final heal woke after a takeover is given (bounded) time to exit on its own, so
-its step-down, or a canary's late write, is in the history.
+that held the lease when paused and was woken after a takeover is given (bounded) time to
+exit on its own, so its step-down, or a canary's late write, is in the history.
 
 The final read (process 100, f `read-checkpoint`) reads the head by a linearizable read
 after every trainer process is stopped: step, head version, the SHA-256 of the
