@@ -179,7 +179,7 @@ def throughput_and_checkpoints(kv: list[str], scale: float, tmp: Path, say) -> N
     batch, steps = 4096, max(400, int(1000 * scale) // 100 * 100)
     with KVClient(kv) as client:
         for mode in ("inline", "object"):
-            odir = Path(tmp) / f"objects-{mode}"
+            odir = tmp / f"objects-{mode}"
             _, small_ms, small_share = distributed_rate(kv, 2, batch, steps, f"ck-{mode}", 100,
                                                         mode, odir)
             ms = checkpoint_ms(client, 1_000_000, mode, LocalObjectStore(odir), f"big-{mode}", 5)

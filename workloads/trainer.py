@@ -599,7 +599,8 @@ class TrainerWorkload(Workload):
         if not (point and self._stop_at_write(cid) is not None):
             with self._lock:
                 self.run.pause(cid)
-        record = self.run.lease()  # just stopped: the record still names it if it held it
+        # Just stopped: the record still names it if it held the lease (workers hold none).
+        record = self.run.lease() if cid.startswith("c") else None
         with self._lock:
             self.paused.add(cid)
             if record is not None and record.coordinator_id == cid:
@@ -611,11 +612,12 @@ class TrainerWorkload(Workload):
         assert self.run is not None
         cid, _, point = name.partition("@")
         note = None
-        if point and cid in self.paused and not self._wait_takeover(cid):
+        if point and cid in self.paused and not self._wait_takeover(cid) and not self._stop.is_set():
             note = (f"no standby took the lease from {cid} within {self._takeover_wait_s():g} s; "
                     f"woken anyway ({self._coordinator_states()})")
             self._error(note)
-        record = self.run.lease()  # read outside the lock: a store call may take seconds
+        # Read outside the lock (a store call may take seconds), and only for a former holder.
+        record = self.run.lease() if cid in self._paused_holders else None
         with self._lock:
             if cid in self.paused and self.run.procs[cid].poll() is None:
                 self.run.resume(cid)
