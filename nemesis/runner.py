@@ -122,6 +122,29 @@ def wait_for_leader(platform: Platform, timeout_s: float, stop: threading.Event 
     return None
 
 
+def wait_for_start(platform: Platform, timeout_s: float, logs: Path) -> str:
+    """The leader of a freshly started cluster once every node is up and confirmed. A node
+    that exits meanwhile ends the wait at once (nothing restarts it, so waiting out the
+    deadline would only hide what it printed); HarnessError either way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        exited = {n: code for n in platform.node_ids
+                  if (code := platform.exit_code(n)) is not None}
+        if exited:
+            node_id, code = next(iter(exited.items()))
+            reason = platform.exit_reason(node_id) or "it printed nothing"
+            raise HarnessError(f"node {node_id} exited with code {code} while the cluster was "
+                               f"starting: {reason}; nodes: {platform.describe()}; logs in {logs}")
+        leader = platform.ready()
+        if leader is not None:
+            return leader
+        if time.monotonic() >= deadline:
+            raise HarnessError(f"no leader with every node up and confirmed within "
+                               f"{timeout_s:g} s of starting the cluster; "
+                               f"nodes: {platform.describe()}; logs in {logs}")
+        time.sleep(0.1)
+
+
 class _Terminate(BaseException):
     """SIGTERM or Ctrl-C, turned into an exception so `finally` blocks tear the cluster down."""
 
@@ -289,11 +312,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         platform = make_platform(config, run_id, run_dir)
         _print(out, f"starting {config.nodes} nodes on {config.platform} ...")
         platform.start()
-        leader = wait_for_leader(platform, LEADER_TIMEOUT_S, all_ready=True)
-        if leader is None:
-            raise HarnessError(f"no leader with every node up and confirmed within "
-                               f"{LEADER_TIMEOUT_S:g} s of starting the cluster; "
-                               f"nodes: {platform.describe()}; logs in {run_dir / 'nodes'}")
+        leader = wait_for_start(platform, LEADER_TIMEOUT_S, run_dir / "nodes")
         _print(out, f"leader {leader}; running the {config.workload} workload for "
                     f"{config.duration_s:g} s with faults {','.join(config.faults)} "
                     f"(seed {config.seed})")

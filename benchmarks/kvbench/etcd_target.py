@@ -17,8 +17,9 @@ import grpc
 
 from benchmarks.kvbench import etcd_rpc_pb2, etcd_rpc_pb2_grpc
 from benchmarks.kvbench.clients import CHANNEL_OPTIONS, ClientKind
-from benchmarks.kvbench.processes import ManagedProcess, free_loopback_ports
+from benchmarks.kvbench.processes import ManagedProcess
 from benchmarks.kvbench.target import CLUSTER_SIZE, Target
+from system.ports import free_ports
 
 SETUP_HINT = "run `bash benchmarks/setup_kv_bench.sh` (installs Debian's etcd-server)"
 
@@ -33,7 +34,7 @@ class EtcdTarget(Target):
         self.binary = shutil.which("etcd")
         if self.binary is None:
             raise FileNotFoundError(f"etcd is not installed: {SETUP_HINT}")
-        ports = free_loopback_ports(2 * CLUSTER_SIZE)
+        ports = free_ports(2 * CLUSTER_SIZE)
         self.client_ports = ports[:CLUSTER_SIZE]
         self.peer_ports = ports[CLUSTER_SIZE:]
         self.names = [f"m{i + 1}" for i in range(CLUSTER_SIZE)]

@@ -14,9 +14,10 @@ from pathlib import Path
 import grpc
 
 from benchmarks.kvbench.clients import CHANNEL_OPTIONS, ClientKind
-from benchmarks.kvbench.processes import REPO_ROOT, ManagedProcess, free_loopback_ports
+from benchmarks.kvbench.processes import REPO_ROOT, ManagedProcess
 from benchmarks.kvbench.target import CLUSTER_SIZE, Target
 from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.ports import free_ports
 
 
 class KVServiceTarget(Target):
@@ -26,7 +27,7 @@ class KVServiceTarget(Target):
     def __init__(self, work_dir: Path):
         super().__init__(work_dir)
         self.ids = [f"{self.id_prefix}{i + 1}" for i in range(CLUSTER_SIZE)]
-        self.client_ports = free_loopback_ports(CLUSTER_SIZE)
+        self.client_ports = free_ports(CLUSTER_SIZE)
 
     def client_addresses(self) -> list[str]:
         return [f"127.0.0.1:{port}" for port in self.client_ports]
@@ -76,7 +77,7 @@ class PySyncObjTarget(KVServiceTarget):
             raise FileNotFoundError(
                 "pysyncobj is not installed: run `bash benchmarks/setup_kv_bench.sh`"
             ) from error
-        raft_ports = free_loopback_ports(CLUSTER_SIZE)
+        raft_ports = free_ports(CLUSTER_SIZE)
         self.members_arg = ",".join(
             f"{member_id}=127.0.0.1:{client}/127.0.0.1:{raft}"
             for member_id, client, raft in zip(self.ids, self.client_ports, raft_ports, strict=True)

@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -35,20 +34,6 @@ def dying_with_parent(argv: Sequence[str]) -> list[str]:
     if _SETPRIV is None:
         return list(argv)
     return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
-
-
-def free_loopback_ports(count: int) -> list[int]:
-    """Ports on 127.0.0.1 that were free a moment ago (held open together so they differ)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def child_environment() -> dict[str, str]:

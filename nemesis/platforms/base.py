@@ -54,6 +54,15 @@ class StatusProbe:
         self._channels.clear()
 
 
+def last_line(text: str, limit: int = 300) -> str:
+    """The last non-blank line of what a process printed, cut to `limit` characters."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = lines[-1]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 class PlatformError(RuntimeError):
     """A platform cannot do what was asked; the message says what and what to do about it."""
 
@@ -158,6 +167,10 @@ class Platform(abc.ABC):
     def exit_code(self, node_id: str) -> int | None:
         """The exit code of a node that has exited, else None."""
 
+    def exit_reason(self, node_id: str) -> str:
+        """The last line an exited node printed (its refusal to start, say), or ''."""
+        return ""
+
     # ----- membership ----------------------------------------------------------------
 
     def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
@@ -225,7 +238,11 @@ class Platform(abc.ABC):
             st = self.status(node_id, timeout_s=0.3)
             if st is None:
                 code = self.exit_code(node_id)
-                parts.append(f"{node_id}=exited({code})" if code is not None else f"{node_id}=silent")
+                if code is None:
+                    parts.append(f"{node_id}=silent")
+                else:
+                    reason = self.exit_reason(node_id)
+                    parts.append(f"{node_id}=exited({code})" + (f" [{reason}]" if reason else ""))
             else:
                 parts.append(f"{node_id}={st.role}/t{st.term}/leader={st.leader_id or '-'}"
                              f"/applied={st.applied_index}")

@@ -59,9 +59,11 @@ from nemesis.platforms.base import (
     PlatformError,
     PlatformUnavailable,
     StatusProbe,
+    last_line,
 )
 from nemesis.platforms.image import LABEL_KIND, LABEL_PROJECT, PROJECT, ensure_image
 from system.kv.proto import kv_pb2
+from system.ports import free_ports
 
 LABEL_RUN = "mao.run"
 LABEL_NODE = "mao.node"
@@ -142,12 +144,6 @@ def _host_routes() -> list[ipaddress.IPv4Network]:
             with contextlib.suppress(ValueError):
                 routes.append(ipaddress.ip_network(f"{dest}/{mask}", strict=False))
     return routes
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _process_start(pid: int) -> str:
@@ -402,7 +398,7 @@ class DockerPlatform(Platform):
         if not volume_exists:
             self.client.volumes.create(name=name, labels=self._label_dict("volume", node_id))
         env = {"PYTHONUNBUFFERED": "1", **self.config.env}
-        port = _free_port()
+        (port,) = free_ports(1)
         host_config = api.create_host_config(
             cap_add=["NET_ADMIN"],
             port_bindings={NODE_PORT: ("127.0.0.1", port)},
@@ -562,6 +558,18 @@ class DockerPlatform(Platform):
         if state.get("Status") in ("exited", "dead"):
             return int(state.get("ExitCode", -1))
         return None
+
+    def exit_reason(self, node_id: str) -> str:
+        import docker.errors
+
+        container = self._containers.get(node_id)
+        if container is None:
+            return ""
+        try:
+            return last_line(container.logs(stdout=True, stderr=True, tail=20)
+                             .decode(errors="replace"))
+        except docker.errors.APIError:
+            return ""
 
     # ----- network -------------------------------------------------------------------
 

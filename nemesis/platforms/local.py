@@ -21,7 +21,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
+from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, last_line
 from nemesis.platforms.local_cluster import LocalCluster
 from nemesis.platforms.tcp_proxy import ProxyMode
 from system.kv.proto import kv_pb2
@@ -89,6 +89,12 @@ class LocalPlatform(Platform):
 
     def exit_code(self, node_id: str) -> int | None:
         return self.cluster.exit_code(node_id)
+
+    def exit_reason(self, node_id: str) -> str:
+        try:
+            return last_line(self.cluster.specs[node_id].stderr_file.read_text(errors="replace"))
+        except OSError:
+            return ""
 
     def _proxy(self, src: str, dst: str):  # noqa: ANN202 - a TcpProxy
         proxy = self.cluster.link_proxies.get((src, dst))

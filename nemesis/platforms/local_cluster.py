@@ -18,7 +18,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from nemesis.platforms.base import StatusProbe
 from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
 from system import child_processes
 from system.kv.proto import kv_pb2
+from system.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -45,20 +45,6 @@ class NodeSpec:
     data_dir: Path
     log_file: Path  # the node's JSON-lines log
     stderr_file: Path  # what the process printed (startup errors land here)
-
-
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """`count` distinct ports that were free a moment ago (bound together, then released)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 class ClusterTimeout(AssertionError):

@@ -14,7 +14,6 @@ from concurrent import futures
 import grpc
 import pytest
 
-from nemesis.platforms.local_cluster import free_ports
 from system.kv.client import (
     CasMismatch,
     DeleteVersionMismatch,
@@ -25,6 +24,7 @@ from system.kv.client import (
     Unavailable,
 )
 from system.kv.proto import kv_pb2
+from system.ports import free_ports
 
 Behaviour = Callable[[kv_pb2.PutRequest, grpc.ServicerContext], kv_pb2.PutResponse]
 

@@ -6,6 +6,7 @@ cluster started on the ports of a running one fails instead of splitting its cli
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from nemesis.platforms.local_cluster import REPO_ROOT, LocalCluster
 from system.kv.server import SERVER_OPTIONS
+from system.ports import port_band
 
 pytestmark = pytest.mark.integration
 
@@ -31,12 +33,11 @@ def _serve(tmp_path: Path, listen: str, data_dir: Path) -> subprocess.CompletedP
 
 
 def _consecutive_free_ports(count: int) -> int:
+    # Drawn below the kernel's ephemeral range (system/ports.py says why).
+    band = port_band() or range(20000, 32768)
+    rng = random.SystemRandom()
     for _ in range(50):
-        with socket.socket() as first:
-            first.bind(("127.0.0.1", 0))
-            base = first.getsockname()[1]
-        if base + count > 65535:
-            continue
+        base = rng.randrange(band.start, band.stop - count)
         sockets = []
         try:
             for port in range(base, base + count):

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from nemesis.platforms.local_cluster import REPO_ROOT, LocalCluster, free_ports
+from nemesis.platforms.local_cluster import REPO_ROOT, LocalCluster
 from system.kv.client import Indeterminate, KVClient, NotFound, Unavailable
+from system.ports import free_ports
 
 pytestmark = pytest.mark.integration
 

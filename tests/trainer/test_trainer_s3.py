@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 import system.trainer  # noqa: F401
-from nemesis.platforms.local_cluster import free_ports
+from system.ports import free_ports
 from system.trainer import checkpoint as codec
 from system.trainer.local import train_local
 from system.trainer.object_store import ObjectStoreError, S3ObjectStore
