@@ -860,6 +860,7 @@ class Node:
         assert self.identity is not None
         node_id = self.config.node_id
         told = ""
+        warned: set[str] = set()
         while True:
             voters = set(self.core.membership.voters)
             addresses = {m: a for m, a in self.member_addresses().items()
@@ -874,6 +875,19 @@ class Node:
                         cluster_id=cluster_id, node_id=node_id,
                         member_id=self.identity.member_id))
                 except Exception:  # noqa: BLE001 - a peer down or unreachable: ask later
+                    continue
+                if answer.node_id != peer and answer.verdict != "conflict":
+                    # A wrong address: another node (or this one) answered for `peer`.
+                    # Crediting `peer` would count that node's welcome twice, or our own;
+                    # in CI a proxy that took a starting node's port did exactly that. (A
+                    # conflict still counts: whoever answered remembers our old incarnation.)
+                    misrouted = (f"{address}, the address of {peer}, is answered by "
+                                 f"{answer.node_id or 'a node that does not say its id'}; "
+                                 f"{peer}'s welcome does not count until it answers there "
+                                 f"(check --peers or the address given to member add)")
+                    if misrouted not in warned:
+                        warned.add(misrouted)
+                        log.warning(misrouted, extra={"node": node_id, "peer": peer})
                     continue
                 if answer.verdict == "welcome":
                     if not cluster_id and answer.cluster_id:

@@ -286,7 +286,8 @@ class KVService:
         return kv_pb2.IntroduceResponse(
             verdict=verdict, message=message, is_voter=is_voter, is_learner=is_learner,
             last_index=self.node.core.log.last_index(),
-            cluster_id=self.node.identity.cluster_id if self.node.identity else "")
+            cluster_id=self.node.identity.cluster_id if self.node.identity else "",
+            node_id=self.node.config.node_id)
 
 
 def _call_info(context: grpc.aio.ServicerContext) -> tuple[float | None, bool]:

@@ -127,7 +127,7 @@ def test_a_new_member_joins_as_a_learner_and_is_promoted(tmp_path) -> None:
 
 
 def _serve(tmp_path, node_id: str, data_dir) -> subprocess.CompletedProcess:  # noqa: ANN001
-    from nemesis.platforms.local_cluster import free_ports
+    from system.ports import free_ports
 
     (port,) = free_ports(1)
     return subprocess.run(
@@ -196,3 +196,22 @@ def test_a_follower_restored_from_an_older_copy_is_caught_up_by_the_same_leader(
             assert warnings and f"follower {follower}" in warnings[0]
         finally:
             kv.close()
+
+
+def test_a_welcome_counts_for_the_node_that_answered_not_for_the_address_asked(tmp_path) -> None:
+    """n1's route to n2 leads to n3 (a stale --peers entry; in CI, a proxy that had taken
+    n2's port). n3's welcome must not count twice: n1, which has heard from one other voter
+    only, keeps its vote withheld and says which address answered for whom, while n2 and
+    n3 confirm each other and elect a leader. Counted by address, n1 voted at once."""
+    with LocalCluster(3, tmp_path) as cluster:
+        n3_address = cluster.specs["n3"].address
+        cluster.start_node("n1", ["--peers", f"n2={n3_address},n3={n3_address}"])
+        cluster.start_node("n2")
+        cluster.start_node("n3")
+        cluster.wait_for_leader(timeout_s=30, among=["n2", "n3"])
+        log_file = cluster.specs["n1"].log_file
+        cluster.wait_until(
+            lambda: "the address of n2, is answered by n3" in log_file.read_text() or None, 30,
+            "n1 to report that n2's address is answered by n3")
+        assert cluster.status("n1").vote_withheld.startswith("new data directory")
+        assert "identity confirmed" not in log_file.read_text()

@@ -183,20 +183,22 @@ class IntroduceRequest(_message.Message):
     def __init__(self, cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
 
 class IntroduceResponse(_message.Message):
-    __slots__ = ("verdict", "message", "is_voter", "is_learner", "last_index", "cluster_id")
+    __slots__ = ("verdict", "message", "is_voter", "is_learner", "last_index", "cluster_id", "node_id")
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     IS_VOTER_FIELD_NUMBER: _ClassVar[int]
     IS_LEARNER_FIELD_NUMBER: _ClassVar[int]
     LAST_INDEX_FIELD_NUMBER: _ClassVar[int]
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     verdict: str
     message: str
     is_voter: bool
     is_learner: bool
     last_index: int
     cluster_id: str
-    def __init__(self, verdict: _Optional[str] = ..., message: _Optional[str] = ..., is_voter: _Optional[bool] = ..., is_learner: _Optional[bool] = ..., last_index: _Optional[int] = ..., cluster_id: _Optional[str] = ...) -> None: ...
+    node_id: str
+    def __init__(self, verdict: _Optional[str] = ..., message: _Optional[str] = ..., is_voter: _Optional[bool] = ..., is_learner: _Optional[bool] = ..., last_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
     __slots__ = ("seq", "timeout_ms", "put", "get", "delete")
