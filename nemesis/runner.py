@@ -108,12 +108,12 @@ def make_workload(config: RunConfig) -> Workload:
     raise HarnessError(f"unknown workload {config.workload!r}")
 
 
-def wait_for_leader(platform: Platform, timeout_s: float, stop: threading.Event | None = None,
-                    *, all_ready: bool = False) -> str | None:
-    """A leader (with `all_ready`, also every node up and allowed to vote), or None."""
+def wait_for_leader(platform: Platform, timeout_s: float, stop: threading.Event | None = None
+                    ) -> str | None:
+    """A node that leads, or None after `timeout_s` (or once `stop` is set)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        leader = platform.ready() if all_ready else platform.leader()
+        leader = platform.leader()
         if leader is not None:
             return leader
         if stop is not None and stop.is_set():
