@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -363,6 +364,48 @@ class Node:
             # that never commits here does not pin it in memory. The entry itself stays.
             if self._write_waiters.get(index) is waiter:
                 del self._write_waiters[index]
+
+    def start_put(self, key: str, value: bytes, expected_version: int | None,
+                  request_id: str) -> asyncio.Future | None:
+        """`put` for a caller that cannot await (the Session stream's writes); see
+        `_start_write`."""
+        if self.unsafe is not None or self._stopping or not self.is_leader:
+            return None
+        return self._start_write(encode_put(key, value, expected_version=expected_version,
+                                            request_id=request_id))
+
+    def start_delete(self, key: str, expected_version: int | None,
+                     request_id: str) -> asyncio.Future | None:
+        """`delete` for a caller that cannot await; see `_start_write`."""
+        if self.unsafe is not None or self._stopping or not self.is_leader:
+            return None
+        return self._start_write(encode_delete(key, expected_version=expected_version,
+                                               request_id=request_id))
+
+    def _start_write(self, data: bytes) -> asyncio.Future | None:
+        """Propose `data` and return the future of its result, set once the entry is
+        committed and applied here, exactly as `_propose` awaits it; or None, having
+        proposed nothing, whenever `_propose` would do anything but wait (not the leader,
+        stopping, an unsafe mode): the caller then takes the general path."""
+        try:
+            index, term = self.core.propose(data)
+        except (NotLeader, ProposalDropped):
+            return None
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        waiter = _WriteWaiter(term=term, future=future)
+        self._write_waiters[index] = waiter
+        if self.trace is not None:
+            self.trace.proposed(index)
+        future.add_done_callback(functools.partial(self._write_done, index, waiter))
+        self._kick()
+        return future
+
+    def _write_done(self, index: int, waiter: _WriteWaiter, future: asyncio.Future) -> None:
+        if self.trace is not None and not future.cancelled() and future.exception() is None:
+            self.trace.replied(index)
+        # Cancelled (the stream ended): forget the waiter, as `_propose` does.
+        if self._write_waiters.get(index) is waiter:
+            del self._write_waiters[index]
 
     def start_read_barrier(self) -> asyncio.Future[int] | None:
         """For a caller that cannot await (the Session stream's reads): the future of the
