@@ -50,6 +50,9 @@ class SimPlatform(Platform):
                  record_trace: bool = True, **raft_config: Any) -> None:
         super().__init__(config)
         self.seed = seed
+        # The store's own default (NodeConfig.eager_commit): commit indexes ride on the
+        # next APPEND or heartbeat.
+        raft_config.setdefault("eager_commit", False)
         self.sim = Simulation(node_count=config.nodes, seed=seed, variant=variant,
                               compact_every_entries=compact_every_entries,
                               record_trace=record_trace, **raft_config)

@@ -120,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-forward", action="store_true",
                        help="a follower answers writes and linearizable reads with the leader's "
                             "address (UNAVAILABLE) instead of forwarding them to the leader")
+    serve.add_argument("--eager-commit", action="store_true",
+                       help="the leader sends each new commit index to the followers at once "
+                            "(an empty APPEND, as etcd does) instead of with the next APPEND or "
+                            "heartbeat (one tick later at most): followers apply sooner, at the "
+                            "price of a second round of messages per write at low load")
     serve.add_argument("--unsafe", default=None,
                        help="TEST ONLY: run a deliberately broken canary (needs MAO_ALLOW_UNSAFE=1)")
 
@@ -188,6 +193,7 @@ def serve(args: argparse.Namespace) -> int:
         unsafe_mode=unsafe.name if unsafe is not None else None,
         join=args.join,
         forward_to_leader=not args.no_forward,
+        eager_commit=args.eager_commit,
     )
     try:
         storage = DurableStorage.open(config.data_dir)

@@ -135,6 +135,14 @@ class RaftConfig:
     max_inflight_appends: int = 32  # unacknowledged APPENDs per follower in REPLICATE state
     snapshot_chunk_bytes: int = 64 * 1024  # payload bytes per InstallSnapshot chunk
     learners: tuple[NodeId, ...] = ()  # bootstrap learners (non-voting members)
+    # On (etcd): a leader sends an empty APPEND carrying a new commit index to every
+    # follower that has all the entries as soon as the index moves. Off (hashicorp/raft's
+    # CommitTimeout): the next APPEND or heartbeat carries it, at most
+    # heartbeat_interval_ticks later. Either way nothing is committed or acknowledged
+    # differently (the leader alone decides commitment and answers clients); off, a write
+    # at low load costs one round of messages instead of two, and followers apply it up
+    # to one heartbeat later (their stale reads are that much staler).
+    eager_commit: bool = True
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -185,7 +193,7 @@ class RaftConfig:
                 f"than election_timeout_ticks ({self.election_timeout_ticks}), or followers "
                 "time out between heartbeats"
             )
-        for name in ("pre_vote", "check_quorum"):
+        for name in ("pre_vote", "check_quorum", "eager_commit"):
             if not isinstance(getattr(self, name), bool):
                 problems.append(f"{name} must be a bool, got {getattr(self, name)!r}")
         return problems
@@ -563,7 +571,7 @@ class RaftCore:
             and not self.is_voter()
             and self.log.committed >= self._config_index
         ):
-            self.broadcast_append()  # the remaining members learn the commit first
+            self.broadcast_append(commit_now=True)  # the remaining members learn it first
             self.become_follower(self._term, None)
             return True
         return False
@@ -898,6 +906,7 @@ class RaftCore:
             return
         m = message
         mtype = m.type
+        timer: tuple[int, int] | None = None  # the election timer to keep (see below)
         if m.term > self._term:
             if (
                 (mtype is _MT.PRE_VOTE or mtype is _MT.VOTE)
@@ -913,6 +922,14 @@ class RaftCore:
                 pass  # a granted PreVote echoes the proposed term; we have not moved yet
             else:
                 leader = m.src if mtype in _FROM_LEADER else None
+                if mtype is _MT.VOTE and self._role is not Role.LEADER:
+                    # Raft Figure 2: only hearing from the leader or granting a vote
+                    # restarts the election timer. A candidate we refuse (its log is
+                    # behind ours) moves our term but not our timer, or a server that
+                    # cannot win, campaigning on a short timeout, would keep the ones
+                    # that can from ever timing out (found by the swarm with PreVote
+                    # off: docs/raft-bugs-found.md).
+                    timer = (self.election_elapsed, self.randomized_election_timeout)
                 self.become_follower(m.term, leader)
         elif m.term < self._term:
             if mtype is _MT.APPEND or mtype is _MT.HEARTBEAT:
@@ -925,6 +942,8 @@ class RaftCore:
 
         if mtype is _MT.PRE_VOTE or mtype is _MT.VOTE:
             self.handle_vote_request(m)
+            if timer is not None and self._vote != m.src:
+                self.keep_election_timer(timer)
         elif self._role is Role.LEADER:
             self.step_leader(m)
         elif self._role is Role.FOLLOWER:
@@ -935,6 +954,11 @@ class RaftCore:
             self._catch_up_to = 0  # caught up: our log holds what we had lost again
         self._refresh_membership()
         self.check_invariants()
+
+    def keep_election_timer(self, timer: tuple[int, int]) -> None:
+        """After refusing a higher-term VOTE: the election timer runs on from where it was
+        (elapsed ticks, this term's timeout), as if the request had not come (Figure 2)."""
+        self.election_elapsed, self.randomized_election_timeout = timer
 
     def malformed(self, m: Message) -> str:
         """Why `m` must be ignored ("" if it is acceptable). Cheap checks only."""
@@ -1334,7 +1358,7 @@ class RaftCore:
             ):
                 progress.become_probe()
                 progress.become_replicate()
-            if updated and self.maybe_commit():
+            if updated and self.maybe_commit() and self.config.eager_commit:
                 self._needs_broadcast = True
             if m.src == self.lead_transferee and progress.match == self.log.last_index():
                 self._send(Message(_MT.TIMEOUT_NOW, self.id, m.src, self._term))
@@ -1455,9 +1479,13 @@ class RaftCore:
         counting replicas; earlier entries are committed indirectly, by Log Matching."""
         return self.log.term(index) == self._term
 
-    def maybe_send_append(self, to: NodeId, send_if_empty: bool) -> bool:
+    def maybe_send_append(self, to: NodeId, send_if_empty: bool,
+                          commit_now: bool = False) -> bool:
         """Send `to` the entries it lacks (bounded by the batch limits), or a snapshot if
-        they were compacted away. Returns whether a message was sent."""
+        they were compacted away. With nothing new to send, an empty APPEND only to raise
+        its commit index when `send_if_empty`, or when the index moved and either the
+        config is `eager_commit` or the caller says `commit_now` (a leader about to stop
+        sending heartbeats). Returns whether a message was sent."""
         progress = self.progress[to]
         if progress.is_paused():
             return False
@@ -1474,6 +1502,7 @@ class RaftCore:
             # back here; heartbeats carry the commit index meanwhile).
             if not send_if_empty and (
                 progress.inflight or progress.sent_commit >= min(committed, prev_index)
+                or not (self.config.eager_commit or commit_now)
             ):
                 return False
             entries: tuple[Entry, ...] = ()
@@ -1550,10 +1579,11 @@ class RaftCore:
         """Ticks without any answer to a snapshot chunk before it is sent again."""
         return max(2, self.config.election_timeout_ticks // 2)
 
-    def broadcast_append(self) -> None:
-        """Send every follower what it lacks, or the new commit index."""
+    def broadcast_append(self, commit_now: bool = False) -> None:
+        """Send every follower what it lacks, or the new commit index (see
+        `maybe_send_append` for when an APPEND carries only that)."""
         for peer in self.peers:
-            self.maybe_send_append(peer, send_if_empty=False)
+            self.maybe_send_append(peer, send_if_empty=False, commit_now=commit_now)
 
     def broadcast_heartbeat(self) -> None:
         context = self.reads.latest_round_context()
@@ -1717,7 +1747,7 @@ class RaftCore:
         if durable == self.durable_index:
             return
         self.durable_index = durable
-        if self._role is Role.LEADER and self.maybe_commit():
+        if self._role is Role.LEADER and self.maybe_commit() and self.config.eager_commit:
             self._needs_broadcast = True
 
     def check_invariants(self) -> None:

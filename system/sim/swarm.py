@@ -95,6 +95,9 @@ class Swarm:
     # that must hold without them too (etcd runs with PreVote off by default).
     pre_vote: bool = True
     check_quorum: bool = True
+    # Commit indexes sent at once (etcd) or with the next APPEND or heartbeat (the store's
+    # default): lazily, followers apply later and the leader's answers never wait on it.
+    eager_commit: bool = True
     # Holding messages across terms: the chance per step that a message in flight is kept
     # back for `hold_steps` steps (several elections' worth) and only then becomes
     # deliverable, so rules about stale messages from older terms get exercised.
@@ -117,7 +120,9 @@ def draw_swarm(seed: int) -> Swarm:
     config_rng = random.Random(f"raft-sim:{seed}:config")
     hold_rng = random.Random(f"raft-sim:{seed}:hold")
     hold_on = hold_rng.random() < 0.4
+    commit_rng = random.Random(f"raft-sim:{seed}:commit")
     return Swarm(
+        eager_commit=commit_rng.random() < 0.5,
         pre_vote=config_rng.random() < 0.7,
         check_quorum=config_rng.random() < 0.7,
         hold_probability=hold_rng.uniform(0.002, 0.02) if hold_on else 0.0,
@@ -210,6 +215,7 @@ class SwarmRun:
             spare_nodes=swarm.spare_nodes,
             pre_vote=swarm.pre_vote,
             check_quorum=swarm.check_quorum,
+            eager_commit=swarm.eager_commit,
         )
         self.sim.record(f"swarm {swarm.line()}")
         self.clients = [_Client(self.sim.new_process()) for _ in range(swarm.clients)]
