@@ -2,7 +2,7 @@
 
     python benchmarks/kv_stages.py [--duration-s 5] [--clients 1,64] [--via leader,follower]
                                    [--unary] [--profile] [--operation put|get-linearizable]
-                                   [--json FILE]
+                                   [--grpc-peers] [--json FILE]
 
 Starts one 3-member cluster of ours with KV_STAGE_TRACE set (system/kv/stage_trace.py), runs
 the benchmark's load generator (benchmarks/kvbench/loadgen.py, the same clients as
@@ -69,12 +69,12 @@ def member_summaries(target: OursTarget, trace_dir: Path) -> list[dict]:
 # name on that member (L the leader, F the follower whose answer came first) at or after
 # the previous step, for an index at least the put's (batches carry several).
 TIMELINE = (
-    ("L", "append-write", "leader hands the APPEND to gRPC"),
-    ("F", "append-received", "follower has it decoded (gRPC, network, gRPC)"),
+    ("L", "append-write", "leader hands the APPEND to the transport"),
+    ("F", "append-received", "follower has it decoded (transport, network, transport)"),
     ("F", "taken", "follower's drive loop takes the Ready"),
     ("F", "persisted", "follower's write + fsync done"),
-    ("F", "answer-write", "follower hands its answer to gRPC"),
-    ("L", "answer-received", "leader has the answer decoded (gRPC, network, gRPC)"),
+    ("F", "answer-write", "follower hands its answer to the transport"),
+    ("L", "answer-received", "leader has the answer decoded (transport, network, transport)"),
     ("L", "committed", "leader's Ready commits it"),
 )
 
@@ -236,11 +236,13 @@ def main() -> int:
     parser.add_argument("--operation", choices=[o.value for o in Operation], default="put",
                         help="what the clients do (the stage table follows puts only)")
     parser.add_argument("--json", type=Path, help="also write the raw figures here")
+    parser.add_argument("--grpc-peers", action="store_true",
+                        help="members talk gRPC to each other (no --peer-listen/--peer-links)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvstages-") as work:
         trace_dir = Path(work) / "trace"
         os.environ[ENV_VAR] = str(trace_dir)
-        target = OursTarget(Path(work) / "cluster")
+        target = OursTarget(Path(work) / "cluster", tcp_peers=not args.grpc_peers)
         if args.unary:
             target.client_kind = ClientKind.KV
         rows = []

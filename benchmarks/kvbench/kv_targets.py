@@ -101,6 +101,12 @@ class OursTarget(KVServiceTarget):
     durability = "fsync WAL before ack"
     id_prefix = "n"
 
+    def __init__(self, work_dir: Path, tcp_peers: bool = True):
+        super().__init__(work_dir)
+        self.tcp_peers = tcp_peers  # False: peers talk gRPC on the client port
+        ports = free_ports(2 * CLUSTER_SIZE)  # one draw: no port twice
+        self.client_ports, self.peer_ports = ports[:CLUSTER_SIZE], ports[CLUSTER_SIZE:]
+
     def version(self) -> str:
         """The commit, marked dirty only when the store's own code (system/) has changes."""
 
@@ -119,6 +125,11 @@ class OursTarget(KVServiceTarget):
             for i, (member_id, address) in enumerate(zip(self.ids, self.client_addresses(), strict=True))
             if i != index
         )
+        links = ",".join(
+            f"{member_id}=127.0.0.1:{port}"
+            for i, (member_id, port) in enumerate(zip(self.ids, self.peer_ports, strict=True))
+            if i != index
+        )
         argv = [
             sys.executable, "-m", "system.kv", "serve",
             "--id", self.ids[index],
@@ -126,4 +137,6 @@ class OursTarget(KVServiceTarget):
             "--peers", peers,
             "--data-dir", str(self.work_dir / self.ids[index]),
         ]  # fmt: skip
+        if self.tcp_peers:  # Raft traffic on a second port, as etcd's peer URLs
+            argv += ["--peer-listen", f"127.0.0.1:{self.peer_ports[index]}", "--peer-links", links]
         return ManagedProcess(self.ids[index], argv, self.work_dir / f"{self.ids[index]}.log")

@@ -70,6 +70,7 @@ LABEL_NODE = "mao.node"
 # Which harness made a resource: `clean` without --run leaves a live harness's run alone.
 LABEL_OWNER = "mao.owner"  # "<hostname>:<pid>:<process start time in clock ticks>"
 NODE_PORT = 7000
+PEER_PORT = 7001  # Raft traffic over plain TCP (--peer-listen); never published to the host
 VOLUME_MOUNT = "/var/lib/mao"
 DATA_DIR = f"{VOLUME_MOUNT}/data"
 LOG_FILE = f"{VOLUME_MOUNT}/log/node.log"
@@ -378,9 +379,13 @@ class DockerPlatform(Platform):
         raise PlatformError(f"no free subnet for the network {self.network_name}: {last_error}")
 
     def _node_command(self, node_id: str) -> list[str]:
-        peers = ",".join(f"{p}={self._ips[p]}:{NODE_PORT}" for p in self.node_ids if p != node_id)
+        others = [p for p in self.node_ids if p != node_id]
+        peers = ",".join(f"{p}={self._ips[p]}:{NODE_PORT}" for p in others)
+        links = ",".join(f"{p}={self._ips[p]}:{PEER_PORT}" for p in others)
         serve = ["python3", "-m", "system.kv", "serve", "--id", node_id,
                  "--listen", f"{self._ips[node_id]}:{NODE_PORT}", "--peers", peers,
+                 "--peer-listen", f"{self._ips[node_id]}:{PEER_PORT}",
+                 *(["--peer-links", links] if others else []),
                  "--data-dir", DATA_DIR, "--log-file", LOG_FILE, *self.config.node_args]
         # The gate: the node starts only once the platform has installed its link rules in
         # this (fresh) network namespace and touched READY_DIR/ready.

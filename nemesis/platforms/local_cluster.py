@@ -1,7 +1,8 @@
 """A cluster of real KV node processes on loopback, for people (`cluster` command), tests and the harness.
 
 What it does: starts N `python -m system.kv serve` processes on 127.0.0.1 ports with one
-data directory and one log file each, and gives the operations a fault-injection test
+data directory and one log file each (each node takes clients on one port and Raft traffic
+from its peers, over plain TCP, on a second: `--peer-listen`, `--peer-links`), and gives the operations a fault-injection test
 needs: kill with any signal, pause/resume (SIGSTOP/SIGCONT), restart, Status polling,
 and waiting for a condition with a deadline.
 
@@ -35,13 +36,15 @@ from system.kv.proto import kv_pb2
 from system.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+PEER_PORT_OFFSET = 1000  # with a base port: node i takes peers on BASE+1000+i-1
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class NodeSpec:
     node_id: str
-    address: str  # 127.0.0.1:PORT, for clients and peers
+    address: str  # 127.0.0.1:PORT, for clients (and peers without a TCP link)
+    peer_address: str  # 127.0.0.1:PORT where it takes Raft traffic over TCP ("" = none)
     data_dir: Path
     log_file: Path  # the node's JSON-lines log
     stderr_file: Path  # what the process printed (startup errors land here)
@@ -61,8 +64,40 @@ def _kill_all(processes: dict[str, subprocess.Popen]) -> None:
             proc.wait(timeout=10)
 
 
+class LinkProxy:
+    """The proxies of one directed link src -> dst: its gRPC connections (client-port
+    traffic: gRPC peer lanes, forwarded requests) and its TCP peer lanes, switched as one."""
+
+    def __init__(self, address: str, peer_address: str) -> None:
+        self.grpc = TcpProxy(address)
+        self.raft = TcpProxy(peer_address) if peer_address else None
+
+    @property
+    def proxies(self) -> list[TcpProxy]:
+        return [self.grpc] + ([self.raft] if self.raft is not None else [])
+
+    @property
+    def address(self) -> str:
+        return self.grpc.address
+
+    def set_mode(self, mode: ProxyMode) -> None:
+        for proxy in self.proxies:
+            proxy.set_mode(mode)
+
+    def set_loss(self, probability: float) -> None:
+        for proxy in self.proxies:
+            proxy.set_loss(probability)
+
+    def close(self) -> None:
+        for proxy in self.proxies:
+            proxy.close()
+
+
 class LocalCluster:
-    """N node processes on loopback. Use as a context manager, or call close()."""
+    """N node processes on loopback. Use as a context manager, or call close().
+
+    `tcp_peers=False` leaves out `--peer-listen`/`--peer-links`: peers then talk gRPC on
+    the client port, as a node started without them does."""
 
     def __init__(
         self,
@@ -75,32 +110,39 @@ class LocalCluster:
         per_node_args: Mapping[str, Sequence[str]] | None = None,
         env: Mapping[str, str] | None = None,
         proxy_peer_links: bool = False,
+        tcp_peers: bool = True,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
         self._own_dir = base_dir is None
         self.base_dir = Path(tempfile.mkdtemp(prefix="kv-cluster-")) if base_dir is None else base_dir
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        ports = free_ports(nodes, host) if base_port is None else [base_port + i for i in range(nodes)]
+        if base_port is None:
+            ports = free_ports(2 * nodes, host)
+        else:  # peers on BASE+1000+i-1
+            ports = [base_port + i for i in range(nodes)]
+            ports += [base_port + PEER_PORT_OFFSET + i for i in range(nodes)]
         self.specs: dict[str, NodeSpec] = {}
-        for i, port in enumerate(ports, start=1):
+        for i, port in enumerate(ports[:nodes], start=1):
             node_id = f"n{i}"
             data_dir = self.base_dir / node_id
             self.specs[node_id] = NodeSpec(
                 node_id=node_id,
                 address=f"{host}:{port}",
+                peer_address=f"{host}:{ports[nodes + i - 1]}" if tcp_peers else "",
                 data_dir=data_dir,
                 log_file=self.base_dir / f"{node_id}.log",
                 stderr_file=self.base_dir / f"{node_id}.stderr",
             )
         # With proxy_peer_links, node i reaches node j through its own proxy (i, j), so a
         # test can cut any directed link: a partition on one machine.
-        self.link_proxies: dict[tuple[str, str], TcpProxy] = {}
+        self.link_proxies: dict[tuple[str, str], LinkProxy] = {}
         if proxy_peer_links:
             for src in self.specs:
                 for dst, dst_spec in self.specs.items():
                     if src != dst:
-                        self.link_proxies[(src, dst)] = TcpProxy(dst_spec.address)
+                        self.link_proxies[(src, dst)] = LinkProxy(dst_spec.address,
+                                                                  dst_spec.peer_address)
         self.node_args = list(node_args)
         self.per_node_args = {k: list(v) for k, v in (per_node_args or {}).items()}
         self.env = dict(env or {})
@@ -123,12 +165,15 @@ class LocalCluster:
 
     def command(self, node_id: str, extra_args: Sequence[str] = ()) -> list[str]:
         spec = self.specs[node_id]
-        peers = ",".join(
-            f"{s.node_id}={self._peer_address(node_id, s.node_id)}"
-            for s in self.specs.values() if s.node_id != node_id)
+        others = [s.node_id for s in self.specs.values() if s.node_id != node_id]
+        peers = ",".join(f"{o}={self._peer_address(node_id, o)}" for o in others)
+        tcp = []
+        if spec.peer_address:
+            links = ",".join(f"{o}={self._peer_link(node_id, o)}" for o in others)
+            tcp = ["--peer-listen", spec.peer_address] + (["--peer-links", links] if others else [])
         return [
             sys.executable, "-m", "system.kv", "serve",
-            "--id", node_id, "--listen", spec.address, "--peers", peers,
+            "--id", node_id, "--listen", spec.address, "--peers", peers, *tcp,
             "--data-dir", str(spec.data_dir), "--log-file", str(spec.log_file),
             *self.node_args, *self.per_node_args.get(node_id, []), *extra_args,
         ]
@@ -136,6 +181,12 @@ class LocalCluster:
     def _peer_address(self, src: str, dst: str) -> str:
         proxy = self.link_proxies.get((src, dst))
         return proxy.address if proxy is not None else self.specs[dst].address
+
+    def _peer_link(self, src: str, dst: str) -> str:
+        proxy = self.link_proxies.get((src, dst))
+        if proxy is not None and proxy.raft is not None:
+            return proxy.raft.address
+        return self.specs[dst].peer_address
 
     def isolate(self, node_id: str) -> None:
         """Cut every peer link to and from `node_id` (needs proxy_peer_links=True).

@@ -47,6 +47,14 @@ def _parse_peers(text: str) -> dict[str, str]:
     return peers
 
 
+def _parse_listen(text: str) -> str:
+    try:
+        parse_listen_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("--listen ", "")) from None
+    return text
+
+
 def parse_listen_address(text: str) -> tuple[str, int]:
     """HOST:PORT (IPv6 hosts in brackets) -> (host, port); ValueError says what is wrong."""
     host, sep, port_text = text.rpartition(":")
@@ -93,6 +101,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", required=True, help="HOST:PORT for clients and peers")
     serve.add_argument("--peers", type=_parse_peers, default={},
                        help="the other members: ID=HOST:PORT,ID=HOST:PORT")
+    serve.add_argument("--peer-listen", type=_parse_listen, default=None,
+                       help="HOST:PORT where this node also takes Raft traffic from peers over "
+                            "plain TCP (like etcd's peer URL; cheaper than gRPC). Without it, "
+                            "peers reach it over gRPC on --listen")
+    serve.add_argument("--peer-links", type=_parse_peers, default={},
+                       help="ID=HOST:PORT,...: send Raft traffic to these peers over plain TCP "
+                            "at their --peer-listen address (or a proxy in front of it); peers "
+                            "not listed are reached over gRPC at their --peers address. A link "
+                            "may name a node that is not a member yet: it is used once it is")
     serve.add_argument("--data-dir", type=Path, required=True)
     serve.add_argument("--tick-ms", type=_positive_int, default=20)
     serve.add_argument("--election-timeout-ticks", type=_positive_int, default=25,
@@ -142,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster = sub.add_parser("cluster", help="run a local cluster of nodes until Ctrl-C")
     cluster.add_argument("--nodes", type=_positive_int, default=3)
     cluster.add_argument("--base-port", type=int, default=7001,
-                         help="node i listens on BASE+i-1; 0 = any free ports")
+                         help="node i listens on BASE+i-1 for clients and BASE+1000+i-1 for peers; 0 = any free ports")
     cluster.add_argument("--data-dir", type=Path, default=None,
                          help="where node data and logs go (default: a temporary directory, removed at exit)")
     cluster.add_argument("--node-arg", action="append", default=[],
@@ -168,6 +185,13 @@ def serve(args: argparse.Namespace) -> int:
 
     try:
         check_port_free(args.listen)
+        if args.peer_listen:
+            if args.peer_listen == args.listen:
+                raise ValueError("--peer-listen must differ from --listen (gRPC owns that port)")
+            try:
+                check_port_free(args.peer_listen)
+            except OSError as exc:
+                raise OSError(f"--peer-listen: {exc}") from None
     except (OSError, ValueError) as exc:
         print(f"error: node {args.id} refuses to start: {exc}", file=sys.stderr)
         log.error("refused to start", extra={"reason": str(exc)})
@@ -194,6 +218,8 @@ def serve(args: argparse.Namespace) -> int:
         join=args.join,
         forward_to_leader=not args.no_forward,
         eager_commit=args.eager_commit,
+        peer_listen_address=args.peer_listen or "",
+        peer_links=args.peer_links,
     )
     try:
         storage = DurableStorage.open(config.data_dir)
@@ -347,7 +373,13 @@ async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
     if node.trace is not None:  # KV_STAGE_TRACE set: SIGUSR2 writes the stage summary
         loop.add_signal_handler(signal.SIGUSR2, node.trace.dump_and_reset)
     await server.start()
-    await node.start()
+    try:
+        await node.start()
+    except OSError as exc:  # the peer port was taken between the check and the bind
+        print(f"error: node {node.config.node_id} refuses to start: {exc}", file=sys.stderr)
+        await server.stop(grace=None)
+        await node.stop()
+        return 2
     # Everything alive now (modules, classes, gRPC's and protobuf's tables, the state
     # restored from disk) lives as long as the process or is freed by reference counting:
     # keep it out of every full cyclic-GC pass (those pauses stop the event loop, and they
@@ -355,6 +387,8 @@ async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
     gc.freeze()
     log.info("serving", extra={"node": node.config.node_id, "listen": node.config.listen_address,
                                "peers": ",".join(f"{k}={v}" for k, v in node.config.peers.items()),
+                               "peer_listen": node.config.peer_listen_address,
+                               "peer_links": ",".join(f"{k}={v}" for k, v in node.config.peer_links.items()),
                                "unsafe": node.config.unsafe_mode or ""})
     await stop.wait()
     log.info("stopping: refusing new requests, finishing in-flight ones",
@@ -387,7 +421,8 @@ def cluster(args: argparse.Namespace) -> int:
         cluster_.start()
         print(f"data and logs in {cluster_.base_dir}", flush=True)
         for spec in cluster_.specs.values():
-            print(f"{spec.node_id} {spec.address}  (log {spec.log_file})", flush=True)
+            print(f"{spec.node_id} {spec.address}  (peers on {spec.peer_address}; "
+                  f"log {spec.log_file})", flush=True)
         leader = None
         while not stop.is_set():
             current = cluster_.wait_for_leader_change(leader, timeout_s=0.5)

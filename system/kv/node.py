@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 
 from system.kv.forward import Forwarder
 from system.kv.identity import STATE_MEMBER, Identity, KnownMembers, save_identity
+from system.kv.peer_tcp import PeerListener, serve_peers
 from system.kv.stage_trace import StageTrace, now_ns
 from system.kv.state_machine import (
     CommandRejected,
@@ -118,6 +119,11 @@ class NodeConfig:
     # messages cost 10-25% of the throughput (344 and 409 puts/s eager, 454 and 428 lazy,
     # alternating runs; docs/benchmarks.md).
     eager_commit: bool = False
+    # Raft traffic over plain TCP (system/kv/peer_tcp.py): where this node listens for it
+    # ("" = only gRPC on listen_address), and the peers reached that way, at their
+    # peer_listen_address or a proxy in front of it; the others are reached over gRPC.
+    peer_listen_address: str = ""
+    peer_links: Mapping[NodeId, str] = field(default_factory=dict)
 
     @property
     def voters(self) -> tuple[NodeId, ...]:
@@ -218,7 +224,9 @@ class Node:
         self._identity_task: asyncio.Task[None] | None = None
         self._snapshot_task: asyncio.Task[None] | None = None
         self.trace = StageTrace.from_environment(config.node_id)  # None unless KV_STAGE_TRACE
-        self.transport = Transport(config.node_id, config.peers, trace=self.trace)
+        self.transport = Transport(config.node_id, config.peers, trace=self.trace,
+                                   tcp_links=config.peer_links)
+        self._peer_server: PeerListener | None = None  # the TCP peer listener
         self.forwarder = Forwarder(config.node_id)  # requests sent on to the leader
         self.snapshots_installed = 0
         self.last_installed_snapshot_index = 0
@@ -265,6 +273,10 @@ class Node:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
+        if self.config.peer_listen_address:
+            self._peer_server = await serve_peers(
+                self.config.peer_listen_address, self.config.node_id, self.is_known_peer,
+                self.deliver)
         self.transport.start()
         self._drive_task = self._loop.create_task(self._drive_forever(), name="raft-drive")
         self._tick_task = self._loop.create_task(self._tick_forever(), name="raft-tick")
@@ -304,6 +316,8 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._snapshot_task
         await self.transport.close()
+        if self._peer_server is not None:
+            self._peer_server.close()
         await self.forwarder.close()
         self._snapshot_thread.shutdown(wait=True)
         self._storage_thread.shutdown(wait=True)
@@ -493,12 +507,14 @@ class Node:
                         self.transport.send(ready.messages_before_persist)
                     persisting = None
                     inline = self._persist_on_loop(ready)
-                    if inline and ready.messages_before_persist and ready.entries:
-                        # The appends are only queued for the transport's writer tasks;
-                        # let them hand the bytes to the socket before the loop blocks on
-                        # our fsync, or the follower's fsync would wait for ours instead
-                        # of overlapping it. Then ask again: a snapshot's save may have
-                        # reached the storage thread during the yield.
+                    if (inline and ready.messages_before_persist and ready.entries
+                            and self.transport.has_queued()):
+                        # Appends still queued for a writer task (a gRPC lane, or a TCP
+                        # lane not connected): let it hand the bytes to the socket before
+                        # the loop blocks on our fsync, or the follower's fsync would wait
+                        # for ours instead of overlapping it. Then ask again: a snapshot's
+                        # save may have reached the storage thread during the yield. (A
+                        # connected TCP lane wrote them already, in transport.send.)
                         await asyncio.sleep(0)
                         inline = self._persist_on_loop(ready)
                     if inline:

@@ -290,8 +290,20 @@ class PeerSender:
             self._queued_bytes -= old_size
             self._forget(old)
             self.dropped_messages += 1
+        self._queued()
+
+    def _queued(self) -> None:
+        """A message was queued: wake the writer task."""
         if self._wakeup is not None:
             self._wakeup.set()
+
+    def flush(self) -> None:
+        """Called after a Ready's messages were queued; the gRPC lanes write from their
+        task, so there is nothing to do here."""
+
+    @property
+    def has_queued(self) -> bool:
+        return bool(self._queue)
 
     def _forget(self, message: Message) -> None:
         key = _retransmission_key(message)
@@ -388,16 +400,18 @@ _BULK_TYPES = frozenset({MessageType.APPEND, MessageType.SNAPSHOT})
 
 
 class Transport:
-    """All outbound peer links of one node: per peer, a control lane and a bulk lane."""
+    """All outbound peer links of one node: per peer, a control lane and a bulk lane,
+    over plain TCP to the peers in `tcp_links` (system/kv/peer_tcp.py, at that address)
+    and over gRPC to the others (at the address they are given)."""
 
     def __init__(self, node_id: NodeId, peers: Mapping[NodeId, str],
-                 trace: StageTrace | None = None) -> None:
+                 trace: StageTrace | None = None,
+                 tcp_links: Mapping[NodeId, str] | None = None) -> None:
         self.node_id = node_id
         self.trace = trace
-        self._control = {pid: PeerSender(node_id, pid, addr, lane="control", trace=trace)
-                         for pid, addr in peers.items()}
-        self._bulk = {pid: PeerSender(node_id, pid, addr, lane="bulk", trace=trace)
-                      for pid, addr in peers.items()}
+        self._tcp_links = dict(tcp_links or {})
+        self._control = {pid: self._sender(pid, addr, "control") for pid, addr in peers.items()}
+        self._bulk = {pid: self._sender(pid, addr, "bulk") for pid, addr in peers.items()}
         self._started = False
         self._closing: set[asyncio.Future[None]] = set()
 
@@ -409,16 +423,23 @@ class Transport:
         sender = self._control.get(peer_id)
         return sender.address if sender is not None else None
 
+    def _sender(self, peer_id: NodeId, address: str, lane: str) -> PeerSender:
+        link = self._tcp_links.get(peer_id)
+        if link:
+            from system.kv.peer_tcp import TcpPeerSender  # (it builds on PeerSender)
+
+            return TcpPeerSender(self.node_id, peer_id, link, lane=lane, trace=self.trace)
+        return PeerSender(self.node_id, peer_id, address, lane=lane, trace=self.trace)
+
     def set_peer(self, peer_id: NodeId, address: str) -> None:
         """Reach `peer_id` at `address` from now on (a member added by a membership
-        change, or one whose address changed): new lanes, started at once."""
-        if self.peer_address(peer_id) == address:
+        change, or one whose address changed): new lanes, started at once. A peer with a
+        TCP link keeps it: `address` is its gRPC address."""
+        if self.peer_address(peer_id) == (self._tcp_links.get(peer_id) or address):
             return
         self.remove_peer(peer_id)
-        self._control[peer_id] = PeerSender(self.node_id, peer_id, address, lane="control",
-                                            trace=self.trace)
-        self._bulk[peer_id] = PeerSender(self.node_id, peer_id, address, lane="bulk",
-                                         trace=self.trace)
+        self._control[peer_id] = self._sender(peer_id, address, "control")
+        self._bulk[peer_id] = self._sender(peer_id, address, "bulk")
         if self._started:
             self._control[peer_id].start()
             self._bulk[peer_id].start()
@@ -438,6 +459,7 @@ class Transport:
             sender.start()
 
     def send(self, messages: Iterable[Message]) -> None:
+        touched: dict[int, PeerSender] = {}
         for message in messages:
             lanes = self._bulk if message.type in _BULK_TYPES else self._control
             sender = lanes.get(message.dst)
@@ -445,6 +467,13 @@ class Transport:
                 log.error("message for unknown peer dropped", extra={"dst": message.dst})
                 continue
             sender.enqueue(message)
+            touched[id(sender)] = sender
+        for sender in touched.values():
+            sender.flush()  # a TCP lane writes what it can now, one batch per lane
+
+    def has_queued(self) -> bool:
+        """Whether some lane still holds messages its writer task has to hand on."""
+        return any(sender.has_queued for sender in self.senders)
 
     def dropped_messages(self) -> dict[str, int]:
         return {f"{s.peer_id}/{s.lane}": s.dropped_messages for s in self.senders}

@@ -83,6 +83,16 @@ def test_a_forwarded_request_carries_the_clients_deadline(cluster: LocalCluster)
     (800 ms, sent in the request) runs out, with the outcome unknown, rather than after
     its own default of 5 s."""
     leader, follower = _follower(cluster)
+    # One forwarded put first, so the follower's connection to the leader is open: a
+    # connection that cannot even be set up fails at once as "not applied" (the test
+    # depended on an earlier test of the module having forwarded, and failed alone).
+    warm = kv_pb2.SessionRequest(seq=0, put=kv_pb2.PutRequest(
+        key="deadline-warm", value=b"v", request_id="deadline-0"))
+    with grpc.insecure_channel(cluster.specs[follower].address) as channel:
+        session = channel.stream_stream("/manyasone.kv.KV/Session")
+        warmed = kv_pb2.SessionResponse.FromString(next(session(
+            iter([warm.SerializeToString()]), timeout=10)))
+        assert not warmed.HasField("error"), warmed
     frame = kv_pb2.SessionRequest(seq=1, timeout_ms=800, put=kv_pb2.PutRequest(
         key="deadline", value=b"v", request_id="deadline-1"))
     cluster.pause(leader)
