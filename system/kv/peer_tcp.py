@@ -25,13 +25,7 @@ import socket
 from collections.abc import Callable
 
 from system.kv.proto import raft_pb2
-from system.kv.transport import (
-    MAX_GRPC_MESSAGE_BYTES,
-    BadPeerMessage,
-    PeerSender,
-    encode_batch,
-    message_from_proto,
-)
+from system.kv.transport import MAX_GRPC_MESSAGE_BYTES, PeerSender, encode_batch, messages_for
 from system.raft.messages import Message
 
 log = logging.getLogger("kv.peer_tcp")
@@ -166,38 +160,18 @@ class TcpPeerSender(PeerSender):
                 self._drop_connection()
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: new connection after backoff
-                if not self._failing:
-                    log.warning(
-                        "peer unreachable: dropping messages, will retry with backoff",
-                        extra={"peer": self.peer_id, "lane": self.lane, "address": self.address,
-                               "transport": "tcp", "details": repr(exc)[:300]},
-                    )
-                    self._failing = True
                 self._drop_connection()
-                # What is queued is probably stale by the time we are back; the core resends.
-                self.dropped_messages += len(self._queue)
-                self._queue.clear()
-                self._queued_bytes = 0
-                self._pending_keys.clear()
+                self._failed(transport="tcp", details=repr(exc)[:300])
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 0.5)
                 continue
             finally:
                 self._busy = False
-            if self._failing:
-                log.info("peer reachable again", extra={"peer": self.peer_id, "lane": self.lane})
-                self._failing = False
+            self._reached()
             backoff_s = 0.02
         self._drop_connection()
 
-    async def close(self) -> None:
-        self._closed = True
-        if self._wakeup is not None:
-            self._wakeup.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+    async def _close_connection(self) -> None:
         self._drop_connection()
 
 
@@ -268,14 +242,7 @@ class _ReceiverProtocol(asyncio.Protocol):
         if not self._is_known(batch.src):
             self._refuse(f"node {self._node_id} does not know peer {batch.src!r}; check --peers")
             return False
-        messages: list[Message] = []
-        for pb in batch.messages:
-            if pb.dst != self._node_id or pb.src != batch.src:
-                continue  # misrouted: Raft treats it as loss
-            try:
-                messages.append(message_from_proto(pb))
-            except BadPeerMessage as exc:
-                log.warning("bad peer message dropped", extra={"peer": batch.src, "reason": str(exc)})
+        messages = messages_for(self._node_id, batch)
         if messages:
             self._deliver(messages)
         return True

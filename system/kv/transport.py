@@ -354,31 +354,36 @@ class PeerSender:
                 for message in batch:
                     self._forget(message)
                 self.dropped_messages += len(batch)
-                if not self._failing:
-                    code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else ""
-                    log.warning(
-                        "peer unreachable: dropping messages, will retry with backoff",
-                        extra={"peer": self.peer_id, "lane": self.lane, "address": self.address,
-                               "code": code, "details": str(exc)[:300]},
-                    )
-                    self._failing = True
+                code = exc.code().name if isinstance(exc, grpc.aio.AioRpcError) else ""
                 if call is not None:
                     call.cancel()
                     call = None
-                # Whatever queued up meanwhile is probably stale too; the core resends.
-                self.dropped_messages += len(self._queue)
-                self._queue.clear()
-                self._queued_bytes = 0
-                self._pending_keys.clear()
+                self._failed(code=code, details=str(exc)[:300])
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 0.5)
                 continue
             for message in batch:
                 self._forget(message)
-            if self._failing:
-                log.info("peer reachable again", extra={"peer": self.peer_id, "lane": self.lane})
-                self._failing = False
+            self._reached()
             backoff_s = 0.02
+
+    def _failed(self, **details: str) -> None:
+        """A write failed: say so once per outage, and drop what is queued (probably
+        stale by the time the peer is back; the core resends what matters)."""
+        if not self._failing:
+            log.warning("peer unreachable: dropping messages, will retry with backoff",
+                        extra={"peer": self.peer_id, "lane": self.lane,
+                               "address": self.address, **details})
+            self._failing = True
+        self.dropped_messages += len(self._queue)
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._pending_keys.clear()
+
+    def _reached(self) -> None:
+        if self._failing:
+            log.info("peer reachable again", extra={"peer": self.peer_id, "lane": self.lane})
+            self._failing = False
 
     async def close(self) -> None:
         self._closed = True
@@ -388,6 +393,9 @@ class PeerSender:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        await self._close_connection()
+
+    async def _close_connection(self) -> None:
         if self._channel is not None:
             await self._channel.close(grace=None)
 
@@ -513,13 +521,21 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"node {self._node_id} does not know peer {request.src!r}; check --peers",
             )
-        messages: list[Message] = []
-        for pb in request.messages:
-            if pb.dst != self._node_id or pb.src != request.src:
-                continue  # misrouted: a peer's address map is wrong; Raft treats it as loss
-            try:
-                messages.append(message_from_proto(pb))
-            except BadPeerMessage as exc:
-                log.warning("bad peer message dropped", extra={"peer": request.src, "reason": str(exc)})
+        messages = messages_for(self._node_id, request)
         if messages:
             self._deliver(messages)
+
+
+def messages_for(node_id: NodeId, batch: raft_pb2.MessageBatch) -> list[Message]:
+    """The messages of a peer's batch meant for `node_id`, from that peer; a misrouted
+    one (a peer's address map is wrong) or a malformed one is dropped, as Raft treats
+    loss (the latter with a warning)."""
+    messages: list[Message] = []
+    for pb in batch.messages:
+        if pb.dst != node_id or pb.src != batch.src:
+            continue
+        try:
+            messages.append(message_from_proto(pb))
+        except BadPeerMessage as exc:
+            log.warning("bad peer message dropped", extra={"peer": batch.src, "reason": str(exc)})
+    return messages

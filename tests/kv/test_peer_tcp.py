@@ -121,6 +121,17 @@ def test_a_misrouted_message_is_dropped_and_the_rest_of_its_batch_delivered() ->
     assert asyncio.run(scenario()) == [append(3)]
 
 
+async def send_until_delivered(sender: TcpPeerSender, receiver: Receiver, indexes: range) -> None:
+    """Send one APPEND every 20 ms until one gets through (the sender is backing off)."""
+    for index in indexes:
+        sender.enqueue(append(index))
+        sender.flush()
+        await asyncio.sleep(0.02)
+        if receiver.delivered:
+            return
+    await wait_for(lambda: receiver.delivered, "a batch on a new connection")
+
+
 def test_a_sender_reconnects_to_a_restarted_peer_and_drops_what_it_could_not_send() -> None:
     async def scenario() -> tuple[list[Message], int]:
         receiver = Receiver()
@@ -131,23 +142,11 @@ def test_a_sender_reconnects_to_a_restarted_peer_and_drops_what_it_could_not_sen
             sender.flush()
             await wait_for(lambda: sender.dropped_messages >= 1, "the first batch dropped")
             async with receiver:
-                for index in range(3, 50):  # until one gets through (within the backoff)
-                    sender.enqueue(append(index))
-                    sender.flush()
-                    await asyncio.sleep(0.02)
-                    if receiver.delivered:
-                        break
-                await wait_for(lambda: receiver.delivered, "a batch on the new connection")
+                await send_until_delivered(sender, receiver, range(3, 50))
             delivered = list(receiver.delivered)
             async with receiver:  # the peer restarts on the same address
                 receiver.delivered.clear()
-                for index in range(50, 100):
-                    sender.enqueue(append(index))
-                    sender.flush()
-                    await asyncio.sleep(0.02)
-                    if receiver.delivered:
-                        break
-                await wait_for(lambda: receiver.delivered, "a batch after the restart")
+                await send_until_delivered(sender, receiver, range(50, 100))
             return delivered, sender.dropped_messages
         finally:
             await sender.close()
