@@ -49,19 +49,21 @@ def _parse_peers(text: str) -> dict[str, str]:
 
 def _parse_listen(text: str) -> str:
     try:
-        parse_listen_address(text)
+        parse_listen_address(text, flag="")
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).replace("--listen ", "")) from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
-def parse_listen_address(text: str) -> tuple[str, int]:
-    """HOST:PORT (IPv6 hosts in brackets) -> (host, port); ValueError says what is wrong."""
+def parse_listen_address(text: str, flag: str = "--listen") -> tuple[str, int]:
+    """HOST:PORT (IPv6 hosts in brackets) -> (host, port); ValueError says what is wrong,
+    naming `flag` (argparse names it itself: pass "")."""
     host, sep, port_text = text.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise ValueError(
-            f"--listen {text!r} is not HOST:PORT with a port in 1..65535, e.g. 127.0.0.1:7001")
+            f"{flag + ' ' if flag else ''}{text!r} is not HOST:PORT with a port in 1..65535, "
+            "e.g. 127.0.0.1:7001")
     return host, int(port_text)
 
 
