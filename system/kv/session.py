@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -69,16 +70,24 @@ class Session:
         self._lock = threading.Lock()
         self._seq = itertools.count(1)
         self.failure: grpc.RpcError | None = None  # set once the stream is broken
+        self._sender: threading.Thread | None = None  # gRPC's thread that reads our frames
         rpc = channel.stream_stream("/manyasone.kv.KV/Session", request_serializer=None,
                                     response_deserializer=None)
-        self._call = rpc(iter(self._requests.get, _END))
+        self._call: grpc.Call | None = rpc(self._frames())
         self._reader = threading.Thread(target=self._read, name="kv-session", daemon=True)
         self._reader.start()
 
+    def _frames(self) -> Iterator[bytes]:
+        # Runs on the thread gRPC starts to send our requests; close() joins that thread.
+        self._sender = threading.current_thread()
+        yield from iter(self._requests.get, _END)
+
     def _read(self) -> None:
         error: grpc.RpcError
+        call = self._call
+        assert call is not None
         try:
-            for raw in self._call:
+            for raw in call:
                 answer = kv_pb2.SessionResponse.FromString(raw)
                 with self._lock:
                     future = self._pending.pop(answer.seq, None)
@@ -86,7 +95,14 @@ class Session:
                     future.set_result(answer)
             error = SessionRpcError(grpc.StatusCode.UNAVAILABLE, "the node ended the session")
         except grpc.RpcError as exc:
-            error = exc
+            # gRPC raises the call itself, whose traceback holds the call: a reference cycle
+            # that only the collector breaks, perhaps at interpreter exit, where the call's
+            # __del__ waits on a lock a frozen gRPC daemon thread may hold, and the process
+            # hangs after its last line. So: a copy of the error, and the cycle cut.
+            error = SessionRpcError(exc.code(), exc.details() or "",
+                                    tuple(exc.trailing_metadata() or ()))
+            exc.with_traceback(None)
+        del call
         with self._lock:
             self.failure = error
             pending, self._pending = self._pending, {}
@@ -115,6 +131,13 @@ class Session:
             raise SessionRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
 
     def close(self) -> None:
+        """End the stream and wait (a bounded time) for the threads that serve it, so that
+        the call is released here, while every thread still runs, and not at exit."""
         self._requests.put(_END)
-        self._call.cancel()
-        self._reader.join(timeout=1.0)
+        if self._call is not None:
+            self._call.cancel()
+        for thread in (self._reader, self._sender):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=2.0)
+        if not self._reader.is_alive():
+            self._call = None
