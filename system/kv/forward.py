@@ -28,6 +28,7 @@ import grpc
 from google.protobuf.message import Message as ProtoMessage
 
 from system.kv.proto import kv_pb2
+from system.kv.session import take_batch
 from system.kv.transport import CHANNEL_OPTIONS
 
 FORWARDED_BY = "kv-forwarded-by"
@@ -78,15 +79,22 @@ class _LeaderSession:
         try:
             async for raw in self._call:
                 answer = kv_pb2.SessionResponse.FromString(raw)
-                future = self._pending.pop(answer.seq, None)
-                if future is not None and not future.done():
-                    future.set_result(answer)
+                if answer.WhichOneof("response") == "batch":
+                    for frame in answer.batch.frames:
+                        self._resolve(kv_pb2.SessionResponse.FromString(frame))
+                else:
+                    self._resolve(answer)
             error = ConnectionError("the leader ended the forwarding stream")
         except asyncio.CancelledError:
             error = ConnectionError("forwarding stream closed")
         except Exception as exc:  # noqa: BLE001 - any end of the stream fails what waits on it
             error = exc
         self._fail(error)
+
+    def _resolve(self, answer: kv_pb2.SessionResponse) -> None:
+        future = self._pending.pop(answer.seq, None)
+        if future is not None and not future.done():
+            future.set_result(answer)
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
@@ -98,7 +106,7 @@ class _LeaderSession:
 
     def _send(self, data: bytes) -> None:
         """Queue `data`; a writer task drains the queue (one write at a time, as gRPC
-        allows). The caller never waits on a write, so its deadline also covers a stream
+        allows; what queued meanwhile goes in one batch). The caller never waits on a write, so its deadline also covers a stream
         that cannot be written (a paused leader that never finished the handshake)."""
         self._queue.append(data)
         if not self._writing:
@@ -109,7 +117,9 @@ class _LeaderSession:
     async def _drain(self) -> None:
         try:
             while self._queue:
-                await self._call.write(self._queue.popleft())
+                # What queued during the last write leaves as one message (SessionBatch):
+                # the leader proposes it in one Ready, one fsync for the burst.
+                await self._call.write(take_batch(self._queue, kv_pb2.SessionRequest))
         except Exception as exc:  # noqa: BLE001 - a broken stream: fail every waiter
             self._fail(exc)
         finally:

@@ -36,6 +36,7 @@ from google.protobuf.message import Message as ProtoMessage
 from system.kv.forward import FORWARDED_BY, ForwardFailed
 from system.kv.node import Node, NodeError, NotLeaderError
 from system.kv.proto import kv_pb2
+from system.kv.session import take_batch
 from system.kv.stage_trace import now_ns, received_ns
 from system.kv.state_machine import CommandRejected, DeleteResult, PutResult
 from system.kv.transport import CHANNEL_OPTIONS, PeerService
@@ -382,6 +383,9 @@ class _Outbox:
         self._queue: collections.deque[bytes] = collections.deque()
         self._writing = False
         self._writer: asyncio.Task[None] | None = None  # started by `post`
+        # Set once the other side sent a batch: it reads batches, so the answers that
+        # queue during a write leave as one message (see SessionBatch).
+        self.batching = False
 
     async def send(self, data: bytes) -> None:
         """Write `data` from a task of the caller's, or leave it to the one writing now."""
@@ -402,7 +406,8 @@ class _Outbox:
     async def _write_queued(self) -> None:
         try:
             while self._queue:
-                await self._context.write(self._queue.popleft())
+                await self._context.write(take_batch(self._queue, kv_pb2.SessionResponse)
+                                          if self.batching else self._queue.popleft())
         finally:
             self._writing = False
 
@@ -505,33 +510,46 @@ def _session_handler(kv: KVService, tracing: bool) -> grpc.RpcMethodHandler:
                     message="internal error on the node; see its log; outcome unknown"))
             outbox.post(response.SerializeToString())
 
+        def take(raw: bytes, nested: bool = False) -> None:
+            try:
+                request = kv_pb2.SessionRequest.FromString(raw)
+            except (DecodeError, ValueError) as exc:
+                refuse(f"request is not a valid manyasone.kv.SessionRequest protobuf: {exc}")
+                return
+            which = request.WhichOneof("request")
+            if which == "batch":
+                if nested:
+                    refuse("a session batch inside a batch; batches are never nested",
+                           request.seq)
+                    return
+                outbox.batching = True  # the sender reads batched answers too
+                for frame in request.batch.frames:
+                    take(frame, nested=True)
+                return
+            if which == "get":
+                round_ = kv.start_linearizable_get(request.get)
+                if round_ is not None:
+                    rounds.add(round_)
+                    round_.add_done_callback(functools.partial(answer_read, request))
+                    return
+            elif which is not None:
+                if tracing:
+                    received_ns.set(now_ns())
+                write = kv.start_write(which, getattr(request, which))
+                if write is not None:
+                    writes.add(write)
+                    write.add_done_callback(functools.partial(answer_write, request, which))
+                    return
+            serve_in_task(request)
+
+        def refuse(message: str, seq: int = 0) -> None:
+            rej = _Reject(grpc.StatusCode.INVALID_ARGUMENT, message)
+            outbox.post(kv_pb2.SessionResponse(seq=seq, error=_session_error(rej))
+                        .SerializeToString())
+
         try:
             async for raw in request_iterator:
-                try:
-                    request = kv_pb2.SessionRequest.FromString(raw)
-                except (DecodeError, ValueError) as exc:
-                    rej = _Reject(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"request is not a valid manyasone.kv.SessionRequest "
-                                  f"protobuf: {exc}")
-                    await outbox.send(kv_pb2.SessionResponse(
-                        error=_session_error(rej)).SerializeToString())
-                    continue
-                which = request.WhichOneof("request")
-                if which == "get":
-                    round_ = kv.start_linearizable_get(request.get)
-                    if round_ is not None:
-                        rounds.add(round_)
-                        round_.add_done_callback(functools.partial(answer_read, request))
-                        continue
-                elif which is not None:
-                    if tracing:
-                        received_ns.set(now_ns())
-                    write = kv.start_write(which, getattr(request, which))
-                    if write is not None:
-                        writes.add(write)
-                        write.add_done_callback(functools.partial(answer_write, request, which))
-                        continue
-                serve_in_task(request)
+                take(raw)
             # The client is done sending: answer everything it sent before the stream ends.
             while pending or rounds or writes:
                 await asyncio.gather(*pending, *rounds, *writes, return_exceptions=True)

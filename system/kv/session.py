@@ -18,6 +18,7 @@ look like a certain failure.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import queue
 import threading
@@ -31,6 +32,28 @@ from system.kv.proto import kv_pb2
 
 _END = object()  # tells the request iterator to finish the stream
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+# Bounds of one SessionBatch: a burst of small requests in one message, a large value alone.
+MAX_BATCH_FRAMES = 256
+MAX_BATCH_BYTES = 1 << 20
+
+
+def take_batch(queue: collections.deque[bytes],
+               kind: type[kv_pb2.SessionRequest] | type[kv_pb2.SessionResponse]) -> bytes:
+    """The next stream message from `queue` (not empty): its first frame alone, or as
+    many queued frames as fit the bounds packed in one `kind` carrying a SessionBatch."""
+    if len(queue) == 1 or len(queue[0]) >= MAX_BATCH_BYTES:
+        return queue.popleft()
+    frames: list[bytes] = []
+    size = 0
+    while queue and len(frames) < MAX_BATCH_FRAMES and size + len(queue[0]) <= MAX_BATCH_BYTES:
+        frame = queue.popleft()
+        frames.append(frame)
+        size += len(frame)
+    if len(frames) == 1:
+        return frames[0]
+    return kind(batch=kv_pb2.SessionBatch(frames=frames)).SerializeToString()
 
 
 class SessionRpcError(grpc.RpcError):

@@ -201,18 +201,26 @@ class IntroduceResponse(_message.Message):
     def __init__(self, verdict: _Optional[str] = ..., message: _Optional[str] = ..., is_voter: _Optional[bool] = ..., is_learner: _Optional[bool] = ..., last_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("seq", "timeout_ms", "put", "get", "delete")
+    __slots__ = ("seq", "timeout_ms", "put", "get", "delete", "batch")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
     GET_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     seq: int
     timeout_ms: int
     put: PutRequest
     get: GetRequest
     delete: DeleteRequest
-    def __init__(self, seq: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., put: _Optional[_Union[PutRequest, _Mapping]] = ..., get: _Optional[_Union[GetRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ...) -> None: ...
+    batch: SessionBatch
+    def __init__(self, seq: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., put: _Optional[_Union[PutRequest, _Mapping]] = ..., get: _Optional[_Union[GetRequest, _Mapping]] = ..., delete: _Optional[_Union[DeleteRequest, _Mapping]] = ..., batch: _Optional[_Union[SessionBatch, _Mapping]] = ...) -> None: ...
+
+class SessionBatch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, frames: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SessionError(_message.Message):
     __slots__ = ("code", "message", "outcome", "leader_id", "leader_address")
@@ -229,15 +237,17 @@ class SessionError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., outcome: _Optional[str] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ...) -> None: ...
 
 class SessionResponse(_message.Message):
-    __slots__ = ("seq", "put", "get", "delete", "error")
+    __slots__ = ("seq", "put", "get", "delete", "error", "batch")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     PUT_FIELD_NUMBER: _ClassVar[int]
     GET_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     seq: int
     put: PutResponse
     get: GetResponse
     delete: DeleteResponse
     error: SessionError
-    def __init__(self, seq: _Optional[int] = ..., put: _Optional[_Union[PutResponse, _Mapping]] = ..., get: _Optional[_Union[GetResponse, _Mapping]] = ..., delete: _Optional[_Union[DeleteResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
+    batch: SessionBatch
+    def __init__(self, seq: _Optional[int] = ..., put: _Optional[_Union[PutResponse, _Mapping]] = ..., get: _Optional[_Union[GetResponse, _Mapping]] = ..., delete: _Optional[_Union[DeleteResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ..., batch: _Optional[_Union[SessionBatch, _Mapping]] = ...) -> None: ...
