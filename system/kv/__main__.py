@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="addresses of one or more members: HOST:PORT[,HOST:PORT...]")
     member.add_argument("--id", default="", help="the member to add, promote or remove")
     member.add_argument("--address", default="", help="add: HOST:PORT the new member listens on")
+    member.add_argument("--peer-address", default="",
+                        help="add: HOST:PORT of the new member's --peer-listen; the members "
+                             "then send it Raft traffic over plain TCP (else over gRPC)")
     member.add_argument("--timeout-s", type=float, default=30.0,
                         help="how long to keep trying (promote waits for the learner to catch up)")
 
@@ -333,17 +336,26 @@ def member(args: argparse.Namespace) -> int:
     if args.action == "add" and not args.address:
         print("error: member add needs --address HOST:PORT of the new member", file=sys.stderr)
         return 2
+    if args.peer_address and args.action != "add":
+        print(f"error: --peer-address is for member add, not member {args.action}",
+              file=sys.stderr)
+        return 2
     try:
         if args.action == "list":
-            st = member_client.status_with_leader(addresses, timeout_s=args.timeout_s)
+            st = member_client.status_with_leader(addresses, timeout_s=args.timeout_s,
+                                                    leader_only=True)
             for node_id, node_address in sorted(st.member_addresses.items()):
                 kind = "voter" if node_id in st.voters else (
                     "learner" if node_id in st.learners else "not a member")
+                # How the leader sends it Raft traffic: an operator checks here that a
+                # member added with --peer-address is reached on its peer port.
+                raft = st.peer_transports.get(node_id, "")
                 print(f"{node_id} {node_address} {kind}"
-                      f"{' leader' if node_id == st.leader_id else ''}")
+                      f"{' leader' if node_id == st.leader_id else ''}"
+                      f"{f' (raft over {raft})' if raft else ''}")
             return 0
         answer = member_client.change(addresses, args.action, args.id, args.address,
-                                      timeout_s=args.timeout_s)
+                                      peer_address=args.peer_address, timeout_s=args.timeout_s)
     except member_client.MembershipInvalid as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

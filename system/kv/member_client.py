@@ -41,13 +41,15 @@ class MembershipTimeout(MembershipError):
 
 
 def change(addresses: Sequence[str], action: str, node_id: str, address: str = "", *,
-           timeout_s: float = 30.0, on_retry=None) -> kv_pb2.ChangeMembershipResponse:  # noqa: ANN001
+           peer_address: str = "", timeout_s: float = 30.0,
+           on_retry=None) -> kv_pb2.ChangeMembershipResponse:  # noqa: ANN001
     """Carry out `action` ("add", "promote" or "remove") of `node_id` through any of
-    `addresses` (HOST:PORT of members); returns the leader's answer once committed."""
+    `addresses` (HOST:PORT of members); returns the leader's answer once committed.
+    `peer_address` (add): the new member's --peer-listen, reached over plain TCP."""
     if action not in CHANGES:
         raise MembershipInvalid(f"unknown membership action {action!r}; one of {', '.join(CHANGES)}")
     request = kv_pb2.ChangeMembershipRequest(change=CHANGES[action], node_id=node_id,
-                                             address=address)
+                                             address=address, peer_address=peer_address)
     deadline = time.monotonic() + timeout_s
     queue = list(addresses)
     last_error = "no member answered"

@@ -821,7 +821,14 @@ class Node:
             return ""
         if node_id == self.config.node_id:
             return self.config.listen_address
-        return self.config.peers.get(node_id) or self.core.membership.info(node_id) or ""
+        return self.config.peers.get(node_id) or split_member_info(
+            self.core.membership.info(node_id))[0]
+
+    def peer_link_of(self, node_id: NodeId) -> str:
+        """Where this node reaches `node_id`'s peer port: --peer-links, else what the
+        membership says (a member added with a peer address); "" = over gRPC."""
+        return self.config.peer_links.get(node_id) or split_member_info(
+            self.core.membership.info(node_id))[1]
 
     def member_addresses(self) -> dict[NodeId, str]:
         members = set(self.core.membership.members()) | set(self.config.peers)
@@ -841,11 +848,12 @@ class Node:
                 continue
             address = self.address_of(member)
             if address:
-                self.transport.set_peer(member, address)
+                self.transport.set_peer(member, address, self.peer_link_of(member))
 
     # ----- membership ------------------------------------------------------------------
 
-    async def change_membership(self, change: str, node_id: NodeId, address: str) -> int:
+    async def change_membership(self, change: str, node_id: NodeId, address: str,
+                                peer_address: str = "") -> int:
         """Carry out one membership change on the leader and wait until it is committed
         and applied here; returns its log index. Raises NotLeaderError,
         MembershipChangeRefused, ValueError (bad arguments), OutcomeUnknown."""
@@ -855,10 +863,16 @@ class Node:
             raise ValueError(f"change {change!r} is not one of "
                              f"{[k.value for k in MembershipChangeKind]}") from None
         if kind is MembershipChangeKind.ADD_LEARNER:
-            if ":" not in address:
+            if ":" not in address or " " in address:
                 raise ValueError(f"add-learner needs the new member's address as HOST:PORT, "
                                  f"got {address!r}")
-        elif address:
+            if peer_address and (":" not in peer_address or " " in peer_address):
+                raise ValueError(f"the new member's peer address must be HOST:PORT (its "
+                                 f"--peer-listen), got {peer_address!r}")
+            if peer_address == address:
+                raise ValueError(f"the peer address {peer_address} is the member's client "
+                                 f"address; give its --peer-listen address")
+        elif address or peer_address:
             raise ValueError(f"{change} takes no address")
         if self._stopping:
             raise NotLeaderError(None, "")
@@ -874,7 +888,8 @@ class Node:
                 self._kick()
                 raise NotLeaderError(target, self.address_of(target))
         try:
-            index, term = self.core.change_membership(kind, node_id, info=address)
+            index, term = self.core.change_membership(
+                kind, node_id, info=member_info(address, peer_address))
         except NotLeader as exc:
             raise NotLeaderError(exc.leader_id, self.address_of(exc.leader_id)) from None
         except ProposalDropped as exc:
@@ -1014,6 +1029,19 @@ async def _call_introduce(address: str, request):  # noqa: ANN001, ANN202
         stub = kv_pb2_grpc.KVStub(channel)
         answer: kv_pb2.IntroduceResponse = await stub.Introduce(request, timeout=1.0)
         return answer
+
+
+def member_info(address: str, peer_address: str = "") -> str:
+    """What a membership entry records of a member added at run time: its client address,
+    then " peer=HOST:PORT" when it has a peer port (entries written before peer ports
+    hold the address alone, and still read that way)."""
+    return f"{address} peer={peer_address}" if peer_address else address
+
+
+def split_member_info(info: str) -> tuple[str, str]:
+    """(client address, peer address or "") of a membership entry's info."""
+    address, _, rest = info.partition(" ")
+    return address, rest.removeprefix("peer=") if rest.startswith("peer=") else ""
 
 
 def _vote_or_term_changed(old: HardState, new: HardState) -> bool:

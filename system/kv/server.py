@@ -302,6 +302,7 @@ class KVService:
             learners=list(core.membership.learners),
             vote_withheld=core.vote_withheld,
             member_addresses=self.node.member_addresses(),
+            peer_transports=self.node.transport.describe(),
         )
 
     async def change_membership(self, request: kv_pb2.ChangeMembershipRequest
@@ -310,7 +311,7 @@ class KVService:
             raise _Reject(grpc.StatusCode.INVALID_ARGUMENT, "node_id is empty; name the member")
         try:
             index = await self.node.change_membership(request.change, request.node_id,
-                                                      request.address)
+                                                      request.address, request.peer_address)
         except MembershipChangeRefused as exc:
             raise _Reject(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from None
         except ValueError as exc:

@@ -417,7 +417,8 @@ class Transport:
                  tcp_links: Mapping[NodeId, str] | None = None) -> None:
         self.node_id = node_id
         self.trace = trace
-        self._tcp_links = dict(tcp_links or {})
+        self._static_links = dict(tcp_links or {})  # the command line's: they always win
+        self._tcp_links = dict(self._static_links)  # in use, with those of added members
         self._control = {pid: self._sender(pid, addr, "control") for pid, addr in peers.items()}
         self._bulk = {pid: self._sender(pid, addr, "bulk") for pid, addr in peers.items()}
         self._started = False
@@ -426,6 +427,11 @@ class Transport:
     @property
     def senders(self) -> list[PeerSender]:
         return [*self._control.values(), *self._bulk.values()]
+
+    def describe(self) -> dict[NodeId, str]:
+        """Per peer, how its messages travel: "tcp HOST:PORT" or "grpc HOST:PORT"."""
+        return {pid: f"{'tcp' if pid in self._tcp_links else 'grpc'} {sender.address}"
+                for pid, sender in sorted(self._control.items())}
 
     def peer_address(self, peer_id: NodeId) -> str | None:
         sender = self._control.get(peer_id)
@@ -439,12 +445,18 @@ class Transport:
             return TcpPeerSender(self.node_id, peer_id, link, lane=lane, trace=self.trace)
         return PeerSender(self.node_id, peer_id, address, lane=lane, trace=self.trace)
 
-    def set_peer(self, peer_id: NodeId, address: str) -> None:
+    def set_peer(self, peer_id: NodeId, address: str, link: str = "") -> None:
         """Reach `peer_id` at `address` from now on (a member added by a membership
-        change, or one whose address changed): new lanes, started at once. A peer with a
-        TCP link keeps it: `address` is its gRPC address."""
-        if self.peer_address(peer_id) == (self._tcp_links.get(peer_id) or address):
+        change, or one whose address changed): new lanes, started at once; over TCP at
+        `link` if given (a link from the command line wins: it is this host's route)."""
+        link = self._static_links.get(peer_id) or link
+        if self.peer_address(peer_id) == (link or address) and (
+                (peer_id in self._tcp_links) == bool(link)):
             return
+        if link:
+            self._tcp_links[peer_id] = link
+        else:
+            self._tcp_links.pop(peer_id, None)
         self.remove_peer(peer_id)
         self._control[peer_id] = self._sender(peer_id, address, "control")
         self._bulk[peer_id] = self._sender(peer_id, address, "bulk")

@@ -126,6 +126,51 @@ def test_a_new_member_joins_as_a_learner_and_is_promoted(tmp_path) -> None:
             kv.close()
 
 
+def test_a_member_added_with_a_peer_address_is_reached_on_its_peer_port(tmp_path) -> None:
+    """`member add --peer-address`: every member sends the new one Raft traffic over its
+    plain-TCP peer port, as it does the members on its --peer-links; added without it, a
+    member is reached over gRPC on its client port. Bad peer addresses are refused."""
+    with LocalCluster(5, tmp_path) as cluster:
+        first = ["n1", "n2", "n3"]
+        specs = cluster.specs
+        for node_id in first:
+            others = [n for n in first if n != node_id]
+            cluster.start_node(node_id, [
+                "--peers", ",".join(f"{n}={specs[n].address}" for n in others),
+                "--peer-links", ",".join(f"{n}={specs[n].peer_address}" for n in others)])
+        cluster.wait_for_leader(timeout_s=30, among=first)
+        addresses = ",".join(specs[n].address for n in first)
+        bad = member_cli("add", "--cluster", addresses, "--id", "n4", "--address",
+                         specs["n4"].address, "--peer-address", "no-port")
+        assert bad.returncode == 2 and "must be HOST:PORT" in bad.stderr, bad.stderr
+        same = member_cli("add", "--cluster", addresses, "--id", "n4", "--address",
+                          specs["n4"].address, "--peer-address", specs["n4"].address)
+        assert same.returncode == 2 and "client address" in same.stderr, same.stderr
+        for node_id, peer in (("n4", ["--peer-address", specs["n4"].peer_address]), ("n5", [])):
+            added = member_cli("add", "--cluster", addresses, "--id", node_id,
+                               "--address", specs[node_id].address, *peer)
+            assert added.returncode == 0, added.stderr
+            cluster.start_node(node_id, [
+                "--peers", ",".join(f"{n}={specs[n].address}" for n in first),
+                "--peer-links", ",".join(f"{n}={specs[n].peer_address}" for n in first),
+                "--join"])
+            promoted = member_cli("promote", "--cluster", addresses, "--id", node_id)
+            assert promoted.returncode == 0, promoted.stderr
+        want = {"n4": f"tcp {specs['n4'].peer_address}", "n5": f"grpc {specs['n5'].address}"}
+        for node_id in first:
+            cluster.wait_until(
+                lambda n=node_id: all(cluster.status(n) and cluster.status(n).peer_transports
+                                      .get(m) == w for m, w in want.items()) or None,
+                20, f"{node_id} to reach n4 on its peer port and n5 over gRPC")
+        listed = member_cli("list", "--cluster", addresses)
+        assert f"(raft over tcp {specs['n4'].peer_address})" in listed.stdout, listed.stdout
+        # The joined members' own links to the founders are the command line's.
+        assert cluster.status("n4").peer_transports["n1"] == f"tcp {specs['n1'].peer_address}"
+        with cluster.client() as kv:
+            written = kv.put("over-tcp", b"yes")
+        cluster.wait_for_applied("n4", written.applied_index)
+
+
 def _serve(tmp_path, node_id: str, data_dir) -> subprocess.CompletedProcess:  # noqa: ANN001
     from system.ports import free_ports
 

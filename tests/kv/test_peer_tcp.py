@@ -192,3 +192,27 @@ def test_the_listener_refuses_a_port_in_use_with_what_to_do() -> None:
     message = asyncio.run(scenario())
     assert "cannot listen for peers on" in message and "--peer-listen" in message
 
+
+
+def test_a_members_recorded_info_gives_its_peer_port_and_old_entries_still_read() -> None:
+    from system.kv.node import member_info, split_member_info
+
+    assert split_member_info(member_info("h:1", "h:2")) == ("h:1", "h:2")
+    assert split_member_info("h:1") == ("h:1", ""), "an entry from before peer ports"
+    assert split_member_info("") == ("", "")
+
+
+def test_a_link_from_the_command_line_wins_over_one_from_the_membership() -> None:
+    async def scenario() -> dict[str, str]:
+        transport = Transport("n1", {"n2": "h:1"}, tcp_links={"n2": "route:9"})
+        transport.set_peer("n2", "h:1", "h:2")
+        transport.set_peer("n3", "h:3", "h:4")
+        transport.set_peer("n4", "h:5")
+        seen = transport.describe()
+        transport.set_peer("n3", "h:3")  # re-added without a peer address: back to gRPC
+        seen["n3 re-added"] = transport.describe()["n3"]
+        await transport.close()
+        return seen
+
+    assert asyncio.run(scenario()) == {"n2": "tcp route:9", "n3": "tcp h:4", "n4": "grpc h:5",
+                                       "n3 re-added": "grpc h:3"}

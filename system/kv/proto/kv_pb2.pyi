@@ -97,7 +97,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index", "cluster_id", "member_id", "voters", "learners", "vote_withheld", "member_addresses")
+    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index", "cluster_id", "member_id", "voters", "learners", "vote_withheld", "member_addresses", "peer_transports")
     class PeersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -106,6 +106,13 @@ class StatusResponse(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class MemberAddressesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class PeerTransportsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +137,7 @@ class StatusResponse(_message.Message):
     LEARNERS_FIELD_NUMBER: _ClassVar[int]
     VOTE_WITHHELD_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    PEER_TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     term: int
@@ -148,17 +156,20 @@ class StatusResponse(_message.Message):
     learners: _containers.RepeatedScalarFieldContainer[str]
     vote_withheld: str
     member_addresses: _containers.ScalarMap[str, str]
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., member_id: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., vote_withheld: _Optional[str] = ..., member_addresses: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    peer_transports: _containers.ScalarMap[str, str]
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., member_id: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., vote_withheld: _Optional[str] = ..., member_addresses: _Optional[_Mapping[str, str]] = ..., peer_transports: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ChangeMembershipRequest(_message.Message):
-    __slots__ = ("change", "node_id", "address")
+    __slots__ = ("change", "node_id", "address", "peer_address")
     CHANGE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     change: str
     node_id: str
     address: str
-    def __init__(self, change: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    peer_address: str
+    def __init__(self, change: _Optional[str] = ..., node_id: _Optional[str] = ..., address: _Optional[str] = ..., peer_address: _Optional[str] = ...) -> None: ...
 
 class ChangeMembershipResponse(_message.Message):
     __slots__ = ("index", "voters", "learners", "header")
