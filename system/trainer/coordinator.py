@@ -319,6 +319,8 @@ class Coordinator:
                 # before the process exits: the history must not end on a bare invoke.
                 if self._writer is not None:
                     self._writer.join(timeout=max(5.0, 2 * self.options.lease_s))
+                    if self._writer.is_alive():
+                        self._write_outlived_deposition(core)
                 with self.cond:
                     self._drain()
                 if self.store.unsafe == "write-after-lease-loss":
@@ -373,6 +375,8 @@ class Coordinator:
                                        plan.expected_version)
         except CasMismatch as exc:
             with self.cond:
+                if core.in_flight is not plan:
+                    return  # settled as unknown when the deposed process gave up waiting
                 core.on_checkpoint_mismatch(exc.current_version)
                 self._drain()
                 self.cond.notify_all()
@@ -381,15 +385,34 @@ class Coordinator:
             # Conservative: any other failure may have left the head written or not; this
             # coordinator stops (a fresh standby retries from the committed state).
             with self.cond:
+                if core.in_flight is not plan:
+                    return
                 core.on_checkpoint_unknown(f"{type(exc).__name__}: {exc}")
                 self._drain()
                 self.cond.notify_all()
             return
         with self.cond:
+            if core.in_flight is not plan:
+                return
             self.head_meta = meta
             core.on_checkpoint_committed(version)
             self._drain()
             self.cond.notify_all()
+
+    def _write_outlived_deposition(self, core: CoordinatorCore) -> None:
+        """The write in flight did not end within the wait: say where it is stuck (for the
+        person reading the log) and record its outcome as unknown, since the process now
+        exits with the write perhaps sent."""
+        import traceback
+
+        frame = sys._current_frames().get(self._writer.ident or -1)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)\n"
+        print(f"warning: coordinator {self.options.coordinator_id} deposed with its checkpoint "
+              f"write still running; exiting without its outcome. The writer was at:\n{stack}",
+              file=sys.stderr, flush=True)
+        with self.cond:
+            if core.in_flight is not None:
+                core.on_checkpoint_unknown("write still running when the deposed coordinator exited")
 
     def _renew_loop(self) -> None:
         core = self.core

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -121,13 +122,14 @@ def process_stopped(pid: int) -> bool:
         return f.read().rsplit(")", 1)[1].split()[0] == "T"
 
 
-def paused_between_check_and_write(kv_cluster, job: str, canary: str = ""):  # noqa: ANN201
+def paused_between_check_and_write(kv_cluster, job: str, canary: str = "",  # noqa: ANN201
+                                   run_dir: Path | None = None):
     """Coordinator c1 stops itself right before its step-50 head CAS (a pause point), a
     standby takes over and checkpoints, c1 is resumed. Returns (c1's id, its exit code,
-    its events, the final head)."""
+    its events, the final head). Its log is `run_dir`/<id>.log (kept when given)."""
     config = config_for(job, steps=120)
     pause = {"TRAINER_PAUSE_AT": "before-head-cas:50", "MAO_ALLOW_UNSAFE": "1"}
-    with TrainerRun(config, standbys=0, kv=kv_cluster.addresses, lease_s=LEASE_S,
+    with TrainerRun(config, standbys=0, kv=kv_cluster.addresses, lease_s=LEASE_S, run_dir=run_dir,
                     first_coordinator_env=pause,
                     first_coordinator_args=["--unsafe", canary] if canary else None) as run:
         run.start()
@@ -154,13 +156,16 @@ def deposed_writes(old: str, head) -> list[str]:  # noqa: ANN001
     return [e["request_id"] for e in entries if e["coordinator_id"] == old and e["step"] >= 50]
 
 
-def test_coordinator_paused_between_lease_check_and_write_is_fenced_by_cas(kv_cluster, job) -> None:
+def test_coordinator_paused_between_lease_check_and_write_is_fenced_by_cas(kv_cluster, job,
+                                                                          tmp_path) -> None:
     """The pause that matters for fencing: the coordinator checked its lease, built its
     CAS, and sleeps before sending it. A standby takes over and rewrites the head; the
     woken CAS must fail."""
-    old, code, events, head = paused_between_check_and_write(kv_cluster, job)
+    old, code, events, head = paused_between_check_and_write(kv_cluster, job, run_dir=tmp_path)
     failed = [e for e in events if e["kind"] == "checkpoint-fail" and e["step"] == 50]
-    assert [e["outcome"] for e in failed] == ["cas-mismatch"], "\n".join(map(str, events[-4:]))
+    log = (tmp_path / f"{old}.log").read_text(errors="replace")[-3000:]
+    assert [e["outcome"] for e in failed] == ["cas-mismatch"], (
+        "\n".join(map(str, events[-4:])) + f"\nexit code {code}; log of {old}:\n{log}")
     assert deposed_writes(old, head) == []
     assert head[0].coordinator_id != old and head[0].lease_version > 1  # the successor's head
     assert code in (None, EXIT_DEPOSED)
