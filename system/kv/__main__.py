@@ -342,17 +342,16 @@ def member(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.action == "list":
-            st = member_client.status_with_leader(addresses, timeout_s=args.timeout_s,
-                                                    leader_only=True)
+            st = member_client.status_with_leader(addresses, timeout_s=args.timeout_s)
             for node_id, node_address in sorted(st.member_addresses.items()):
                 kind = "voter" if node_id in st.voters else (
                     "learner" if node_id in st.learners else "not a member")
-                # How the leader sends it Raft traffic: an operator checks here that a
-                # member added with --peer-address is reached on its peer port.
+                # How the answering node sends it Raft traffic: an operator checks here
+                # that a member added with --peer-address is reached on its peer port.
                 raft = st.peer_transports.get(node_id, "")
                 print(f"{node_id} {node_address} {kind}"
                       f"{' leader' if node_id == st.leader_id else ''}"
-                      f"{f' (raft over {raft})' if raft else ''}")
+                      f"{f' ({st.node_id} sends it raft over {raft})' if raft else ''}")
             return 0
         answer = member_client.change(addresses, args.action, args.id, args.address,
                                       peer_address=args.peer_address, timeout_s=args.timeout_s)

@@ -163,7 +163,7 @@ def test_a_member_added_with_a_peer_address_is_reached_on_its_peer_port(tmp_path
                                       .get(m) == w for m, w in want.items()) or None,
                 20, f"{node_id} to reach n4 on its peer port and n5 over gRPC")
         listed = member_cli("list", "--cluster", addresses)
-        assert f"(raft over tcp {specs['n4'].peer_address})" in listed.stdout, listed.stdout
+        assert f"sends it raft over tcp {specs['n4'].peer_address})" in listed.stdout, listed.stdout
         # The joined members' own links to the founders are the command line's.
         assert cluster.status("n4").peer_transports["n1"] == f"tcp {specs['n1'].peer_address}"
         with cluster.client() as kv:
