@@ -106,8 +106,9 @@ class _LeaderSession:
 
     def _send(self, data: bytes) -> None:
         """Queue `data`; a writer task drains the queue (one write at a time, as gRPC
-        allows; what queued meanwhile goes in one batch). The caller never waits on a write, so its deadline also covers a stream
-        that cannot be written (a paused leader that never finished the handshake)."""
+        allows; what queued meanwhile goes in one batch). The caller never waits on a
+        write, so its deadline also covers a stream that cannot be written (a paused
+        leader that never finished the handshake)."""
         self._queue.append(data)
         if not self._writing:
             self._writing = True

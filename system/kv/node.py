@@ -71,7 +71,7 @@ from system.raft.core import (
     Ready,
 )
 from system.raft.messages import Message
-from system.raft.types import EntryKind, HardState, NodeId, SnapshotMeta
+from system.raft.types import EntryKind, HardState, Membership, NodeId, SnapshotMeta
 
 if TYPE_CHECKING:
     from system.kv.unsafe import UnsafeMode
@@ -227,6 +227,7 @@ class Node:
         self.transport = Transport(config.node_id, config.peers, trace=self.trace,
                                    tcp_links=config.peer_links)
         self._peer_server: PeerListener | None = None  # the TCP peer listener
+        self._synced_membership: Membership | None = None  # what _sync_peers last applied
         self.forwarder = Forwarder(config.node_id)  # requests sent on to the leader
         self.snapshots_installed = 0
         self.last_installed_snapshot_index = 0
@@ -842,8 +843,14 @@ class Node:
                 or node_id in self.known_members)
 
     def _sync_peers(self) -> None:
-        """Reach every member of the membership in effect (members added at run time)."""
-        for member in self.core.membership.members():
+        """Reach every member of the membership in effect (members added at run time).
+        Called after every Ready; what it does depends only on the membership (and the
+        fixed command line), so it does nothing until the core holds a new one."""
+        membership = self.core.membership
+        if membership is self._synced_membership:
+            return
+        self._synced_membership = membership
+        for member in membership.members():
             if member == self.config.node_id:
                 continue
             address = self.address_of(member)

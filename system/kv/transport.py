@@ -450,8 +450,7 @@ class Transport:
         change, or one whose address changed): new lanes, started at once; over TCP at
         `link` if given (a link from the command line wins: it is this host's route)."""
         link = self._static_links.get(peer_id) or link
-        if self.peer_address(peer_id) == (link or address) and (
-                (peer_id in self._tcp_links) == bool(link)):
+        if self.peer_address(peer_id) == (link or address):
             return
         if link:
             self._tcp_links[peer_id] = link

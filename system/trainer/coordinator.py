@@ -19,6 +19,7 @@ import json
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -403,8 +404,6 @@ class Coordinator:
         """The write in flight did not end within the wait: say where it is stuck (for the
         person reading the log) and record its outcome as unknown, since the process now
         exits with the write perhaps sent."""
-        import traceback
-
         frame = sys._current_frames().get(self._writer.ident or -1)
         stack = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)\n"
         print(f"warning: coordinator {self.options.coordinator_id} deposed with its checkpoint "
