@@ -79,7 +79,8 @@ class ClusterConfig:
     clean` can find what a crashed run left. `work_dir` is the run's folder: node logs are
     copied under `work_dir/nodes/` by `collect_logs`. `node_args` go to every `serve`
     (e.g. `--unsafe no-dedup`); `env` is added to every node's environment (e.g.
-    MAO_ALLOW_UNSAFE=1).
+    MAO_ALLOW_UNSAFE=1). `lazy_disk` puts every node's data directory on a layer that
+    holds writes until fsync (the `lose-unsynced` fault needs it: `power_loss`).
     """
 
     nodes: int
@@ -87,6 +88,7 @@ class ClusterConfig:
     work_dir: Path
     node_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    lazy_disk: bool = False
 
 
 class Platform(abc.ABC):
@@ -153,6 +155,17 @@ class Platform(abc.ABC):
         log survives for the report). The next `start_node` starts it on an empty
         directory with its usual command line: a new incarnation, which may vote only
         once the cluster took it back through a membership change (docs/kv.md)."""
+
+    def supports_power_loss(self) -> bool:
+        """Whether `power_loss` can drop unsynced writes here (the cluster runs with
+        `lazy_disk`, or the platform's disks are simulated)."""
+        return False
+
+    def power_loss(self, node_ids: list[str]) -> None:
+        """Crash `node_ids` at once (SIGKILL) and lose every write of theirs that was not
+        fsynced, as a power cut would; they stay stopped until `start_node`."""
+        raise PlatformError(f"the {self.name} platform cannot lose unsynced writes "
+                            f"(run with lose-unsynced in --faults to put nodes on a lazy disk)")
 
     @abc.abstractmethod
     def member_address(self, node_id: str) -> str:
