@@ -12,6 +12,9 @@ Canaries (see docs/kv-node.md):
 - `stale-read`: every node answers linearizable reads from its local state without the
   ReadIndex barrier. A deposed leader or a cut-off follower returns old values.
 - `no-dedup`: drops request ids before proposing, so a retried write applies twice.
+- `skips-fsync`: writes each Ready to the WAL but never fsyncs it before acknowledging,
+  sending or voting. A process crash keeps the page cache and loses nothing; a power loss
+  (the `lose-unsynced` fault) drops what was acknowledged.
 
 What it must never do: be reachable without both the flag and the environment variable.
 """
@@ -29,7 +32,7 @@ if TYPE_CHECKING:
     from system.kv.node import Node
 
 ALLOW_ENV_VAR = "MAO_ALLOW_UNSAFE"
-CANARIES = ("ack-before-commit", "stale-read", "no-dedup")
+CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync")
 
 
 class UnsafeRefused(RuntimeError):
@@ -49,6 +52,9 @@ class UnsafeMode:
 
     def after_persist(self, node: Node, entries: Sequence[Entry]) -> None:
         return None
+
+    def skips_fsync(self) -> bool:
+        return False
 
 
 class AckBeforeCommit(UnsafeMode):
@@ -115,10 +121,23 @@ class NoDedup(UnsafeMode):
         return ""
 
 
+class SkipsFsync(UnsafeMode):
+    """WRONG: a Ready's entries, term and vote are written but not fsynced before the
+    node acts on them (acknowledges, answers an APPEND, grants a vote). Invisible to
+    kills, which keep the OS's page cache; a power loss of the nodes that held a write
+    loses it after it was acknowledged."""
+
+    name = "skips-fsync"
+
+    def skips_fsync(self) -> bool:
+        return True
+
+
 _MODES: dict[str, type[UnsafeMode]] = {
     AckBeforeCommit.name: AckBeforeCommit,
     StaleRead.name: StaleRead,
     NoDedup.name: NoDedup,
+    SkipsFsync.name: SkipsFsync,
 }
 
 

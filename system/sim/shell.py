@@ -130,8 +130,12 @@ class NodeShell:
             except ValueError as error:
                 monitor.violate(Rule.STORAGE, f"{self.node_id}: {error}")
             monitor.persisted_entries(self.node_id, ready.entries)
-        if ready.must_sync:
+        if ready.must_sync and not self.skips_fsync():
             disk.sync()
+
+    def skips_fsync(self) -> bool:
+        """Whether this node's persist leaves the Ready unsynced (the skips-fsync canary)."""
+        return False
 
     def restore_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         self.sim.record(f"{self.node_id} restores snapshot ({meta.index},{meta.term})")

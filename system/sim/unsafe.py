@@ -4,7 +4,8 @@ What it is for: `python -m nemesis run --platform sim --unsafe NAME` must break 
 simulated store the way `--unsafe NAME` breaks a real node, so the harness's canary matrix
 holds on the simulator too. Two canaries are the store's own hooks, called where the real
 node calls them: `no-dedup` (`request_id_for_proposal` drops the request id) and
-`stale-read` (`skips_read_barrier`: linearizable reads served from local state). The third,
+`stale-read` (`skips_read_barrier`: linearizable reads served from local state), and
+`skips-fsync` (`skips_fsync`: a Ready persisted without its fsync). The fourth,
 `ack-before-commit`, needs the node's internals in the store, so it is written again here
 for the simulator's shell: a write is answered once the leader's own log holds it, with the
 result its entry will have if the log commits as it stands.
@@ -16,7 +17,7 @@ of deliberately wrong simulator code for the store's canaries is in this module.
 from __future__ import annotations
 
 from system.kv.state_machine import PutCommand, decode_command
-from system.kv.unsafe import CANARIES, AckBeforeCommit, NoDedup, StaleRead, UnsafeMode
+from system.kv.unsafe import CANARIES, AckBeforeCommit, NoDedup, SkipsFsync, StaleRead, UnsafeMode
 from system.raft.core import Ready
 from system.raft.types import EntryKind
 from system.sim.clients import ClientOp
@@ -36,11 +37,21 @@ class _CanaryShell(NodeShell):
         # The store's hook takes the node; the canaries answer without looking at it.
         return self.mode.skips_read_barrier(None)  # type: ignore[arg-type]
 
+    def skips_fsync(self) -> bool:
+        return self.mode.skips_fsync()
+
 
 class NoDedupShell(_CanaryShell):
     """WRONG (no-dedup): proposes writes without their request id; a retry applies twice."""
 
     mode = NoDedup()
+
+
+class SkipsFsyncShell(_CanaryShell):
+    """WRONG (skips-fsync): persists a Ready without fsyncing it, then acts on it; a
+    power loss (the disk's `crash(lose_unsynced=True)`) drops acknowledged writes."""
+
+    mode = SkipsFsync()
 
 
 class StaleReadShell(_CanaryShell):
@@ -94,12 +105,15 @@ _VARIANTS = {
                                description=StaleReadShell.__doc__ or ""),
     NoDedup.name: SimVariant("no-dedup", shell_class=NoDedupShell,
                              description=NoDedupShell.__doc__ or ""),
+    SkipsFsync.name: SimVariant("skips-fsync", shell_class=SkipsFsyncShell,
+                                description=SkipsFsyncShell.__doc__ or ""),
 }
 assert tuple(_VARIANTS) == CANARIES, "every store canary has a simulator variant"
 # By name, for `python -m system.sim --variant system.sim.unsafe:NO_DEDUP`.
 ACK_BEFORE_COMMIT = _VARIANTS[AckBeforeCommit.name]
 STALE_READ = _VARIANTS[StaleRead.name]
 NO_DEDUP = _VARIANTS[NoDedup.name]
+SKIPS_FSYNC = _VARIANTS[SkipsFsync.name]
 
 
 def variant_for(canary: str) -> SimVariant:
