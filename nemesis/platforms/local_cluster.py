@@ -329,7 +329,8 @@ class LocalCluster:
                 parts.append(f"{node_id}=down(exit {code})" if code is not None else f"{node_id}=no-answer")
             else:
                 parts.append(f"{node_id}={st.role}/t{st.term}/leader={st.leader_id or '-'}"
-                             f"/commit={st.commit_index}/applied={st.applied_index}")
+                             f"/commit={st.commit_index}/applied={st.applied_index}"
+                             + ("/vote-withheld" if st.vote_withheld else ""))
         return ", ".join(parts)
 
     def leader(self, among: Iterable[str] | None = None) -> str | None:
@@ -351,6 +352,17 @@ class LocalCluster:
     def wait_for_leader(self, timeout_s: float = 15.0, among: Iterable[str] | None = None) -> str:
         among = list(among) if among is not None else None
         return self.wait_until(lambda: self.leader(among), timeout_s, "a leader all nodes agree on")
+
+    def wait_for_confirmed(self, timeout_s: float = 15.0) -> None:
+        """Until every running node may vote: a fresh node withholds its vote until the
+        other voters confirmed its identity (docs/kv.md, "Identity and rejoining"). A test
+        that cuts or kills a node right after the first election must wait for this, or the
+        two left may be unable to elect anyone (one of them still waiting for the lost
+        node's welcome)."""
+        def confirmed() -> bool:
+            statuses = [self.status(i) for i in self.specs if self.is_running(i)]
+            return bool(statuses) and all(st is not None and not st.vote_withheld for st in statuses)
+        self.wait_until(confirmed, timeout_s, "every node's identity confirmed (no vote withheld)")
 
     def wait_for_leader_change(self, current: str | None, timeout_s: float) -> str | None:
         """For the CLI: return when the agreed leader differs from `current`, a node exited,

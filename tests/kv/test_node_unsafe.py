@@ -58,6 +58,9 @@ def _write_acknowledged_by_a_leader_without_a_majority(cluster: LocalCluster) ->
     visible on the new leader)."""
     cluster.start()
     leader = cluster.wait_for_leader(timeout_s=20)
+    # Else a follower still waiting for the leader's welcome withholds its vote for good
+    # once the leader is cut and killed, and the other two never elect (a CI flake).
+    cluster.wait_for_confirmed(timeout_s=20)
     followers = [i for i in cluster.ids if i != leader]
     with KVClient([cluster.specs[leader].address], timeout_s=1.0, retries=0) as kv:
         kv.put("warm-up", b"1")
