@@ -230,7 +230,7 @@ def serve(args: argparse.Namespace) -> int:
         storage = DurableStorage.open(config.data_dir)
     except CorruptStorage as exc:
         message = (f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
-                   f"{exc}. Nothing was served. {REJOIN_ADVICE.format(node=args.id)}")
+                   f"{exc}. Nothing was served. {rejoin_advice(args)}")
         print(message, file=sys.stderr)
         log.critical("corrupt storage; refusing to start",
                      extra={"path": str(exc.path), "offset": exc.offset, "problem": exc.problem})
@@ -244,7 +244,7 @@ def serve(args: argparse.Namespace) -> int:
     except CorruptStorage as exc:
         storage.close()
         print(f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
-              f"{exc}. Nothing was served. {REJOIN_ADVICE.format(node=args.id)}",
+              f"{exc}. Nothing was served. {rejoin_advice(args)}",
               file=sys.stderr)
         return 3
     except ValueError as exc:
@@ -268,13 +268,20 @@ def serve(args: argparse.Namespace) -> int:
     return asyncio.run(_serve_until_signal(node))
 
 
-REJOIN_ADVICE = (
-    "Do not start it on an empty directory as the same member: a node that lost its data "
-    "may have lost entries it acknowledged. To bring it back: python -m system.kv member "
-    "remove --cluster HOST:PORT --id {node}; start it on an empty directory with --join; "
-    "python -m system.kv member add --cluster HOST:PORT --id {node} --address HOST:PORT; "
-    "once it has caught up, python -m system.kv member promote --cluster HOST:PORT --id {node}"
-)
+def rejoin_advice(args: argparse.Namespace) -> str:
+    """The procedure for a node whose durable state cannot be trusted: it comes back as a
+    new member (docs/kv.md, "Identity and rejoining"), never as itself on an emptied
+    directory. One line, steps in the order to follow them."""
+    return (
+        f"Do not start it on an emptied directory as the same member: a node that lost "
+        f"its data may have lost entries it acknowledged. To bring it back as a new member: "
+        f"1) python -m system.kv member remove --cluster HOST:PORT --id {args.id}; "
+        f"2) wipe its data directory {args.data_dir} (move it aside to keep it for "
+        f"analysis); 3) python -m system.kv member add --cluster HOST:PORT --id {args.id} "
+        f"--address {args.listen}; 4) start it again with its usual command line; "
+        f"5) once it has caught up, python -m system.kv member promote --cluster HOST:PORT "
+        f"--id {args.id} (HOST:PORT: any other member's address)"
+    )
 
 
 def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
@@ -313,7 +320,7 @@ def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
     if args.cluster_id and identity.cluster_id and identity.cluster_id != args.cluster_id:
         raise ValueError(
             f"{args.data_dir} belongs to cluster {identity.cluster_id}, not {args.cluster_id}; "
-            f"{REJOIN_ADVICE.format(node=args.id)}")
+            f"{rejoin_advice(args)}")
     return identity
 
 
