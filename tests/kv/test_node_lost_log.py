@@ -95,9 +95,9 @@ def segments(data_dir: Path) -> list[Path]:
 def cut_newest_segment_mid_record(data_dir: Path) -> Path:
     """Cut the newest segment to 60% of its log, inside a record."""
     segment = segments(data_dir)[-1]
-    scan = wal.SegmentScan(segment, is_last=True)
-    offsets = [offset for offset, _ in scan]
-    cut = int(scan.end * 0.6)
+    offsets = [offset for offset, _ in wal.SegmentScan(segment, is_last=True)]
+    end = len(segment.read_bytes().rstrip(b"\0"))  # a preallocated segment is zero after it
+    cut = int(end * 0.6)
     while cut in offsets:
         cut += 1
     with segment.open("r+b") as file:
