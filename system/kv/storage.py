@@ -3,7 +3,7 @@
 Layout of `data_dir`::
 
     LOCK                      flock'ed by the process that has the storage open
-    wal/0000000000000001.wal  log segments (records: see system/kv/wal.py)
+    wal/0000000000000001.wal  log segments, preallocated (records: see system/kv/wal.py)
     snapshots/snapshot-<index>-<term>.snap   the latest snapshot (system/kv/snapshot_file.py)
 
 Rules this module keeps (and the node relies on):
@@ -19,9 +19,17 @@ Rules this module keeps (and the node relies on):
     durable; entries discarded by an installed snapshot are dropped by a TRUNCATE written
     after it. A crash between the two is repaired at open by the same rule (Raft §7: if the
     log's entry at the snapshot index has another term, the whole log is discarded).
+  * Segments are preallocated to their capacity (ftruncate, fsync of file and directory)
+    before any record is written to them or names them, so a crash never changes their
+    size: a size other than the capacity is a cut, refused (system/kv/wal.py).
   * Recovery (`open`): the newest snapshot file must verify; every segment is scanned; a
-    torn LAST record of the LAST segment is truncated with a WARNING naming file and
-    offset; any other damage raises CorruptStorage — it never serves corrupt data.
+    torn LAST record of the LAST segment (never synced) is zeroed in place (truncated in
+    a format-1 segment) with a WARNING naming file and offset; any other damage raises
+    CorruptStorage — it never serves corrupt data.
+  * A node never votes on durable state shorter than what it acknowledged: a directory
+    with IDENTITY or MEMBERS (system/kv/identity.py, written only after the first segment
+    is synced) but no WAL segment lost its log, and is refused (CorruptStorage) rather
+    than started empty as the same member.
   * After a failed write or fsync the storage refuses all further calls (StorageFailed):
     the node must stop and restart, which recovers.
 
