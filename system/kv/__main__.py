@@ -227,7 +227,13 @@ def serve(args: argparse.Namespace) -> int:
         peer_links=args.peer_links,
     )
     try:
+        # Whose directory it is comes first: another node's directory is a wrong command
+        # line (exit 2), whatever state its files are in.
+        _check_owner(args)
         storage = DurableStorage.open(config.data_dir)
+    except ValueError as exc:
+        print(f"error: node {args.id} refuses to start: {exc}", file=sys.stderr)
+        return 2
     except CorruptStorage as exc:
         message = (f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
                    f"{exc}. Nothing was served. {rejoin_advice(args)}")
@@ -292,12 +298,11 @@ def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
         STATE_NEW,
         Identity,
         derive_cluster_id,
-        load_identity,
         new_member_id,
         save_identity,
     )
 
-    identity = load_identity(args.data_dir)
+    identity = _check_owner(args)
     empty = (storage.hard_state.term == 0 and storage.last_index == 0
              and storage.snapshot_meta is None)
     if identity is None:
@@ -312,7 +317,17 @@ def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
         identity = Identity(cluster_id, args.id, new_member_id(),
                             STATE_NEW if empty else STATE_MEMBER)
         save_identity(args.data_dir, identity)
-        return identity
+    return identity
+
+
+def _check_owner(args: argparse.Namespace):  # noqa: ANN202
+    """The directory's identity (None if it has none yet). ValueError if it belongs to
+    another node id or cluster; CorruptStorage if the file is damaged."""
+    from system.kv.identity import load_identity
+
+    identity = load_identity(args.data_dir)
+    if identity is None:
+        return None
     if identity.node_id != args.id:
         raise ValueError(
             f"{args.data_dir} belongs to node {identity.node_id}, not {args.id}; give each node "
