@@ -850,3 +850,27 @@ def test_a_format_1_torn_tail_is_still_truncated(data_dir: Path, caplog) -> None
     with caplog.at_level(logging.WARNING), reopen(data_dir) as store:
         assert store.load().entries == tuple(written[:-1])
     assert "truncating" in caplog.text
+
+
+def test_a_new_segment_whose_header_was_never_synced_is_reused_in_place(
+    data_dir: Path,
+) -> None:
+    """A crash after NEXT_SEGMENT was synced but before anything in the new segment was:
+    it reads as all zero at its full size, holds nothing acknowledged, and is reused."""
+    with reopen(data_dir) as store:
+        store.set_hard_state(HardState(term=4, vote="n2", commit=0))
+        store.append(entries(1, 200, size=100))
+    files = segments(data_dir)
+    newest = files[-1]
+    in_newest = [r.index for _, r in wal.SegmentScan(newest, is_last=True) if isinstance(r, Entry)]
+    size = newest.stat().st_size
+    zero_range(newest, 0, size)
+    kept = entries(1, in_newest[0] - 1, size=100)
+    with reopen(data_dir) as store:
+        state = store.load()
+        assert state.entries == tuple(kept)
+        assert state.hard_state == HardState(term=4, vote="n2", commit=0)
+        store.append(entries(in_newest[0], 250, size=100))
+    assert newest.exists() and newest.stat().st_size == size
+    with reopen(data_dir) as store:
+        assert store.load().entries == tuple(entries(1, 250, size=100))
