@@ -234,10 +234,6 @@ def encode_segment_header_v1(sequence: int) -> list[bytes]:
     return _record(RecordType.SEGMENT_HEADER, (payload,))
 
 
-def encode_next_segment_v1(sequence: int) -> list[bytes]:
-    return _record(RecordType.NEXT_SEGMENT, (_TRUNCATE.pack(sequence),))
-
-
 def records_bytes(buffers: list[bytes]) -> int:
     return sum(len(buffer) for buffer in buffers)
 
