@@ -227,10 +227,16 @@ def serve(args: argparse.Namespace) -> int:
         peer_links=args.peer_links,
     )
     try:
+        # Whose directory it is comes first: another node's directory is a wrong command
+        # line (exit 2), whatever state its files are in.
+        _check_owner(args)
         storage = DurableStorage.open(config.data_dir)
+    except ValueError as exc:
+        print(f"error: node {args.id} refuses to start: {exc}", file=sys.stderr)
+        return 2
     except CorruptStorage as exc:
         message = (f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
-                   f"{exc}. Nothing was served. {REJOIN_ADVICE.format(node=args.id)}")
+                   f"{exc}. Nothing was served. {rejoin_advice(args)}")
         print(message, file=sys.stderr)
         log.critical("corrupt storage; refusing to start",
                      extra={"path": str(exc.path), "offset": exc.offset, "problem": exc.problem})
@@ -244,7 +250,7 @@ def serve(args: argparse.Namespace) -> int:
     except CorruptStorage as exc:
         storage.close()
         print(f"error: node {args.id} refuses to start: corrupt data in {args.data_dir}: "
-              f"{exc}. Nothing was served. {REJOIN_ADVICE.format(node=args.id)}",
+              f"{exc}. Nothing was served. {rejoin_advice(args)}",
               file=sys.stderr)
         return 3
     except ValueError as exc:
@@ -268,13 +274,20 @@ def serve(args: argparse.Namespace) -> int:
     return asyncio.run(_serve_until_signal(node))
 
 
-REJOIN_ADVICE = (
-    "Do not start it on an empty directory as the same member: a node that lost its data "
-    "may have lost entries it acknowledged. To bring it back: python -m system.kv member "
-    "remove --cluster HOST:PORT --id {node}; start it on an empty directory with --join; "
-    "python -m system.kv member add --cluster HOST:PORT --id {node} --address HOST:PORT; "
-    "once it has caught up, python -m system.kv member promote --cluster HOST:PORT --id {node}"
-)
+def rejoin_advice(args: argparse.Namespace) -> str:
+    """The procedure for a node whose durable state cannot be trusted: it comes back as a
+    new member (docs/kv.md, "Identity and rejoining"), never as itself on an emptied
+    directory. One line, steps in the order to follow them."""
+    return (
+        f"Do not start it on an emptied directory as the same member: a node that lost "
+        f"its data may have lost entries it acknowledged. To bring it back as a new member: "
+        f"1) python -m system.kv member remove --cluster HOST:PORT --id {args.id}; "
+        f"2) wipe its data directory {args.data_dir} (move it aside to keep it for "
+        f"analysis); 3) python -m system.kv member add --cluster HOST:PORT --id {args.id} "
+        f"--address {args.listen}; 4) start it again with its usual command line; "
+        f"5) once it has caught up, python -m system.kv member promote --cluster HOST:PORT "
+        f"--id {args.id} (HOST:PORT: any other member's address)"
+    )
 
 
 def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
@@ -285,12 +298,11 @@ def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
         STATE_NEW,
         Identity,
         derive_cluster_id,
-        load_identity,
         new_member_id,
         save_identity,
     )
 
-    identity = load_identity(args.data_dir)
+    identity = _check_owner(args)
     empty = (storage.hard_state.term == 0 and storage.last_index == 0
              and storage.snapshot_meta is None)
     if identity is None:
@@ -305,7 +317,17 @@ def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
         identity = Identity(cluster_id, args.id, new_member_id(),
                             STATE_NEW if empty else STATE_MEMBER)
         save_identity(args.data_dir, identity)
-        return identity
+    return identity
+
+
+def _check_owner(args: argparse.Namespace):  # noqa: ANN202
+    """The directory's identity (None if it has none yet). ValueError if it belongs to
+    another node id or cluster; CorruptStorage if the file is damaged."""
+    from system.kv.identity import load_identity
+
+    identity = load_identity(args.data_dir)
+    if identity is None:
+        return None
     if identity.node_id != args.id:
         raise ValueError(
             f"{args.data_dir} belongs to node {identity.node_id}, not {args.id}; give each node "
@@ -313,7 +335,7 @@ def _identity_for(args: argparse.Namespace, storage):  # noqa: ANN001, ANN202
     if args.cluster_id and identity.cluster_id and identity.cluster_id != args.cluster_id:
         raise ValueError(
             f"{args.data_dir} belongs to cluster {identity.cluster_id}, not {args.cluster_id}; "
-            f"{REJOIN_ADVICE.format(node=args.id)}")
+            f"{rejoin_advice(args)}")
     return identity
 
 

@@ -18,6 +18,11 @@ node id (`Introduce`). A node introducing itself under a new member id while a p
 its node id as a VOTER with another member id is refused a vote: it must rejoin through a
 membership change (remove, add as a learner, catch up, promote).
 
+The first start writes `IDENTITY` only after the storage created and synced its WAL, so a
+directory with either file but no WAL lost its log: the storage refuses it
+(system/kv/storage.py), as a node must never vote on a log shorter than what it
+acknowledged.
+
 Both files are written atomically (temporary file, fsync, rename, fsync of the directory)
 and carry a CRC32C; damage is `CorruptStorage` naming the file. This module must never
 guess an identity for a directory whose files are damaged.

@@ -3,7 +3,7 @@
 Layout of `data_dir`::
 
     LOCK                      flock'ed by the process that has the storage open
-    wal/0000000000000001.wal  log segments (records: see system/kv/wal.py)
+    wal/0000000000000001.wal  log segments, preallocated (records: see system/kv/wal.py)
     snapshots/snapshot-<index>-<term>.snap   the latest snapshot (system/kv/snapshot_file.py)
 
 Rules this module keeps (and the node relies on):
@@ -19,9 +19,17 @@ Rules this module keeps (and the node relies on):
     durable; entries discarded by an installed snapshot are dropped by a TRUNCATE written
     after it. A crash between the two is repaired at open by the same rule (Raft §7: if the
     log's entry at the snapshot index has another term, the whole log is discarded).
+  * Segments are preallocated to their capacity (ftruncate, fsync of file and directory)
+    before any record is written to them or names them, so a crash never changes their
+    size: a size other than the capacity is a cut, refused (system/kv/wal.py).
   * Recovery (`open`): the newest snapshot file must verify; every segment is scanned; a
-    torn LAST record of the LAST segment is truncated with a WARNING naming file and
-    offset; any other damage raises CorruptStorage — it never serves corrupt data.
+    torn LAST record of the LAST segment (never synced) is zeroed in place (truncated in
+    a format-1 segment) with a WARNING naming file and offset; any other damage raises
+    CorruptStorage — it never serves corrupt data.
+  * A node never votes on durable state shorter than what it acknowledged: a directory
+    with IDENTITY or MEMBERS (system/kv/identity.py, written only after the first segment
+    is synced) but no WAL segment lost its log, and is refused (CorruptStorage) rather
+    than started empty as the same member.
   * After a failed write or fsync the storage refuses all further calls (StorageFailed):
     the node must stop and restart, which recovers.
 
@@ -44,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from system.kv import wal
+from system.kv.identity import IDENTITY_FILE, MEMBERS_FILE
 from system.kv.snapshot_file import (
     TEMP_SUFFIX,
     fsync_directory,
@@ -70,8 +79,11 @@ LOCK_FILE = "LOCK"
 class _Segment:
     sequence: int
     path: Path
-    size_bytes: int = 0
+    size_bytes: int = 0  # where its log ends: the next record is written there
     max_entry_index: int = 0  # highest index of any ENTRY record in it (0 = none)
+    capacity: int = 0  # preallocated size (format 2); 0 for a format-1 segment
+    header: wal.SegmentHeader | None = None
+    next_capacity: int | None = None  # its NEXT_SEGMENT record's (None: it has none)
 
 
 @dataclass
@@ -85,6 +97,9 @@ class _Replay:
     term_at_snapshot_index: int | None = None  # term of the WAL's entry at that index
     segments: list[_Segment] = field(default_factory=list)
     torn: list[tuple[_Segment, wal.TornTail]] = field(default_factory=list)
+    # The newest segment has no header (created, never synced): "reuse" it in place, or
+    # "drop" it (its rotation never finished: the segment before it is still the last).
+    headerless: tuple[str, wal.TornTail | None] | None = None
 
 
 class DurableStorage:
@@ -93,6 +108,7 @@ class DurableStorage:
     def __init__(self, data_dir: Path, segment_bytes: int, lock_fd: int) -> None:
         # Use open(): it recovers the files and fills in the rest.
         self.data_dir = data_dir
+        self._used = _has_identity(data_dir)
         self.segment_bytes = segment_bytes
         self._lock_fd: int | None = lock_fd
         self._wal_dir = data_dir / WAL_DIR
@@ -121,6 +137,8 @@ class DurableStorage:
         if segment_bytes < 4096:
             raise ValueError(f"segment_bytes must be >= 4096, got {segment_bytes}")
         data_dir = Path(data_dir)
+        if _has_identity(data_dir) and not (data_dir / WAL_DIR).is_dir():
+            raise CorruptStorage(data_dir / WAL_DIR, 0, _lost_wal(data_dir, "does not exist"))
         for directory in (data_dir, data_dir / WAL_DIR, data_dir / SNAPSHOT_DIR):
             if not directory.is_dir():
                 directory.mkdir(parents=True, exist_ok=True)
@@ -146,15 +164,9 @@ class DurableStorage:
         for stale in self._snapshot_dir.glob("*" + TEMP_SUFFIX):
             # A snapshot whose rename never happened: it was never used.
             stale.unlink()
-        replay = _replay(self._wal_dir, self._snapshot_dir)
+        replay = _replay(self._wal_dir, self._snapshot_dir, used=self._used)
         for segment, torn in replay.torn:
-            log.warning(
-                "%s: torn last record at byte offset %d (%s); truncating the file to %d "
-                "bytes. Expected after a crash: that record was never synced, so never "
-                "acknowledged.", segment.path, torn.offset, torn.reason, torn.offset,
-            )
-            os.truncate(segment.path, torn.offset)
-            segment.size_bytes = torn.offset
+            _repair_torn(segment, torn)
         self._hard_state = replay.hard_state
         self._snapshot = replay.snapshot
         self._snapshot_path = (
@@ -162,17 +174,33 @@ class DurableStorage:
         )
         self._segments = replay.segments
         self._set_entries(replay.entries)
+        fresh = None
+        if replay.headerless is not None:
+            action, torn = replay.headerless
+            if action == "drop":
+                log.warning("%s: a new segment whose rotation never finished (the one before "
+                            "it has no NEXT_SEGMENT record); removing it", self._segments[-1].path)
+                self._segments.pop().path.unlink()
+                fsync_directory(self._wal_dir)
+            else:
+                fresh = self._segments[-1]
+                self._prepare_headerless(fresh, torn)
         if not self._segments:
             self._start_segment(1)
         else:
             last = self._segments[-1]
-            self._fd = os.open(last.path, os.O_WRONLY | os.O_APPEND)
-            if last.size_bytes == 0:
-                # Created (or torn) before its header was written: write it now.
-                self._write(wal.encode_segment_header(last.sequence), last)
+            self._fd = os.open(last.path, os.O_WRONLY)
+            os.lseek(self._fd, last.size_bytes, os.SEEK_SET)
+            if last is fresh:
+                # Created before its header was synced: write it now.
+                self._write(wal.encode_segment_header(last.sequence, last.capacity), last)
+            if last.capacity == 0:
+                # A format-1 segment (written by the old code): seal it and go on in a
+                # preallocated one, whose size tells a cut from a crash.
+                self._rotate()
             # The last segment may have lost its copy of the hard state to a torn
             # rotation; once older segments are compacted away it must still be here.
-            self._write(wal.encode_hard_state(self._hard_state), last)
+            self._append_records(wal.encode_hard_state(self._hard_state))
         snapshot = replay.snapshot
         if (
             snapshot is not None
@@ -186,7 +214,7 @@ class DurableStorage:
                 "discarding the log after the snapshot (an interrupted snapshot install)",
                 self._wal_dir, snapshot.index, replay.term_at_snapshot_index, snapshot.term,
             )
-            self._write(wal.encode_truncate(snapshot.index), self._segments[-1])
+            self._append_records(wal.encode_truncate(snapshot.index))
             self._set_entries([])
             replay.entries = []
         self._sync_now()
@@ -215,7 +243,7 @@ class DurableStorage:
             state, self._pending_load = self._pending_load, None
             return state
         self.sync()
-        replay = _replay(self._wal_dir, self._snapshot_dir)
+        replay = _replay(self._wal_dir, self._snapshot_dir, used=self._used)
         if replay.torn:
             segment, torn = replay.torn[0]
             raise CorruptStorage(segment.path, torn.offset, f"unexpected torn record: {torn.reason}")
@@ -306,16 +334,17 @@ class DurableStorage:
                 self._bytes_since_snapshot -= sum(self._sizes_bytes[keep:])
                 del self._terms[keep:]
                 del self._sizes_bytes[keep:]
-            pending_bytes = sum(len(b) for b in buffers)
+            pending_bytes = wal.records_bytes(buffers)
             for entry in entries:
-                if segment.size_bytes + pending_bytes >= self.segment_bytes and pending_bytes:
-                    self._write(buffers, segment)
-                    buffers, pending_bytes = [], 0
-                if segment.size_bytes >= self.segment_bytes:
-                    segment = self._rotate()
-                record = wal.encode_entry(entry)
-                buffers += record
-                pending_bytes += wal.entry_record_bytes(entry)
+                record_bytes = wal.entry_record_bytes(entry)
+                if not self._fits(segment, pending_bytes + record_bytes):
+                    if pending_bytes:
+                        self._write(buffers, segment)
+                        buffers, pending_bytes = [], 0
+                    if not self._fits(segment, record_bytes):
+                        segment = self._rotate(record_bytes)
+                buffers += wal.encode_entry(entry)
+                pending_bytes += record_bytes
                 segment.max_entry_index = max(segment.max_entry_index, entry.index)
                 self._terms.append(entry.term)
                 self._sizes_bytes.append(len(entry.data))
@@ -332,7 +361,7 @@ class DurableStorage:
             return
         self._pending_load = None
         try:
-            self._write(wal.encode_hard_state(hard_state), self._segments[-1])
+            self._append_records(wal.encode_hard_state(hard_state))
         except OSError as error:
             self._fail(error)
             raise
@@ -387,7 +416,7 @@ class DurableStorage:
             if discard_log and self.last_index >= meta.index:
                 # The WAL holds a conflicting entry at or after meta.index: drop it (and
                 # everything after) so that a replay cannot resurrect it.
-                self._write(wal.encode_truncate(meta.index), self._segments[-1])
+                self._append_records(wal.encode_truncate(meta.index))
                 self._sync_now()
             covered = min(max(0, meta.index - self.snapshot_index), len(self._terms))
             if discard_log:
@@ -458,6 +487,20 @@ class DurableStorage:
         segment.size_bytes += write_all(self._fd, buffers)
         self._unsynced = True
 
+    def _fits(self, segment: _Segment, record_bytes: int) -> bool:
+        """Whether `record_bytes` more fit in the segment's preallocated room, leaving
+        room for the NEXT_SEGMENT record that seals it."""
+        room = segment.capacity - segment.size_bytes - wal.NEXT_SEGMENT_RECORD_BYTES
+        return record_bytes <= room
+
+    def _append_records(self, buffers: list[bytes]) -> None:
+        """Write records to the newest segment, first rotating if they do not fit."""
+        segment = self._segments[-1]
+        record_bytes = wal.records_bytes(buffers)
+        if not self._fits(segment, record_bytes):
+            segment = self._rotate(record_bytes)
+        self._write(buffers, segment)
+
     def _sync_now(self) -> None:
         assert self._fd is not None
         try:
@@ -467,40 +510,129 @@ class DurableStorage:
             raise
         self._unsynced = False
 
-    def _rotate(self) -> _Segment:
+    def _new_capacity(self, record_bytes: int) -> int:
+        hard_state_bytes = wal.records_bytes(wal.encode_hard_state(self._hard_state))
+        return wal.segment_capacity(self.segment_bytes, hard_state_bytes + record_bytes)
+
+    def _create_segment_file(self, sequence: int, capacity: int) -> tuple[int, _Segment]:
+        """A new segment file at its full size, durable (file and directory entry) before
+        anything refers to it or is written to it: from then on its size can only change
+        by damage, never by a crash. ftruncate makes it sparse (posix_fallocate would be
+        emulated by writing zeros where the file system lacks fallocate)."""
+        segment = _Segment(sequence, self._wal_dir / wal.segment_name(sequence),
+                           capacity=capacity)
+        fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, capacity)
+            os.fsync(fd)
+            fsync_directory(self._wal_dir)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, segment
+
+    def _rotate(self, record_bytes: int = 0) -> _Segment:
         # The full segment must be durable before records land in the next one: a later
         # segment's records are only valid if every earlier segment is whole. The next
-        # file is created (and its directory entry synced) BEFORE the full segment says
-        # it continues there, so a crash can never leave that record pointing at nothing:
-        # a missing newest segment is then damage, never a crash (see _replay).
+        # file is created at its full size (and it and its directory entry synced) BEFORE
+        # the full segment says it continues there with that size, so a crash can never
+        # leave that record pointing at nothing or at a shorter file: a missing or cut
+        # newest segment is then damage, never a crash (see _replay).
         old = self._segments[-1]
-        sequence = old.sequence + 1
-        path = self._wal_dir / wal.segment_name(sequence)
-        new_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        fsync_directory(self._wal_dir)
-        self._write(wal.encode_next_segment(sequence), old)
+        capacity = self._new_capacity(record_bytes)
+        new_fd, segment = self._create_segment_file(old.sequence + 1, capacity)
+        self._write(wal.encode_next_segment(segment.sequence, capacity), old)
+        old.next_capacity = capacity
         self._sync_now()
         assert self._fd is not None
         os.close(self._fd)
         self._fd = new_fd
-        segment = _Segment(sequence, path)
         self._segments.append(segment)
-        self._write(wal.encode_segment_header(sequence), segment)
+        self._write(wal.encode_segment_header(segment.sequence, capacity), segment)
         self._write(wal.encode_hard_state(self._hard_state), segment)
         return segment
 
     def _start_segment(self, sequence: int) -> _Segment:
-        segment = _Segment(sequence, self._wal_dir / wal.segment_name(sequence))
-        self._fd = os.open(segment.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        self._fd, segment = self._create_segment_file(sequence, self._new_capacity(0))
         self._segments.append(segment)
-        fsync_directory(self._wal_dir)
-        self._write(wal.encode_segment_header(sequence), segment)
+        self._write(wal.encode_segment_header(sequence, segment.capacity), segment)
         self._write(wal.encode_hard_state(self._hard_state), segment)
         return segment
 
+    def _prepare_headerless(self, segment: _Segment, torn: wal.TornTail | None) -> None:
+        """Make the newest segment, created but never synced with its header, an empty
+        preallocated segment again, keeping its size if it had reached it."""
+        size = segment.path.stat().st_size
+        if size < wal.BLOCK_BYTES:
+            # Empty, or a format-1 header cut by a crash: nothing refers to its size (the
+            # segment before it is format 1, or there is none).
+            capacity = self._new_capacity(0)
+            os.truncate(segment.path, 0)
+            os.truncate(segment.path, capacity)
+        else:
+            capacity = size
+            if torn is not None:
+                _repair_torn(segment, torn)
+        fd = os.open(segment.path, os.O_WRONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_directory(self._wal_dir)
+        segment.capacity, segment.size_bytes = capacity, 0
 
-def _replay(wal_dir: Path, snapshot_dir: Path) -> _Replay:
-    """Read the snapshot and every segment; report torn tails (the caller repairs them)."""
+
+def _has_identity(data_dir: Path) -> bool:
+    """Whether the directory says it belongs to a member (system/kv/identity.py). The
+    first start creates and syncs the WAL before either file, so from then on a missing
+    WAL is a lost log, never a start cut short."""
+    return any((data_dir / name).exists() for name in (IDENTITY_FILE, MEMBERS_FILE))
+
+
+def _lost_wal(data_dir: Path, what: str) -> str:
+    return (
+        f"the WAL is missing: {data_dir / WAL_DIR} {what}, but {data_dir / IDENTITY_FILE} "
+        f"(or {MEMBERS_FILE}) says this directory is a member that has written its log. A "
+        f"node that lost its log may have lost entries it acknowledged, and must not vote "
+        f"or count toward a commit as the same member"
+    )
+
+
+def _repair_torn(segment: _Segment, torn: wal.TornTail) -> None:
+    """Cut a torn tail: a format-1 file is truncated; a preallocated one keeps its size
+    and the torn bytes are zeroed (and synced) before anything is written after them."""
+    if torn.zero_until is None:
+        log.warning(
+            "%s: torn last record at byte offset %d (%s); truncating the file to %d "
+            "bytes. Expected after a crash: that record was never synced, so never "
+            "acknowledged.", segment.path, torn.offset, torn.reason, torn.offset,
+        )
+        os.truncate(segment.path, torn.offset)
+    else:
+        log.warning(
+            "%s: torn last record at byte offset %d (%s); zeroing bytes %d..%d. Expected "
+            "after a crash: that record was never synced, so never acknowledged.",
+            segment.path, torn.offset, torn.reason, torn.offset, torn.zero_until,
+        )
+        _zero_range(segment.path, torn.offset, torn.zero_until)
+    segment.size_bytes = torn.offset
+
+
+def _zero_range(path: Path, start: int, end: int) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        zeros = bytes(min(end - start, 1 << 20))
+        position = start
+        while position < end:
+            position += os.pwrite(fd, zeros[: end - position], position)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replay(wal_dir: Path, snapshot_dir: Path, *, used: bool) -> _Replay:
+    """Read the snapshot and every segment; report torn tails (the caller repairs them).
+    `used`: the directory has an identity, so its first segment was synced before."""
     replay = _Replay()
     snapshots = sorted(
         (parsed, path)
@@ -535,6 +667,8 @@ def _replay(wal_dir: Path, snapshot_dir: Path) -> _Replay:
             f"(a gap before segment {first_sequence}), which happens only once a snapshot "
             f"covers them, but {snapshot_dir} holds no snapshot",
         )
+    if not numbered and used:
+        raise CorruptStorage(wal_dir, 0, _lost_wal(wal_dir.parent, "holds no segment"))
     if not numbered and replay.snapshot is not None:
         raise CorruptStorage(
             wal_dir, 0,
@@ -552,6 +686,7 @@ def _replay(wal_dir: Path, snapshot_dir: Path) -> _Replay:
             if offset == 0:
                 if not isinstance(record, wal.SegmentHeader):
                     raise CorruptStorage(segment.path, 0, "segment does not start with its header")
+                _check_follows(replay.segments[position - 1] if position else None, segment)
                 if record.sequence != segment.sequence:
                     raise CorruptStorage(
                         segment.path, 0,
@@ -591,6 +726,7 @@ def _replay(wal_dir: Path, snapshot_dir: Path) -> _Replay:
                     del entries[record.index - snapshot_index - 1 :]
                 wal_last = min(wal_last, record.index - 1)
             elif isinstance(record, wal.NextSegment):
+                segment.next_capacity = record.capacity
                 if is_last:
                     missing = wal_dir / wal.segment_name(record.sequence)
                     raise CorruptStorage(
@@ -600,10 +736,55 @@ def _replay(wal_dir: Path, snapshot_dir: Path) -> _Replay:
                     )
             else:
                 raise CorruptStorage(segment.path, offset, "a second segment header")
-        if not saw_header and not is_last:
-            # Only the newest segment can be caught between creation and its first write.
-            raise CorruptStorage(segment.path, 0, "segment is empty but is not the last one")
-        if scan.torn is not None:
+        segment.header = scan.header
+        segment.capacity = scan.header.capacity if scan.header else 0
+        segment.size_bytes = scan.end
+        if not saw_header:
+            if not is_last:
+                # Only the newest segment can be caught between creation and its first write.
+                raise CorruptStorage(segment.path, 0, "segment is empty but is not the last one")
+            previous = replay.segments[position - 1] if position else None
+            replay.headerless = (_headerless_newest(previous, segment, used), scan.torn)
+        elif scan.torn is not None:
             replay.torn.append((segment, scan.torn))
-            segment.size_bytes = scan.torn.offset
     return replay
+
+
+def _check_follows(previous: _Segment | None, segment: _Segment) -> None:
+    """A segment with records is only reached through the NEXT_SEGMENT record that seals
+    the one before it (synced before anything is written here): a preallocated segment
+    without it lost its end."""
+    if previous is None or previous.header is None or not previous.header.preallocated:
+        return  # format 1 segments written before NEXT_SEGMENT existed lack it
+    if previous.next_capacity is None:
+        raise CorruptStorage(
+            previous.path, previous.size_bytes,
+            f"the log in this segment ends without the NEXT_SEGMENT record that seals a "
+            f"full segment, yet {segment.path.name} after it holds records: the end of this "
+            f"segment (synced and possibly acknowledged records) was lost",
+        )
+
+
+def _headerless_newest(previous: _Segment | None, segment: _Segment, used: bool) -> str:
+    """What to do with a newest segment that has no header: "drop" it, "reuse" it, or
+    CorruptStorage if its header must have been synced (so it was lost, not unwritten)."""
+    size = segment.path.stat().st_size
+    if previous is None:
+        if segment.sequence > 1 or used:
+            raise CorruptStorage(
+                segment.path, 0,
+                "the only WAL segment has no header, but it was synced before this "
+                "directory got its identity (or before older segments were removed): its "
+                "records were lost",
+            )
+        return "reuse"  # the very first start was cut short
+    if previous.next_capacity is None:
+        return "drop"  # its rotation was cut short: nothing was written to it
+    if previous.next_capacity and size != previous.next_capacity:
+        raise CorruptStorage(
+            segment.path, min(size, previous.next_capacity),
+            f"the newest segment is {size} bytes but was preallocated to "
+            f"{previous.next_capacity} ({previous.path.name} says so): it was cut. A crash "
+            f"never changes a preallocated segment's size",
+        )
+    return "reuse"

@@ -261,67 +261,142 @@ def write_log(data_dir: Path, count: int = 10) -> list[Entry]:
     return written
 
 
-def test_a_torn_last_record_is_truncated_with_a_warning_naming_file_and_offset(
+def log_end(path: Path) -> int:
+    """Where the segment's log ends (a preallocated segment is longer than its data)."""
+    scan = wal.SegmentScan(path, is_last=True)
+    for _ in scan:
+        pass
+    return scan.end
+
+
+def zero_range(path: Path, start: int, end: int) -> None:
+    with path.open("r+b") as file:
+        file.seek(start)
+        file.write(bytes(end - start))
+
+
+def write_log_with_a_big_last_record(data_dir: Path) -> tuple[list[Entry], Path, int, int]:
+    """Ten small entries, then an 9000-byte one whose record starts 5 bytes before a block
+    boundary (so a crash can split its header too). Returns the small entries, the
+    segment, and the big record's start and end."""
+    written = entries(1, 10)
+    with DurableStorage.open(data_dir, segment_bytes=64 * 1024) as store:
+        store.set_hard_state(HardState(term=1, vote="n1", commit=0))
+        store.append(written)
+        [segment] = segments(data_dir)
+        filler = 4096 - 5 - log_end(segment) - wal.RECORD_HEADER_BYTES - 17
+        store.append([Entry(term=1, index=11, data=b"f" * filler)])
+        assert log_end(segment) == 4091
+        store.append([Entry(term=1, index=12, data=b"z" * 9000)])
+    return [*written, Entry(term=1, index=11, data=b"f" * filler)], segment, 4091, log_end(segment)
+
+
+def test_a_torn_last_record_is_zeroed_with_a_warning_naming_file_and_offset(
     data_dir: Path, caplog
 ) -> None:
-    written = write_log(data_dir)
-    [segment] = segments(data_dir)
-    last_offset = record_offsets(segment)[-1]
-    with segment.open("r+b") as file:
-        file.truncate(last_offset + 20)
+    """A crash that left a page-aligned prefix of the last record (the rest of the file
+    zero): the record was never synced, so it is dropped, in place: the size stays."""
+    kept, segment, start, end = write_log_with_a_big_last_record(data_dir)
+    size = segment.stat().st_size
+    zero_range(segment, 8192, end)
     with caplog.at_level(logging.WARNING), reopen(data_dir) as store:
-        assert store.load().entries == tuple(written[:-1])
-    assert f"{segment}: torn last record at byte offset {last_offset}" in caplog.text
+        assert store.load().entries == tuple(kept)
+    assert f"{segment}: torn last record at byte offset {start}" in caplog.text
+    assert segment.stat().st_size == size
     # The torn bytes are gone: the record now at that offset is the hard state that every
     # open re-records.
     records = dict(wal.SegmentScan(segment, is_last=True))
-    assert records[last_offset] == HardState(term=1, vote="n1", commit=0)
+    assert records[start] == HardState(term=1, vote="n1", commit=0)
 
 
-def test_truncation_at_every_byte_of_the_last_record_recovers_the_prefix(
+def test_every_crash_prefix_of_the_last_record_recovers_the_prefix(
     data_dir: Path, tmp_path: Path, caplog
 ) -> None:
-    written = write_log(data_dir)
-    [segment] = segments(data_dir)
-    start, end = record_offsets(segment)[-1], segment.stat().st_size
-    for cut in range(start, end):
+    """Zero from each block boundary inside the last record (a killed write leaves a
+    page-aligned prefix; a power cut loses whole blocks), including one that splits its
+    header, or the whole record: the log before it is recovered and continues."""
+    kept, segment, start, end = write_log_with_a_big_last_record(data_dir)
+    big = Entry(term=1, index=12, data=b"z" * 9000)
+    for cut in [start, 4096, 8192, 12288]:
+        assert start <= cut < end
         trial = tmp_path / f"cut-{cut}"
         shutil.copytree(data_dir, trial)
         trial_segment = trial / "wal" / segment.name
-        with trial_segment.open("r+b") as file:
-            file.truncate(cut)
+        zero_range(trial_segment, cut, end)
         caplog.clear()
         with caplog.at_level(logging.WARNING), reopen(trial) as store:
-            assert store.load().entries == tuple(written[:-1]), f"cut at {cut}"
-            store.append([written[-1]])  # the log continues cleanly after the repair
+            assert store.load().entries == tuple(kept), f"cut at {cut}"
+            store.append([big])  # the log continues cleanly after the repair
         assert (cut == start) == ("torn" not in caplog.text), f"cut at {cut}"
         with reopen(trial) as store:
-            assert store.load().entries == tuple(written)
+            assert store.load().entries == (*kept, big)
         shutil.rmtree(trial)
 
 
-def test_a_zero_filled_tail_is_treated_as_torn(data_dir: Path, caplog) -> None:
-    written = write_log(data_dir)
+@pytest.mark.parametrize("where", ["1 byte", "60% mid-record", "record boundary",
+                                   "after the header"])
+def test_a_cut_preallocated_segment_is_refused(data_dir: Path, where: str) -> None:
+    """Cutting the end off a segment (what a crash never does to a preallocated file) loses
+    records that may have been synced and acknowledged: refused, naming the file."""
+    with DurableStorage.open(data_dir, segment_bytes=64 * 1024) as store:
+        store.set_hard_state(HardState(term=1, vote="n1", commit=0))
+        store.append(entries(1, 100, size=100))
     [segment] = segments(data_dir)
-    with segment.open("ab") as file:
-        file.write(bytes(8192))
-    with caplog.at_level(logging.WARNING), reopen(data_dir) as store:
-        assert store.load().entries == tuple(written)
-    assert "zero-filled tail" in caplog.text
+    offsets = record_offsets(segment)
+    end = log_end(segment)
+    cut = {
+        "1 byte": segment.stat().st_size - 1,
+        "60% mid-record": int(end * 0.6),
+        "record boundary": offsets[60],
+        "after the header": offsets[1],
+    }[where]
+    if where == "60% mid-record":
+        assert cut not in offsets
+    with segment.open("r+b") as file:
+        file.truncate(cut)
+    with pytest.raises(CorruptStorage) as caught:
+        reopen(data_dir)
+    assert caught.value.path == segment
+    assert "preallocated" in str(caught.value)
 
 
-def test_the_log_continues_after_a_torn_tail_only_because_it_was_truncated(
-    data_dir: Path, monkeypatch
-) -> None:
-    """Broken variant: recovery that reports but does not cut the torn bytes leaves
-    them in the middle of the log, and the next open must refuse it."""
+def test_a_cut_newest_segment_after_a_rotation_is_refused(data_dir: Path) -> None:
+    """Also when several segments exist, and when the cut leaves no header: the segment
+    before it names the size it was created with."""
+    with reopen(data_dir) as store:
+        store.append(entries(1, 200, size=100))
+    files = segments(data_dir)
+    assert len(files) > 2
+    for cut in (int(log_end(files[-1]) * 0.6), 0):
+        with files[-1].open("r+b") as file:
+            file.truncate(cut)
+        with pytest.raises(CorruptStorage, match="preallocated") as caught:
+            reopen(data_dir)
+        assert caught.value.path == files[-1]
+
+
+def test_non_zero_bytes_after_the_logs_end_are_corruption(data_dir: Path) -> None:
     write_log(data_dir)
     [segment] = segments(data_dir)
+    end = log_end(segment)
     with segment.open("r+b") as file:
-        file.truncate(record_offsets(segment)[-1] + 20)
-    monkeypatch.setattr(storage.os, "truncate", lambda path, length: None)
+        file.seek(end + 100)
+        file.write(b"x")
+    with pytest.raises(CorruptStorage, match="not zero") as caught:
+        reopen(data_dir)
+    assert caught.value.offset == end
+
+
+def test_the_log_continues_after_a_torn_tail_only_because_it_was_zeroed(
+    data_dir: Path, monkeypatch
+) -> None:
+    """Broken variant: recovery that reports but does not zero the torn bytes leaves
+    them after the records written next, and the next open must refuse it."""
+    _, segment, _, end = write_log_with_a_big_last_record(data_dir)
+    zero_range(segment, 8192, end)
+    monkeypatch.setattr(storage, "_zero_range", lambda path, start, end: None)
     with reopen(data_dir) as store:
-        store.append(entries(10, 12, term=2))
+        store.append(entries(12, 14, term=2))
     monkeypatch.undo()
     with pytest.raises(CorruptStorage):
         reopen(data_dir)
@@ -374,15 +449,32 @@ def test_flipped_byte_check_fails_without_checksums(data_dir: Path, monkeypatch)
 def test_a_damaged_last_record_in_a_segment_that_is_not_the_last_is_corruption(
     data_dir: Path,
 ) -> None:
+    """Damage that would be a torn tail in the newest segment (zero from a block boundary
+    inside a record) is corruption in an older one: it was synced before the next began."""
+    with DurableStorage.open(data_dir, segment_bytes=16 * 1024) as store:
+        store.append(entries(1, 40, size=1000))
+    first = segments(data_dir)[0]
+    assert len(segments(data_dir)) > 1
+    offsets = record_offsets(first)
+    pairs = zip(offsets, offsets[1:], strict=False)
+    spanning = [o for o, n in pairs if o // 4096 != (n - 1) // 4096]
+    victim = spanning[-1]
+    zero_range(first, -(-(victim + 1) // 4096) * 4096, log_end(first))
+    with pytest.raises(CorruptStorage, match="not the last") as caught:
+        reopen(data_dir)
+    assert caught.value.path == first and caught.value.offset == victim
+
+
+def test_a_segment_that_lost_its_sealing_record_is_corruption(data_dir: Path) -> None:
+    """An older segment whose NEXT_SEGMENT record reads as zero lost its end."""
     with reopen(data_dir) as store:
         store.append(entries(1, 200, size=100))
     first = segments(data_dir)[0]
     last_offset = record_offsets(first)[-1]
-    with first.open("r+b") as file:
-        file.truncate(last_offset + 20)
-    with pytest.raises(CorruptStorage, match="not the last") as caught:
+    zero_range(first, last_offset, log_end(first))
+    with pytest.raises(CorruptStorage, match="NEXT_SEGMENT") as caught:
         reopen(data_dir)
-    assert caught.value.path == first and caught.value.offset == last_offset
+    assert caught.value.path == first
 
 
 def test_a_missing_middle_segment_is_corruption(data_dir: Path) -> None:
@@ -449,8 +541,7 @@ def test_hard_state_survives_when_a_rotation_was_cut_before_its_copy(data_dir: P
         store.append(entries(1, 60, size=100))
     first, second = segments(data_dir)[:2]
     second_offsets = record_offsets(second)
-    with second.open("r+b") as file:
-        file.truncate(second_offsets[1])  # keep only the segment header
+    zero_range(second, second_offsets[1], log_end(second))  # only the header was synced
     for extra in segments(data_dir)[2:]:
         extra.unlink()
     with reopen(data_dir) as store:
@@ -586,7 +677,7 @@ def test_a_complete_last_record_that_fails_its_checksum_is_corruption(
     [segment] = segments(data_dir)
     last_offset = record_offsets(segment)[-1]
     data = bytearray(segment.read_bytes())
-    data[-3] ^= 0x40  # a data byte of the last record
+    data[log_end(segment) - 3] ^= 0x40  # a data byte of the last record
     segment.write_bytes(bytes(data))
     with pytest.raises(CorruptStorage) as caught:
         reopen(data_dir)
@@ -599,7 +690,7 @@ def test_a_last_record_ending_in_a_never_written_block_is_torn(data_dir: Path, c
     written = write_log(data_dir)
     with reopen(data_dir) as store:
         store.append([Entry(term=1, index=11, data=b"z" * 9000)])
-    [segment] = segments(data_dir)
+    segment = segments(data_dir)[-1]
     last_offset = record_offsets(segment)[-1]
     data = bytearray(segment.read_bytes())
     boundary = -(-(last_offset + 1) // 4096) * 4096
@@ -648,3 +739,138 @@ def test_the_catch_up_index_of_a_voter_that_lost_entries_survives_reopen(data_di
         store.set_hard_state(HardState(term=3, vote="n2", commit=0, catch_up_to=300))
     with reopen(data_dir) as store:
         assert store.load().hard_state == HardState(term=3, vote="n2", commit=0, catch_up_to=300)
+
+
+# --- a log that went backwards (issue 20): refused, never served as a shorter log --------
+
+
+def give_identity(data_dir: Path) -> None:
+    from system.kv.identity import STATE_MEMBER, Identity, save_identity
+
+    save_identity(data_dir, Identity("c-1", "n1", "m-1", STATE_MEMBER))
+
+
+@pytest.mark.parametrize("how", ["wal folder deleted", "wal folder emptied"])
+def test_a_member_directory_without_its_wal_is_refused(data_dir: Path, how: str) -> None:
+    """IDENTITY is written after the first segment is synced, so a directory that has it but
+    no WAL lost its log; starting on an empty log as the same member would let it vote
+    and count toward commits without the entries it acknowledged."""
+    write_log(data_dir)
+    give_identity(data_dir)
+    if how == "wal folder deleted":
+        shutil.rmtree(data_dir / "wal")
+    else:
+        for path in segments(data_dir):
+            path.unlink()
+    with pytest.raises(CorruptStorage, match="WAL is missing") as caught:
+        reopen(data_dir)
+    assert caught.value.path == data_dir / "wal"
+    assert "IDENTITY" in str(caught.value)
+    assert not (data_dir / "wal").exists() or how == "wal folder emptied"  # nothing created
+
+
+def test_without_an_identity_a_missing_wal_is_a_fresh_start(data_dir: Path) -> None:
+    write_log(data_dir)
+    shutil.rmtree(data_dir / "wal")
+    with reopen(data_dir) as store:
+        assert store.load().entries == ()
+
+
+def test_the_only_segment_cut_to_nothing_is_refused_once_the_directory_has_an_identity(
+    data_dir: Path,
+) -> None:
+    """Without an identity an empty first segment is a first start cut short (nothing was
+    ever acknowledged); with one, its header was synced before the identity was written."""
+    write_log(data_dir)
+    [segment] = segments(data_dir)
+    segment.write_bytes(b"")
+    with reopen(data_dir) as store:
+        assert store.load().entries == ()
+    segment.write_bytes(b"")
+    give_identity(data_dir)
+    with pytest.raises(CorruptStorage, match="no header") as caught:
+        reopen(data_dir)
+    assert caught.value.path == segment
+
+
+def test_a_rotation_cut_before_its_sealing_record_drops_the_unused_new_segment(
+    data_dir: Path, caplog
+) -> None:
+    """A crash after the next segment was created but before NEXT_SEGMENT was synced: the
+    new file (full size, all zero) holds nothing; the log goes on in the older one."""
+    written = entries(1, 5)
+    with reopen(data_dir) as store:
+        store.append(written)
+    [segment] = segments(data_dir)
+    leftover = segment.with_name(wal.segment_name(2))
+    with leftover.open("wb") as file:
+        file.truncate(4096)
+    with caplog.at_level(logging.WARNING), reopen(data_dir) as store:
+        assert store.load().entries == tuple(written)
+        store.append(entries(6, 100))
+    assert "rotation never finished" in caplog.text
+    with reopen(data_dir) as store:
+        assert store.load().entries == tuple(entries(1, 100))
+
+
+def write_format_1_segment(data_dir: Path, written: list[Entry]) -> Path:
+    """A segment as the code before preallocation wrote it: its size is its data's end."""
+    (data_dir / "wal").mkdir(parents=True)
+    (data_dir / "snapshots").mkdir()
+    path = data_dir / "wal" / wal.segment_name(1)
+    buffers = [*wal.encode_segment_header_v1(1),
+               *wal.encode_hard_state(HardState(term=2, vote="n1", commit=3))]
+    for entry in written:
+        buffers += wal.encode_entry(entry)
+    path.write_bytes(b"".join(buffers))
+    return path
+
+
+def test_format_1_segments_still_open_and_the_log_goes_on_preallocated(data_dir: Path) -> None:
+    written = entries(1, 30)
+    old = write_format_1_segment(data_dir, written)
+    with reopen(data_dir) as store:
+        state = store.load()
+        assert state.entries == tuple(written)
+        assert state.hard_state == HardState(term=2, vote="n1", commit=3)
+        store.append(entries(31, 40))
+    files = segments(data_dir)
+    assert files[0] == old and len(files) >= 2
+    headers = [next(iter(wal.SegmentScan(path, is_last=False)))[1] for path in files]
+    assert [header.format_version for header in headers] == [1] + [2] * (len(files) - 1)
+    with reopen(data_dir) as store:
+        assert store.load().entries == tuple(entries(1, 40))
+
+
+def test_a_format_1_torn_tail_is_still_truncated(data_dir: Path, caplog) -> None:
+    written = entries(1, 30)
+    old = write_format_1_segment(data_dir, written)
+    with old.open("r+b") as file:
+        file.truncate(old.stat().st_size - 5)  # the old rules: a cut tail is a crash
+    with caplog.at_level(logging.WARNING), reopen(data_dir) as store:
+        assert store.load().entries == tuple(written[:-1])
+    assert "truncating" in caplog.text
+
+
+def test_a_new_segment_whose_header_was_never_synced_is_reused_in_place(
+    data_dir: Path,
+) -> None:
+    """A crash after NEXT_SEGMENT was synced but before anything in the new segment was:
+    it reads as all zero at its full size, holds nothing acknowledged, and is reused."""
+    with reopen(data_dir) as store:
+        store.set_hard_state(HardState(term=4, vote="n2", commit=0))
+        store.append(entries(1, 200, size=100))
+    files = segments(data_dir)
+    newest = files[-1]
+    in_newest = [r.index for _, r in wal.SegmentScan(newest, is_last=True) if isinstance(r, Entry)]
+    size = newest.stat().st_size
+    zero_range(newest, 0, size)
+    kept = entries(1, in_newest[0] - 1, size=100)
+    with reopen(data_dir) as store:
+        state = store.load()
+        assert state.entries == tuple(kept)
+        assert state.hard_state == HardState(term=4, vote="n2", commit=0)
+        store.append(entries(in_newest[0], 250, size=100))
+    assert newest.exists() and newest.stat().st_size == size
+    with reopen(data_dir) as store:
+        assert store.load().entries == tuple(entries(1, 250, size=100))

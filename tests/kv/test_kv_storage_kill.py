@@ -189,8 +189,8 @@ def test_the_kill_check_fails_when_recovery_loses_the_newest_entries(
     acknowledged = crash_round(data_dir, random.Random(7))
     real_replay = storage._replay
 
-    def lossy_replay(wal_dir, snapshot_dir):
-        replay = real_replay(wal_dir, snapshot_dir)
+    def lossy_replay(wal_dir, snapshot_dir, **options):
+        replay = real_replay(wal_dir, snapshot_dir, **options)
         replay.entries[:] = [entry for entry in replay.entries if entry.index < acknowledged]
         return replay
 
