@@ -42,6 +42,7 @@ class Progress:
         "snapshot_idle_ticks",
         "catch_up_to",
         "verify_nonce",
+        "diverged",
     )
 
     def __init__(self, next_index: int, max_inflight: int) -> None:
@@ -65,6 +66,9 @@ class Progress:
         self.catch_up_to: int = 0
         # A verify probe is out (core.verify_follower_match): its nonce, 0 = none.
         self.verify_nonce: int = 0
+        # Its committed log conflicts with ours: (index where, its commit index); () = no.
+        # Its match stays 0 and only heartbeat answers re-open a probe (core.py).
+        self.diverged: tuple[int, int] | tuple[()] = ()
 
     def __repr__(self) -> str:
         return (

@@ -102,6 +102,8 @@ class NodeShell:
         self.persist(ready)
         for warning in ready.warnings:
             self.sim.record(f"warning {self.node_id}: {warning}")
+        for error in ready.errors:
+            self.sim.record(f"error {self.node_id}: {error}")
         for message in ready.messages:
             self.sim.send(message)
         if ready.snapshot is not None:

@@ -19,7 +19,7 @@ from system.raft.messages import MessageType
 from system.raft.types import EntryKind
 from system.sim.clients import OpStatus
 from system.sim.invariants import Rule
-from system.sim.simulation import Simulation
+from system.sim.simulation import Simulation, SimulationStuck
 from system.sim.variant import SimVariant
 from tests.raft import broken
 
@@ -639,3 +639,91 @@ def test_voter_that_lost_acknowledged_entries_elects_a_leader_without_them_when_
     assert Rule.ACKNOWLEDGED_WRITE_LOST in rules(sim) or any(
         "not linearizable" in p for p in problems
     )
+
+
+def old_leader_with_diverged_commit(variant: SimVariant | None = None):  # noqa: ANN201
+    """The issue's aftermath: a write is committed on n1 (leader) and n3 only; n3's disk
+    loses it while n1 is cut off, so n3 never learns it lost anything and elects n2,
+    which never had the write. n2 commits its own entries at the write's index. Then n1
+    comes back: its COMMITTED log conflicts with the new leader's at index 2. Returns the
+    simulation, the steps from the heal to n2's report, n1's roles and votes from then
+    on while n2 is cut off (n1 alone could give n3 the vote it needs), and whether some
+    leader then probed n1 without end (messages flowing after 10,000 deliveries)."""
+    sim = Simulation(3, seed=47, variant=variant)
+    sim.campaign("n1")
+    sim.settle()
+    sim.cut("n1", "n2")  # n2 never receives the write
+    write = sim.put("n1", "x", "acknowledged", request_id="w1")
+    sim.run_until(lambda: write.done, 300, "write committed by n1 and n3")
+    assert write.ok
+    sim.settle()
+    assert sim.core("n1").commit_index == 2
+    sim.isolate("n1")
+    sim.crash("n3")
+    sim.shorten_log("n3", 1)  # n3's disk comes back without the write (entry 2)
+    sim.restart("n3")
+    sim.campaign("n2")  # with n3's vote: n3's shortened log looks no better than n2's
+    after = sim.put("n2", "y", "after", request_id="w2")
+    sim.run_until(lambda: after.done, 300, "a write on the new leader")
+    assert sim.core("n2").log_entries()[1].term != sim.core("n1").log_entries()[1].term
+    sim.heal()
+    reported = sim.run_until(
+        lambda: any(line.split()[1:3] == ["error", "n2:"] for line in sim.trace),
+        300, required=False,
+    )
+    sim.cut("n2", "n1")
+    sim.cut("n2", "n3")
+    seen: list[tuple[Role, int, str | None]] = []
+    probing_forever = False
+    for _ in range(300):  # time passes on n1 and n3: n3 campaigns, n1 holds the vote
+        sim.tick_nodes(["n1", "n3"])
+        try:
+            sim.settle()
+        except SimulationStuck:
+            probing_forever = True
+        n1 = sim.core("n1")
+        seen.append((n1.role, n1.term, n1.vote))
+        if probing_forever:
+            break
+    return sim, reported, seen, probing_forever
+
+
+def test_old_leader_whose_committed_log_diverged_is_reported_and_never_votes() -> None:
+    """n1 answers n2's APPENDs below its commit index by comparing the entry there with
+    its own; the conflict at index 2 makes it refuse, report itself, and stop voting
+    (durably); n2 reports n1 naming the index and both commit indexes, and counts n1 for
+    nothing. n3 then cannot be elected without n2: n1 never grants it a vote, and never
+    campaigns. (The repair is a rejoin as a new member: docs/raft.md.)"""
+    sim, reported, seen, probing_forever = old_leader_with_diverged_commit()
+    assert not probing_forever
+    assert 0 <= reported <= 50, "n2 never reported n1's diverged commit"
+    leader_error = [line for line in sim.trace if line.split()[1:3] == ["error", "n2:"]]
+    assert leader_error and "follower n1's committed log diverged from ours at index 2" in \
+        leader_error[0] and "its commit index 2, ours" in leader_error[0], leader_error
+    own_error = [line for line in sim.trace if line.split()[1:3] == ["error", "n1:"]]
+    assert own_error and "diverged from leader n2's at index 2" in own_error[0]
+    assert sim.core("n2").progress["n1"].match == 0
+    assert sim.core("n1").log_diverged
+    assert sim.core("n1").commit_index == 2  # took nothing from n2 on top of it
+    heal_term = sim.core("n2").term
+    assert all(role is Role.FOLLOWER for role, _, _ in seen), sorted({r for r, _, _ in seen})
+    assert all(vote is None for _, term, vote in seen if term > heal_term)
+    assert sim.core("n3").role is not Role.LEADER
+    # A restart forgets the flag but not the refusal: catch_up_to is durable.
+    sim.crash("n1")
+    sim.restart("n1")
+    assert sim.core("n1").lost_entries_forbid_vote()
+
+
+def test_old_leader_whose_committed_log_diverged_goes_unnoticed_and_votes_when_it_answers_as_a_match() -> None:
+    """The same run with the shortcut taken on trust: nothing is reported, n1 gives n3
+    the vote it needs, and n3 then probes n1 without end (the issue's symptom)."""
+    sim, reported, seen, probing_forever = old_leader_with_diverged_commit(
+        broken.ANSWERS_BELOW_COMMIT_AS_MATCH)
+    assert reported < 0
+    assert not any("committed log diverged" in line for line in sim.trace)
+    heal_term = sim.core("n2").term
+    voted = [vote for _, term, vote in seen if term > heal_term and vote is not None]
+    assert voted == ["n3"] * len(voted) and voted, seen[-3:]
+    assert sim.core("n3").role is Role.LEADER
+    assert probing_forever
