@@ -329,7 +329,16 @@ class Node:
         period_s = self.config.tick_ms / 1000
         while True:
             await asyncio.sleep(period_s)
-            self.core.tick()
+            try:
+                self.core.tick()
+            except Exception:
+                # A task that raised would end silently: the node would go on serving
+                # clients with no clock, never campaigning, never sending heartbeats.
+                # Stop as a failed drive loop does.
+                log.critical("fatal error in the Raft tick; stopping the process",
+                             exc_info=True, extra={"node": self.config.node_id})
+                logging.shutdown()
+                os._exit(70)
             self._kick()
 
     # ----- inputs ----------------------------------------------------------------------
@@ -526,6 +535,8 @@ class Node:
                         await persisting
                     self._after_persist(ready, applied_early)
                     self.core.advance(ready)
+                    if self.core.log_diverged:
+                        await self._stop_diverged()
                     self._sync_peers()
                     await self._maybe_snapshot()
             except Exception:
@@ -538,6 +549,30 @@ class Node:
             self._log_role_change()
             if self._stopping:
                 return
+
+    async def _stop_diverged(self) -> None:
+        """Our committed log conflicts with the leader's (docs/raft.md, "A follower whose
+        committed log diverged"): we applied writes the cluster no longer has, and would
+        serve them to stale reads. Nothing in Raft can undo an applied entry, so stop
+        (exit 3) with one line saying what happened and how to rejoin. The refusal that
+        tells the leader why has been handed to the transport: give it a moment to leave."""
+        node = self.config.node_id
+        message = (
+            f"error: node {node} stops: {self.core.log_diverged}. Keep its data directory "
+            f"{self.config.data_dir} aside (it holds those writes) and rejoin it as a new "
+            f"member: python -m system.kv member remove --cluster HOST:PORT --id {node}; "
+            "start it on an empty directory with --join; python -m system.kv member add "
+            f"--cluster HOST:PORT --id {node} --address HOST:PORT; once it has caught up, "
+            f"python -m system.kv member promote --cluster HOST:PORT --id {node} "
+            "(docs/kv.md, \"Identity and rejoining\")"
+        )
+        log.critical(message, extra={"node": node})
+        deadline = asyncio.get_running_loop().time() + 1.0
+        while self.transport.has_queued() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        print(message, file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(3)
 
     def _start_read_batch(self) -> None:
         """One ReadIndex round for every linearizable read that arrived since the last
@@ -643,6 +678,8 @@ class Node:
     def _after_persist(self, ready: Ready, applied_early: bool) -> None:
         for warning in ready.warnings:
             log.warning(warning, extra={"node": self.config.node_id})
+        for error in ready.errors:
+            log.error(error, extra={"node": self.config.node_id})
         if self.unsafe is not None and ready.entries:
             self.unsafe.after_persist(self, ready.entries)
 
