@@ -56,7 +56,9 @@ Local invariants (commit never decreases, applied <= commit, a leader holds its 
   when appended (`configuration_in_effect`); majorities count voters only;
 - lost durable state: `verify_follower_match` / `follower_log_went_backwards` (a follower
   whose log went backwards is caught up again) and `lost_entries_forbid_vote` (it does not
-  vote until it has).
+  vote until it has); `committed_entry_conflict` / `committed_log_diverged` (a follower
+  whose COMMITTED log conflicts with the leader's refuses instead of answering as a
+  match, and votes no more) and `follower_log_diverged` (the leader reports it).
 This module must never do I/O, read a clock or use global randomness.
 """
 
