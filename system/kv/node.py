@@ -535,8 +535,6 @@ class Node:
                         await persisting
                     self._after_persist(ready, applied_early)
                     self.core.advance(ready)
-                    if self.core.log_diverged:
-                        await self._stop_diverged()
                     self._sync_peers()
                     await self._maybe_snapshot()
             except Exception:
@@ -549,30 +547,6 @@ class Node:
             self._log_role_change()
             if self._stopping:
                 return
-
-    async def _stop_diverged(self) -> None:
-        """Our committed log conflicts with the leader's (docs/raft.md, "A follower whose
-        committed log diverged"): we applied writes the cluster no longer has, and would
-        serve them to stale reads. Nothing in Raft can undo an applied entry, so stop
-        (exit 3) with one line saying what happened and how to rejoin. The refusal that
-        tells the leader why has been handed to the transport: give it a moment to leave."""
-        node = self.config.node_id
-        message = (
-            f"error: node {node} stops: {self.core.log_diverged}. Keep its data directory "
-            f"{self.config.data_dir} aside (it holds those writes) and rejoin it as a new "
-            f"member: python -m system.kv member remove --cluster HOST:PORT --id {node}; "
-            "start it on an empty directory with --join; python -m system.kv member add "
-            f"--cluster HOST:PORT --id {node} --address HOST:PORT; once it has caught up, "
-            f"python -m system.kv member promote --cluster HOST:PORT --id {node} "
-            "(docs/kv.md, \"Identity and rejoining\")"
-        )
-        log.critical(message, extra={"node": node})
-        deadline = asyncio.get_running_loop().time() + 1.0
-        while self.transport.has_queued() and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.01)
-        print(message, file=sys.stderr, flush=True)
-        logging.shutdown()
-        os._exit(3)
 
     def _start_read_batch(self) -> None:
         """One ReadIndex round for every linearizable read that arrived since the last
@@ -775,9 +749,13 @@ class Node:
         applied = self.state_machine.applied_index
         if applied <= self._last_snapshot_index:
             return
+        # A leader repairing a follower whose committed log diverged needs a snapshot
+        # beyond that follower's commit index, now rather than at the usual threshold.
+        wanted = self.core.repair_snapshot_wanted()
+        repair = bool(wanted) and applied > wanted >= self._last_snapshot_index
         # Count only the APPLIED part of the log: a snapshot cannot cover the rest, so
         # counting a large uncommitted entry would take a useless snapshot per apply.
-        if (applied - self._last_snapshot_index < self.config.snapshot_entries
+        if (not repair and applied - self._last_snapshot_index < self.config.snapshot_entries
                 and self._applied_bytes_since_snapshot < self.config.snapshot_bytes):
             return
         if self._snapshot_task is not None and not self._snapshot_task.done():

@@ -1297,8 +1297,8 @@ class RaftCore:
             f"this node's committed log diverged from leader {m.src}'s at index {at} (term "
             f"{log.term(at)} here, {theirs} at the leader), at or below its commit index "
             f"{log.committed}: it applied entries the cluster no longer has (lost by "
-            "another node's disk?). It refuses entries, votes and elections from now on; "
-            "it must rejoin as a new member with an empty data directory"
+            "another node's disk?). It refuses entries, votes and elections until the "
+            "leader replaces its log and state machine with a snapshot"
         )
         self._errors.append(self._diverged)
         self._catch_up_to = max(self._catch_up_to, log.committed + 1)
@@ -1392,10 +1392,16 @@ class RaftCore:
     def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         """Adopt the leader's snapshot, newer than our commit index."""
         log = self.log
-        if log.match_term(meta.index, meta.term):
+        if log.match_term(meta.index, meta.term) and not self._diverged:
             # We already hold that entry: just learn it is committed (etcd does the same).
             log.commit_to(meta.index)
             return
+        if self._diverged:
+            self._warnings.append(
+                f"this node's diverged log and state machine are replaced by leader "
+                f"{self._leader_id}'s snapshot at index {meta.index}: what it had applied up to its commit index "
+                f"{log.committed} that the cluster no longer has is gone from it"
+            )
         # Our whole log is replaced; until the snapshot's Ready is durable, only what was
         # committed (and so is in the snapshot too) is known durable and matching.
         self.durable_index = min(self.durable_index, log.committed)
@@ -1493,7 +1499,8 @@ class RaftCore:
 
     def handle_heartbeat_response(self, m: Message, progress: Progress) -> None:
         if progress.diverged:
-            self.probe_diverged_follower(m.src, progress)
+            if not self.maybe_send_repair_snapshot(m.src, progress):
+                self.probe_diverged_follower(m.src, progress)
         elif progress.state is ProgressState.SNAPSHOT:
             # The follower is alive but no chunk was answered for a while: the chunk or
             # its answer was lost; resend it. (Not on every heartbeat answer: under
@@ -1589,13 +1596,14 @@ class RaftCore:
         for ones (`Progress.maybe_decrease_to`), they had the leader probe it forever
         while it served, silently, writes the cluster no longer has. A heartbeat answer
         re-opens one probe, so a follower replaced in the meantime is found again."""
-        if progress.diverged != (at, their_commit):
+        if progress.reported_divergence != (at, their_commit):
+            progress.reported_divergence = (at, their_commit)
             self._errors.append(
                 f"follower {peer}'s committed log diverged from ours at index {at} (its "
                 f"commit index {their_commit}, ours {self.log.committed}): it applied "
-                "entries this cluster no longer has (lost by a node's disk?). Not "
-                "replicating to it; it must rejoin as a new member with an empty data "
-                "directory (docs/kv.md, \"Identity and rejoining\")"
+                "entries this cluster no longer has (lost by a node's disk?). It gets no "
+                "entries and no vote; it is repaired with our snapshot once we have one "
+                f"beyond index {their_commit}"
             )
         progress.diverged = (at, their_commit)
         progress.match = 0
@@ -1604,6 +1612,31 @@ class RaftCore:
         progress.become_probe()
         progress.next = self.log.last_index() + 1
         progress.probe_sent = True  # paused until a heartbeat answer
+        self.maybe_send_repair_snapshot(peer, progress)
+
+    def maybe_send_repair_snapshot(self, peer: NodeId, progress: Progress) -> bool:
+        """Repair a diverged follower: our snapshot, if it lies beyond the follower's
+        commit index, replaces its whole log and its state machine (it installs any
+        snapshot beyond its commit index). Below that it would not: nothing lowers a
+        commit or applied index, and a store refuses a snapshot older than its own. Until
+        then `repair_snapshot_wanted` asks the shell for one. Returns whether it is sent."""
+        their_commit = progress.diverged[1] if progress.diverged else 0
+        snapshot = self._snapshot
+        if not progress.diverged or snapshot is None or snapshot.index <= their_commit:
+            return False
+        progress.diverged = ()  # from here on, ordinary snapshot flow control (match 0)
+        progress.become_snapshot(snapshot.index)
+        return self.send_snapshot(peer, progress)
+
+    def repair_snapshot_wanted(self) -> int:
+        """Leader: 0, or an index its next snapshot must lie beyond to repair a follower
+        whose committed log diverged (the follower's commit index): the shell should take
+        one as soon as its applied index passes it, whatever its usual schedule."""
+        if self._role is not Role.LEADER:
+            return 0
+        wanted = max((p.diverged[1] for p in self.progress.values() if p.diverged), default=0)
+        snapshot_index = self._snapshot.index if self._snapshot is not None else 0
+        return wanted if wanted >= snapshot_index else 0
 
     def probe_diverged_follower(self, peer: NodeId, progress: Progress) -> None:
         """One APPEND at our last entry, marked with a fresh nonce: a follower still

@@ -27,7 +27,9 @@ def diverged_follower(cls: type[RaftCore] = RaftCore) -> tuple[RaftCore, RaftCor
     b's commit index: the shortcut's case)."""
     leader = leader_with_log((1, 1, 3), term=4)
     follower = core("b", cls=cls, restore=restored(3, (1, 1, 2, 2), commit=4))
-    (append,) = [m for m in ready_messages(leader) if m.dst == "b" and m.type is MT.APPEND]
+    ready = leader.ready()
+    leader.advance(ready)
+    (append,) = [m for m in ready.messages if m.dst == "b" and m.type is MT.APPEND]
     assert (append.index, append.log_term) == (3, 3)
     follower.step(append)
     return leader, follower, ready_messages_and_errors(follower)
@@ -126,3 +128,37 @@ def test_below_its_commit_a_follower_claims_no_more_than_the_append_showed() -> 
                           entries=(Entry(1, 2, b"e2"),), commit=4))
     (reply,) = ready_messages(follower)
     assert not reply.reject and reply.index == 2
+
+
+def test_the_leader_asks_for_a_snapshot_beyond_the_followers_commit_and_sends_it() -> None:
+    leader, _, replies = diverged_follower()
+    for reply in replies:
+        leader.step(reply)
+    leader.advance(leader.ready())
+    assert leader.repair_snapshot_wanted() == 4  # b's commit index
+    leader.propose(b"x")  # index 5
+    leader.advance(leader.ready())
+    leader.step(message(MT.APPEND_RESPONSE, "c", "a", 4, index=5))
+    while leader.has_ready():
+        leader.advance(leader.ready())
+    assert leader.applied_index == 5
+    leader.compact(5, b"state at 5")
+    assert leader.repair_snapshot_wanted() == 0
+    leader.step(message(MT.HEARTBEAT_RESPONSE, "b", "a", 4))
+    (chunk,) = [m for m in ready_messages(leader) if m.dst == "b"]
+    assert chunk.type is MT.SNAPSHOT and chunk.snapshot.index == 5 and chunk.done
+
+
+def test_a_diverged_follower_installs_a_snapshot_beyond_its_commit_and_votes_again() -> None:
+    _, follower, _ = diverged_follower()
+    meta = SnapshotMeta(5, 4, ("a", "b", "c"))
+    follower.step(message(MT.SNAPSHOT, "a", "b", 4, index=5, snapshot=meta, data=b"state",
+                          done=True))
+    ready = follower.ready()
+    assert ready.snapshot == meta and ready.snapshot_data == b"state"
+    assert any("replaced by leader a's snapshot at index 5" in w for w in ready.warnings)
+    (answer,) = ready.messages
+    assert answer.done and answer.index == 5
+    follower.advance(ready)
+    assert not follower.log_diverged and not follower.lost_entries_forbid_vote()
+    assert follower.commit_index == follower.applied_index == 5 and follower.log_entries() == ()
