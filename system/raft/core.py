@@ -58,7 +58,8 @@ Local invariants (commit never decreases, applied <= commit, a leader holds its 
   whose log went backwards is caught up again) and `lost_entries_forbid_vote` (it does not
   vote until it has); `committed_entry_conflict` / `committed_log_diverged` (a follower
   whose COMMITTED log conflicts with the leader's refuses instead of answering as a
-  match, and votes no more) and `follower_log_diverged` (the leader reports it).
+  match, and votes no more) and `follower_log_diverged` / `maybe_send_repair_snapshot`
+  (the leader reports it, then replaces its log and state with a snapshot).
 This module must never do I/O, read a clock or use global randomness.
 """
 
