@@ -329,7 +329,16 @@ class Node:
         period_s = self.config.tick_ms / 1000
         while True:
             await asyncio.sleep(period_s)
-            self.core.tick()
+            try:
+                self.core.tick()
+            except Exception:
+                # A task that raised would end silently: the node would go on serving
+                # clients with no clock, never campaigning, never sending heartbeats.
+                # Stop as a failed drive loop does.
+                log.critical("fatal error in the Raft tick; stopping the process",
+                             exc_info=True, extra={"node": self.config.node_id})
+                logging.shutdown()
+                os._exit(70)
             self._kick()
 
     # ----- inputs ----------------------------------------------------------------------
@@ -645,6 +654,8 @@ class Node:
     def _after_persist(self, ready: Ready, applied_early: bool) -> None:
         for warning in ready.warnings:
             log.warning(warning, extra={"node": self.config.node_id})
+        for error in ready.errors:
+            log.error(error, extra={"node": self.config.node_id})
         if self.unsafe is not None and ready.entries:
             self.unsafe.after_persist(self, ready.entries)
 
@@ -740,9 +751,13 @@ class Node:
         applied = self.state_machine.applied_index
         if applied <= self._last_snapshot_index:
             return
+        # A leader repairing a follower whose committed log diverged needs a snapshot
+        # beyond that follower's commit index, now rather than at the usual threshold.
+        wanted = self.core.repair_snapshot_wanted()
+        repair = bool(wanted) and applied > wanted >= self._last_snapshot_index
         # Count only the APPLIED part of the log: a snapshot cannot cover the rest, so
         # counting a large uncommitted entry would take a useless snapshot per apply.
-        if (applied - self._last_snapshot_index < self.config.snapshot_entries
+        if (not repair and applied - self._last_snapshot_index < self.config.snapshot_entries
                 and self._applied_bytes_since_snapshot < self.config.snapshot_bytes):
             return
         if self._snapshot_task is not None and not self._snapshot_task.done():

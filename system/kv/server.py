@@ -241,6 +241,15 @@ class KVService:
                                            write=False)
             except NodeError as exc:
                 raise self._node_error(exc) from None
+        elif self.node.core.log_diverged:
+            # Our state holds writes the cluster no longer has (docs/raft.md, "A follower
+            # whose committed log diverged"): not even a stale read may see them. The
+            # client asks another node.
+            leader_id, address = self.node.leader_hint()
+            raise _Reject(grpc.StatusCode.UNAVAILABLE,
+                          f"node {self.node.config.node_id} refuses stale reads until the "
+                          f"leader repairs it: {self.node.core.log_diverged}", "not-applied",
+                          (("leader-id", leader_id or ""), ("leader-address", address)))
         # No await between the barrier and this read: the state is at least the barrier's.
         return self.read_local(request.key, stale)
 

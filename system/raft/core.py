@@ -56,7 +56,10 @@ Local invariants (commit never decreases, applied <= commit, a leader holds its 
   when appended (`configuration_in_effect`); majorities count voters only;
 - lost durable state: `verify_follower_match` / `follower_log_went_backwards` (a follower
   whose log went backwards is caught up again) and `lost_entries_forbid_vote` (it does not
-  vote until it has).
+  vote until it has); `committed_entry_conflict` / `committed_log_diverged` (a follower
+  whose COMMITTED log conflicts with the leader's refuses instead of answering as a
+  match, and votes no more) and `follower_log_diverged` / `maybe_send_repair_snapshot`
+  (the leader reports it, then replaces its log and state with a snapshot).
 This module must never do I/O, read a clock or use global randomness.
 """
 
@@ -101,6 +104,24 @@ VERIFY_PREFIX = b"verify:"
 
 def encode_verify(nonce: int) -> bytes:
     return VERIFY_PREFIX + nonce.to_bytes(8, "big")
+
+
+# APPEND_RESPONSE.context of a follower whose COMMITTED log conflicts with the leader's
+# (docs/raft.md, "A follower whose committed log diverged"): b"diverged:" + the 8-byte
+# index where the two logs were found to differ + the follower's 8-byte commit index.
+DIVERGED_PREFIX = b"diverged:"
+
+
+def encode_diverged(at: int, commit: int) -> bytes:
+    return DIVERGED_PREFIX + at.to_bytes(8, "big") + commit.to_bytes(8, "big")
+
+
+def decode_diverged(context: bytes) -> tuple[int, int] | None:
+    """(index where the logs differ, the follower's commit index), or None."""
+    if len(context) == len(DIVERGED_PREFIX) + 16 and context.startswith(DIVERGED_PREFIX):
+        body = context[len(DIVERGED_PREFIX) :]
+        return int.from_bytes(body[:8], "big"), int.from_bytes(body[8:], "big")
+    return None
 
 
 def decode_catch_up(context: bytes) -> int:
@@ -254,6 +275,9 @@ class Ready:
     # Things an operator must hear about (the shell logs each as a WARNING), e.g. a
     # follower whose log went backwards.
     warnings: tuple[str, ...] = ()
+    # Things that are wrong and will not mend themselves (the shell logs each as an
+    # ERROR), e.g. a follower whose committed log diverged from the leader's.
+    errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -377,6 +401,12 @@ class RaftCore:
         self._read_states: list[ReadState] = []
         self._dropped_reads: list[bytes] = []
         self._warnings: list[str] = []
+        self._errors: list[str] = []
+        # Follower: why our COMMITTED log conflicts with the leader's ("" = it does not,
+        # as far as we know). Volatile; what survives a crash is `_catch_up_to`, set above
+        # our commit index so that we still grant no vote (`committed_log_diverged`).
+        self._diverged: str = ""
+        self._diverged_at: int = 0  # where (follower), when _diverged
         self._verify_counter: int = 0  # nonces of verify probes (verify_follower_match)
         self._received_snapshot: SnapshotMeta | None = None  # to persist + restore
         self._needs_broadcast: bool = False  # leader: new entries/commit to send at Ready
@@ -426,6 +456,13 @@ class RaftCore:
     @property
     def snapshot_meta(self) -> SnapshotMeta | None:
         return self._snapshot
+
+    @property
+    def log_diverged(self) -> str:
+        """Why this node's committed log conflicts with its leader's ("" if it does not, as
+        far as it knows): it applied entries the cluster no longer has. It grants no vote,
+        never campaigns and accepts no entries; a shell stops it (docs/raft.md)."""
+        return self._diverged
 
     def log_entries(self) -> tuple[Entry, ...]:
         """The entries held in memory after the snapshot point."""
@@ -1054,8 +1091,9 @@ class RaftCore:
         commit index is back at the index it lost. Otherwise its shortened log would let it judge a candidate that
         lacks a committed entry "up to date" (§5.4.1 assumes a voter's log never loses
         what it acknowledged), and its vote could complete a majority that elects a
-        leader without that entry (docs/raft.md)."""
-        return self._catch_up_to > self.log.committed
+        leader without that entry (docs/raft.md). A follower whose committed log diverged
+        from the leader's (`committed_log_diverged`) is in the same case, and worse."""
+        return self._catch_up_to > self.log.committed or bool(self._diverged)
 
     def log_is_up_to_date(self, last_index: int, last_term: int) -> bool:
         """Raft §5.4.1 election restriction."""
@@ -1162,12 +1200,26 @@ class RaftCore:
             lost = decode_catch_up(m.context)
             if lost > self._catch_up_to and lost > log.committed:
                 self._catch_up_to = lost
+        if self._diverged:
+            # Nothing the leader sends can be appended to a log that contradicts its
+            # committed prefix: keep saying so, never "match".
+            self._send_diverged(m.src, self._diverged_at)
+            return
+        if m.index <= log.committed:
+            conflict = self.committed_entry_conflict(m)
+            if conflict:
+                self.committed_log_diverged(m, conflict)
+                return
         if m.index < log.committed:
             # Everything up to our commit index matches the leader's log (§5.4); tell it
-            # where we are so it skips ahead.
+            # where we are so it skips ahead. (Only as far as we checked: when the
+            # entry at m.index is ours too, up to the last entry the APPEND carries.)
+            index = log.committed
+            if log.term(m.index) is not None:
+                index = min(index, m.index + len(m.entries))
             self._send(
                 Message(
-                    _MT.APPEND_RESPONSE, self.id, m.src, self._term, index=log.committed,
+                    _MT.APPEND_RESPONSE, self.id, m.src, self._term, index=index,
                     context=_echo(m.context),
                 )
             )
@@ -1212,9 +1264,60 @@ class RaftCore:
             )
         )
 
+    def committed_entry_conflict(self, m: Message) -> int:
+        """The first index at or below our commit index where the leader's log, as this
+        APPEND shows it (the entry before `entries`, then `entries`), has another term
+        than ours; 0 if none. Raft never lets that happen (Leader Completeness, §5.4):
+        it means a node lost entries it had acknowledged and helped elect a leader
+        without them. Answering such an APPEND as a match (the usual shortcut below the
+        commit index) would leave the leader believing a log we do not have."""
+        log = self.log
+        committed = log.committed
+        ours = log.term(m.index)
+        if ours is not None and ours != m.log_term:
+            return m.index
+        for entry in m.entries:
+            if entry.index > committed:
+                break
+            ours = log.term(entry.index)
+            if ours is not None and ours != entry.term:
+                return entry.index
+        return 0
+
+    def committed_log_diverged(self, m: Message, at: int) -> None:
+        """Our entry at `at` (at or below our commit index) conflicts with leader
+        `m.src`'s: we applied entries the cluster no longer has. Say so, to the operator
+        (Ready.errors) and to the leader (a refusal it cannot take for a stale one); from
+        now on refuse every APPEND, grant no vote and never campaign. The durable
+        `catch_up_to` above our commit index keeps the vote refused across a restart
+        (nothing can raise our commit index while we refuse every APPEND)."""
+        log = self.log
+        theirs = m.log_term if at == m.index else m.entries[at - m.index - 1].term
+        self._diverged_at = at
+        self._diverged = (
+            f"this node's committed log diverged from leader {m.src}'s at index {at} (term "
+            f"{log.term(at)} here, {theirs} at the leader), at or below its commit index "
+            f"{log.committed}: it applied entries the cluster no longer has (lost by "
+            "another node's disk?). It refuses entries, votes and elections until the "
+            "leader replaces its log and state machine with a snapshot"
+        )
+        self._errors.append(self._diverged)
+        self._catch_up_to = max(self._catch_up_to, log.committed + 1)
+        self._send_diverged(m.src, at)
+
+    def _send_diverged(self, to: NodeId, at: int) -> None:
+        self._send(
+            Message(
+                _MT.APPEND_RESPONSE, self.id, to, self._term, index=at, reject=True,
+                context=encode_diverged(at, self.log.committed),
+            )
+        )
+
     def handle_heartbeat(self, m: Message) -> None:
-        # The leader caps the commit at our match, so it never exceeds our log.
-        self.log.commit_to(min(m.commit, self.log.last_index()))
+        # The leader caps the commit at our match, so it never exceeds our log. (Not
+        # ours to learn while our committed log contradicts the leader's.)
+        if not self._diverged:
+            self.log.commit_to(min(m.commit, self.log.last_index()))
         self._send(Message(_MT.HEARTBEAT_RESPONSE, self.id, m.src, self._term, context=m.context))
 
     def handle_snapshot(self, m: Message) -> None:
@@ -1225,6 +1328,10 @@ class RaftCore:
         meta = m.snapshot
         assert meta is not None  # checked by malformed()
         log = self.log
+        if meta.index <= log.committed and self._diverged:
+            # Our commit index is no match for the leader's log: claim nothing.
+            self._send_diverged(m.src, self._diverged_at)
+            return
         if meta.index <= log.committed:
             # Not newer than what we know committed: nothing to install, say we are done.
             if self._assembling is not None and self._assembling.index <= log.committed:
@@ -1286,13 +1393,22 @@ class RaftCore:
     def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         """Adopt the leader's snapshot, newer than our commit index."""
         log = self.log
-        if log.match_term(meta.index, meta.term):
+        if log.match_term(meta.index, meta.term) and not self._diverged:
             # We already hold that entry: just learn it is committed (etcd does the same).
             log.commit_to(meta.index)
             return
+        if self._diverged:
+            self._warnings.append(
+                f"this node's diverged log and state machine are replaced by leader "
+                f"{self._leader_id}'s snapshot at index {meta.index}: what it had applied up to its commit index "
+                f"{log.committed} that the cluster no longer has is gone from it"
+            )
         # Our whole log is replaced; until the snapshot's Ready is durable, only what was
         # committed (and so is in the snapshot too) is known durable and matching.
         self.durable_index = min(self.durable_index, log.committed)
+        # A snapshot beyond our commit index replaces our log and state machine whole:
+        # whatever our committed log got wrong is gone with it.
+        self._diverged = ""
         log.restore(meta)
         self._snapshot = meta
         self._snapshot_data = data
@@ -1319,7 +1435,19 @@ class RaftCore:
         # stray APPEND) carries no information for a leader: ignore it.
 
     def handle_append_response(self, m: Message, progress: Progress) -> None:
-        if m.context.startswith(VERIFY_PREFIX):
+        if m.context.startswith(DIVERGED_PREFIX):
+            diverged = decode_diverged(m.context)
+            if diverged is not None and m.reject:
+                self.follower_log_diverged(m.src, progress, *diverged)
+            return
+        if progress.diverged:
+            if not progress.verify_nonce or m.context != encode_verify(progress.verify_nonce):
+                return  # sent before we found it diverged, or an older probe's answer
+            # A fresh answer that is not "diverged" (the node was replaced, or lost the
+            # flag in a restart): judge it like any other answer.
+            progress.diverged = ()
+            progress.verify_nonce = 0
+        elif m.context.startswith(VERIFY_PREFIX):
             if not progress.verify_nonce or m.context != encode_verify(progress.verify_nonce):
                 return  # the answer to an older verify probe: superseded, ignore
             progress.verify_nonce = 0
@@ -1333,6 +1461,12 @@ class RaftCore:
             # this is a stale duplicate of an older rejection. Ask again, at `match`.
             self.verify_follower_match(m.src, progress, m.reject_hint)
             return
+        if m.index > self.log.last_index() and not m.reject:
+            # It says its log matches ours beyond our last index: only its commit index
+            # can be there (the answer to an APPEND below it), and a committed entry we
+            # lack means its committed log diverged from ours (Leader Completeness).
+            self.follower_log_diverged(m.src, progress, self.log.last_index() + 1, m.index)
+            return
         if m.reject:
             # Fast back-tracking: jump to the follower's hint, refined by our own log so
             # that a whole term of conflicting entries is skipped in one round trip.
@@ -1344,8 +1478,6 @@ class RaftCore:
                     progress.become_probe()
                 self.maybe_send_append(m.src, send_if_empty=True)
             return
-        if m.index > self.log.last_index():
-            return  # claims entries we never had: not from this term's log; ignore
         updated = progress.maybe_update(m.index)
         if updated or (progress.match == m.index and progress.state is ProgressState.PROBE):
             # (A probe answered at the match we already knew, e.g. right after a snapshot,
@@ -1367,7 +1499,10 @@ class RaftCore:
             pass
 
     def handle_heartbeat_response(self, m: Message, progress: Progress) -> None:
-        if progress.state is ProgressState.SNAPSHOT:
+        if progress.diverged:
+            if not self.maybe_send_repair_snapshot(m.src, progress):
+                self.probe_diverged_follower(m.src, progress)
+        elif progress.state is ProgressState.SNAPSHOT:
             # The follower is alive but no chunk was answered for a while: the chunk or
             # its answer was lost; resend it. (Not on every heartbeat answer: under
             # reordering that would multiply the chunks in flight.)
@@ -1390,6 +1525,10 @@ class RaftCore:
         if progress.state is not ProgressState.SNAPSHOT:
             return
         if m.done:
+            if m.index > self.log.last_index():
+                # Done, with a commit index beyond our log: see handle_append_response.
+                self.follower_log_diverged(m.src, progress, self.log.last_index() + 1, m.index)
+                return
             progress.maybe_update(m.index)
             progress.become_probe()
             self.maybe_send_append(m.src, send_if_empty=True)
@@ -1446,6 +1585,73 @@ class RaftCore:
         )
         progress.reset_after_lost_entries(last)
         self.maybe_send_append(peer, send_if_empty=True)
+
+    def follower_log_diverged(
+        self, peer: NodeId, progress: Progress, at: int, their_commit: int
+    ) -> None:
+        """`peer`'s committed log conflicts with ours from index `at` on (at or below
+        its commit index `their_commit`): it applied entries this cluster no longer has,
+        which only lost durable state elsewhere can cause (a voter lost acknowledged
+        entries and elected a leader without them). Say so once, count it for nothing
+        (match 0) and stop streaming to it. Its refusals are not stale rejections: taken
+        for ones (`Progress.maybe_decrease_to`), they had the leader probe it forever
+        while it served, silently, writes the cluster no longer has. A heartbeat answer
+        re-opens one probe, so a follower replaced in the meantime is found again."""
+        if progress.reported_divergence != (at, their_commit):
+            progress.reported_divergence = (at, their_commit)
+            self._errors.append(
+                f"follower {peer}'s committed log diverged from ours at index {at} (its "
+                f"commit index {their_commit}, ours {self.log.committed}): it applied "
+                "entries this cluster no longer has (lost by a node's disk?). It gets no "
+                "entries and no vote; it is repaired with our snapshot once we have one "
+                f"beyond index {their_commit}"
+            )
+        progress.diverged = (at, their_commit)
+        progress.match = 0
+        progress.verify_nonce = 0
+        progress.catch_up_to = 0
+        progress.become_probe()
+        progress.next = self.log.last_index() + 1
+        progress.probe_sent = True  # paused until a heartbeat answer
+        self.maybe_send_repair_snapshot(peer, progress)
+
+    def maybe_send_repair_snapshot(self, peer: NodeId, progress: Progress) -> bool:
+        """Repair a diverged follower: our snapshot, if it lies beyond the follower's
+        commit index, replaces its whole log and its state machine (it installs any
+        snapshot beyond its commit index). Below that it would not: nothing lowers a
+        commit or applied index, and a store refuses a snapshot older than its own. Until
+        then `repair_snapshot_wanted` asks the shell for one. Returns whether it is sent."""
+        their_commit = progress.diverged[1] if progress.diverged else 0
+        snapshot = self._snapshot
+        if not progress.diverged or snapshot is None or snapshot.index <= their_commit:
+            return False
+        progress.diverged = ()  # from here on, ordinary snapshot flow control (match 0)
+        progress.become_snapshot(snapshot.index)
+        return self.send_snapshot(peer, progress)
+
+    def repair_snapshot_wanted(self) -> int:
+        """Leader: 0, or an index its next snapshot must lie beyond to repair a follower
+        whose committed log diverged (the follower's commit index): the shell should take
+        one as soon as its applied index passes it, whatever its usual schedule."""
+        if self._role is not Role.LEADER:
+            return 0
+        wanted = max((p.diverged[1] for p in self.progress.values() if p.diverged), default=0)
+        snapshot_index = self._snapshot.index if self._snapshot is not None else 0
+        return wanted if wanted >= snapshot_index else 0
+
+    def probe_diverged_follower(self, peer: NodeId, progress: Progress) -> None:
+        """One APPEND at our last entry, marked with a fresh nonce: a follower still
+        diverged answers "diverged" again; any other fresh answer (the node was replaced
+        by a new one) puts it back under ordinary flow control."""
+        self._verify_counter += 1
+        progress.verify_nonce = self._verify_counter
+        last = self.log.last_index()
+        self._send(
+            Message(
+                _MT.APPEND, self.id, peer, self._term, log_term=self.log.last_term(),
+                index=last, context=encode_verify(progress.verify_nonce),
+            )
+        )
 
     def maybe_commit(self) -> bool:
         """Advance the commit index to the highest index a majority holds, if that entry
@@ -1624,6 +1830,7 @@ class RaftCore:
             or self._read_states
             or self._dropped_reads
             or self._warnings
+            or self._errors
             or self._hard_state_changed()
         )
 
@@ -1677,11 +1884,13 @@ class RaftCore:
             read_states=tuple(self._read_states),
             dropped_reads=tuple(self._dropped_reads),
             warnings=tuple(self._warnings),
+            errors=tuple(self._errors),
         )
         self._messages = []
         self._read_states = []
         self._dropped_reads = []
         self._warnings = []
+        self._errors = []
         self.check_invariants()
         return ready
 

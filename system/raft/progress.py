@@ -42,6 +42,8 @@ class Progress:
         "snapshot_idle_ticks",
         "catch_up_to",
         "verify_nonce",
+        "diverged",
+        "reported_divergence",
     )
 
     def __init__(self, next_index: int, max_inflight: int) -> None:
@@ -65,6 +67,11 @@ class Progress:
         self.catch_up_to: int = 0
         # A verify probe is out (core.verify_follower_match): its nonce, 0 = none.
         self.verify_nonce: int = 0
+        # Its committed log conflicts with ours: (index where, its commit index); () = no.
+        # Its match stays 0 and only heartbeat answers re-open a probe, or start the
+        # snapshot that replaces its log (core.py, `maybe_send_repair_snapshot`).
+        self.diverged: tuple[int, int] | tuple[()] = ()
+        self.reported_divergence: tuple[int, int] | tuple[()] = ()  # said once per indexes
 
     def __repr__(self) -> str:
         return (

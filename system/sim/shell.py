@@ -102,6 +102,8 @@ class NodeShell:
         self.persist(ready)
         for warning in ready.warnings:
             self.sim.record(f"warning {self.node_id}: {warning}")
+        for error in ready.errors:
+            self.sim.record(f"error {self.node_id}: {error}")
         for message in ready.messages:
             self.sim.send(message)
         if ready.snapshot is not None:
@@ -205,7 +207,11 @@ class NodeShell:
         threshold = self.sim.compact_every_entries
         core = self.core
         assert core is not None
-        if threshold <= 0 or self.applied_index - self.snapshot_index < threshold:
+        due = threshold > 0 and self.applied_index - self.snapshot_index >= threshold
+        # A leader repairing a follower whose committed log diverged needs a snapshot
+        # beyond that follower's commit index (RaftCore.repair_snapshot_wanted).
+        wanted = core.repair_snapshot_wanted()
+        if not due and not (wanted and self.applied_index > wanted >= self.snapshot_index):
             return
         if core.applied_index < self.applied_index:
             return  # the core has not been told yet (advance comes first)

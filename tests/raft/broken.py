@@ -219,6 +219,16 @@ class VotesAfterLosingEntries(_WithoutLocalAssertions):
         return False
 
 
+class AnswersBelowCommitAsMatch(_WithoutLocalAssertions):
+    """A follower answers every APPEND below its commit index with "I match up to my
+    commit index", without comparing the entry there with its own (the etcd shortcut,
+    taken on trust): a follower whose committed log diverged from the leader's is never
+    told apart from a healthy one, keeps voting, and the leader probes it forever."""
+
+    def committed_entry_conflict(self, m: Message) -> int:
+        return 0
+
+
 IGNORES_FOLLOWER_LOG_WENT_BACKWARDS = SimVariant(
     "ignores-follower-log-went-backwards", core_class=IgnoresFollowerLogWentBackwards,
     description=IgnoresFollowerLogWentBackwards.__doc__ or "",
@@ -226,6 +236,10 @@ IGNORES_FOLLOWER_LOG_WENT_BACKWARDS = SimVariant(
 VOTES_AFTER_LOSING_ENTRIES = SimVariant(
     "votes-after-losing-entries", core_class=VotesAfterLosingEntries,
     description=VotesAfterLosingEntries.__doc__ or "",
+)
+ANSWERS_BELOW_COMMIT_AS_MATCH = SimVariant(
+    "answers-below-commit-as-match", core_class=AnswersBelowCommitAsMatch,
+    description=AnswersBelowCommitAsMatch.__doc__ or "",
 )
 
 
@@ -268,6 +282,7 @@ CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM = SimVariant(
 MEMBERSHIP_AND_LOST_STATE = {
     "IGNORES_FOLLOWER_LOG_WENT_BACKWARDS": IGNORES_FOLLOWER_LOG_WENT_BACKWARDS,
     "VOTES_AFTER_LOSING_ENTRIES": VOTES_AFTER_LOSING_ENTRIES,
+    "ANSWERS_BELOW_COMMIT_AS_MATCH": ANSWERS_BELOW_COMMIT_AS_MATCH,
     "ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT": ALLOWS_TWO_MEMBERSHIP_CHANGES_IN_FLIGHT,
     "CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM": CHANGES_MEMBERSHIP_BEFORE_COMMITTING_IN_TERM,
 }

@@ -19,7 +19,7 @@ from system.raft.messages import MessageType
 from system.raft.types import EntryKind
 from system.sim.clients import OpStatus
 from system.sim.invariants import Rule
-from system.sim.simulation import Simulation
+from system.sim.simulation import Simulation, SimulationStuck
 from system.sim.variant import SimVariant
 from tests.raft import broken
 
@@ -639,3 +639,114 @@ def test_voter_that_lost_acknowledged_entries_elects_a_leader_without_them_when_
     assert Rule.ACKNOWLEDGED_WRITE_LOST in rules(sim) or any(
         "not linearizable" in p for p in problems
     )
+
+
+def old_leader_with_diverged_commit(variant: SimVariant | None = None):  # noqa: ANN201
+    """The issue's aftermath: a write is committed on n1 (leader) and n3 only; n3's disk
+    loses it while n1 is cut off, so n3 never learns it lost anything and elects n2,
+    which never had the write. n2 commits its NOOP at the write's index. Then n1 comes
+    back: its COMMITTED log conflicts with the new leader's at index 2.
+
+    Then, while n2 has applied nothing beyond n1's commit index (so it has no snapshot
+    that could repair n1), n2 is cut off and time passes on n1 and n3 (n1 restarts
+    half-way): n1 alone could give n3 the vote it needs. Then n2 is back and commits a write: its snapshot beyond
+    index 2 can replace n1's log and state machine.
+
+    Returns the simulation, the steps from the heal to n2's report, n1's (role, term,
+    vote) after every tick of the cut-off phase, whether some leader then probed n1
+    without end (messages still flowing after 10,000 deliveries), and the steps from
+    n2's write until n1 held n2's log and state (-1: never, within 2,000 steps)."""
+    sim = Simulation(3, seed=47, variant=variant)
+    sim.campaign("n1")
+    sim.settle()
+    sim.cut("n1", "n2")  # n2 never receives the write
+    write = sim.put("n1", "x", "acknowledged", request_id="w1")
+    sim.run_until(lambda: write.done, 300, "write committed by n1 and n3")
+    assert write.ok
+    sim.settle()
+    assert sim.core("n1").commit_index == 2
+    sim.isolate("n1")
+    sim.crash("n3")
+    sim.shorten_log("n3", 1)  # n3's disk comes back without the write (entry 2)
+    sim.restart("n3")
+    sim.campaign("n2")  # with n3's vote: n3's shortened log looks no better than n2's
+    assert sim.core("n2").log_entries()[1].term != sim.core("n1").log_entries()[1].term
+    sim.heal()
+    reported = sim.run_until(
+        lambda: any(line.split()[1:3] == ["error", "n2:"] for line in sim.trace),
+        300, required=False,
+    )
+    sim.cut("n2", "n1")
+    sim.cut("n2", "n3")
+    seen: list[tuple[Role, int, str | None]] = []
+    probing_forever = False
+    for tick in range(300):  # time passes on n1 and n3: n3 campaigns, n1 holds the vote
+        if tick == 150:  # a restart forgets the flag, not the refusal (catch_up_to)
+            sim.crash("n1")
+            sim.restart("n1")
+        sim.tick_nodes(["n1", "n3"])
+        try:
+            sim.settle()
+        except SimulationStuck:
+            probing_forever = True
+        n1 = sim.core("n1")
+        seen.append((n1.role, n1.term, n1.vote))
+        if probing_forever:
+            return sim, reported, seen, probing_forever, -1
+    sim.heal()
+    after = sim.put("n2", "y", "after", request_id="w2")
+    sim.run_until(lambda: after.done, 300, "a write on n2 once it is back")
+    repaired = sim.run_until(lambda: same_log_and_state(sim, "n1", "n2"), 2_000, required=False)
+    return sim, reported, seen, probing_forever, repaired
+
+
+def same_log_and_state(sim: Simulation, node: str, leader: str) -> bool:
+    a, b = sim.core(node), sim.core(leader)
+    if a.commit_index != b.commit_index or a.applied_index != b.applied_index:
+        return False
+    if sim.nodes[node].replica.digest() != sim.nodes[leader].replica.digest():
+        return False
+    low = max(a.log.snapshot_index, b.log.snapshot_index)
+    return [a.log.term(i) for i in range(low, a.commit_index + 1)] == [
+        b.log.term(i) for i in range(low, b.commit_index + 1)]
+
+
+def test_old_leader_whose_committed_log_diverged_is_reported_never_votes_and_is_repaired() -> None:
+    """n1 answers n2's APPENDs below its commit index by comparing the entries there
+    with its own; the conflict at index 2 makes it refuse, report itself, and stop
+    voting (durably); n2 reports n1 naming the index and both commit indexes, and counts
+    n1 for nothing. With n2 cut off, n3 cannot be elected: n1 never grants it a vote,
+    and never campaigns. Once n2 has applied beyond n1's commit index it takes a
+    snapshot and sends it; n1 installs it although its own log claims more, and ends
+    with n2's log and state machine."""
+    sim, reported, seen, probing_forever, repaired = old_leader_with_diverged_commit()
+    assert not probing_forever
+    assert 0 <= reported <= 50, "n2 never reported n1's diverged commit"
+    leader_error = [line for line in sim.trace if line.split()[1:3] == ["error", "n2:"]]
+    assert len(leader_error) == 1, leader_error
+    assert "follower n1's committed log diverged from ours at index 2 (its commit index 2, " \
+        "ours 2)" in leader_error[0], leader_error
+    own_error = [line for line in sim.trace if line.split()[1:3] == ["error", "n1:"]]
+    assert own_error and "diverged from leader n2's at index 2 (term 1 here, " in own_error[0]
+    heal_term = sim.core("n2").term
+    assert all(role is Role.FOLLOWER for role, _, _ in seen), sorted({r for r, _, _ in seen})
+    assert all(vote is None for _, term, vote in seen if term > heal_term)
+    assert 0 <= repaired <= 200, f"n1 never got n2's log and state: {sim.core('n1')}"
+    n1 = sim.core("n1")
+    assert not n1.log_diverged and not n1.lost_entries_forbid_vote()
+    sim.run_until(lambda: sim.core("n2").progress["n1"].match == sim.core("n2").log.last_index(),
+                  200, "n2 to stream to n1 again")
+
+
+def test_old_leader_whose_committed_log_diverged_goes_unnoticed_and_votes_when_it_answers_as_a_match() -> None:
+    """The same run with the shortcut taken on trust: nothing is reported, n1 gives n3
+    the vote it needs, and n3 then probes n1 without end (the issue's symptom)."""
+    sim, reported, seen, probing_forever, repaired = old_leader_with_diverged_commit(
+        broken.ANSWERS_BELOW_COMMIT_AS_MATCH)
+    assert reported < 0
+    assert not any("committed log diverged" in line for line in sim.trace)
+    heal_term = sim.core("n2").term
+    voted = [vote for _, term, vote in seen if term > heal_term and vote is not None]
+    assert voted == ["n3"] * len(voted) and voted, seen[-3:]
+    assert sim.core("n3").role is Role.LEADER
+    assert probing_forever and repaired < 0
