@@ -219,3 +219,24 @@ def test_docker_power_loss_drops_unsynced_writes_and_kill_keeps_them(docker: Pla
     wait_until(lambda: docker.status("n1") is not None, 60, "n1 to answer", docker.describe)
     assert read("canary-stop") == "survives a stop"
     wait_until(docker.ready, 90, "the cluster with n1 back", docker.describe)
+
+
+def test_clean_kills_the_layers_and_detaches_their_mounts(local: LocalPlatform) -> None:
+    from nemesis.platforms.local import RUN_ENV_VAR, clean
+
+    root = local._data_root.resolve()
+    for mount in local._mounts.values():  # a layer SIGKILLed leaves a dead mount
+        os.killpg(mount.proc.pid, 9)  # type: ignore[union-attr]
+        mount.proc.wait(timeout=30)  # type: ignore[union-attr]
+    assert len([m for m in lazy_mounts() if m.is_relative_to(root)]) == 3
+    removed = clean(local.config.run_id)
+    assert sum(line.startswith("mount ") for line in removed) == 3, removed
+    assert not [m for m in lazy_mounts() if m.is_relative_to(root)]
+    assert not root.exists()
+    marker = f"{RUN_ENV_VAR}={local.config.run_id}".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                assert marker not in (entry / "environ").read_bytes(), f"process {entry.name} left"
+            except OSError:
+                continue
