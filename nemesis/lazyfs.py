@@ -512,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     except (LazyFSError, OSError) as exc:
         print(f"lazyfs: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:  # mfusepy: fuse_main failed; libfuse printed why above
+        print(f"lazyfs: mounting {args.mountpoint} failed (libfuse exit {exc})", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

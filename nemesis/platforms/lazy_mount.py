@@ -66,7 +66,7 @@ def force_unmount(mountpoint: Path) -> None:
 
 class LazyMount:
     def __init__(self, mountpoint: Path, backing: Path, control: Path, log_file: Path,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, max_pending_mb: int | None = None) -> None:
         if len(str(control)) > SOCKET_PATH_MAX:
             raise PlatformError(f"the control socket path {control} is longer than "
                                 f"{SOCKET_PATH_MAX} bytes; use a shorter run id")
@@ -75,6 +75,7 @@ class LazyMount:
         self.control = control
         self.log_file = log_file
         self.env = dict(env or {})
+        self.max_pending_mb = max_pending_mb
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -97,7 +98,9 @@ class LazyMount:
         with open(self.log_file, "ab") as log:
             self.proc = child_processes.popen(
                 [sys.executable, "-m", "nemesis.lazyfs", "mount", str(self.mountpoint),
-                 "--backing", str(self.backing), "--control", str(self.control)],
+                 "--backing", str(self.backing), "--control", str(self.control),
+                 *([] if self.max_pending_mb is None else
+                   ["--max-pending-mb", str(self.max_pending_mb)])],
                 cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s

@@ -8,6 +8,7 @@ dir and power-cut (SIGKILL of the layer) between writes, fsyncs, renames and flu
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import random
 from pathlib import Path
@@ -205,3 +206,28 @@ def test_flock_is_exclusive_on_the_mount(disk: LazyMount) -> None:
         for fd in (first, second):
             if fd >= 0:
                 os.close(fd)
+
+
+@pytest.mark.slow
+def test_memory_is_bounded_by_writing_back_early(tmp_path: Path) -> None:
+    reason = _fuse_usable()
+    if reason:
+        pytest.skip(f"FUSE is not usable here: {reason}")
+    mount = LazyMount((tmp_path / "mnt").resolve(), tmp_path / "backing", tmp_path / "ctl",
+                      tmp_path / "lazyfs.log", max_pending_mb=1)
+    mount.start()
+    try:
+        for name in ("big", "small"):
+            fd = os.open(mount.mountpoint / name, os.O_WRONLY | os.O_CREAT, 0o644)
+            os.write(fd, b"z" * (3 * 1024 * 1024 if name == "big" else 1000))
+            os.close(fd)
+        stats = json.loads(lazyfs.request(mount.control, "stats"))
+        assert stats["bytes"] <= 1024 * 1024 and stats["written_back"] >= 1, stats
+        # Written back early (no fsync) is still a legal outcome of a power cut: the big
+        # file's early pages may survive; the small file, still pending, is lost.
+        mount.power_off()
+        mount.start()
+        assert (mount.mountpoint / "small").read_bytes() == b""
+        assert 0 < (mount.backing / "big").stat().st_size <= 3 * 1024 * 1024
+    finally:
+        mount.power_off()
