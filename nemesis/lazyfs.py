@@ -513,7 +513,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lazyfs: {exc}", file=sys.stderr)
         return 1
     except RuntimeError as exc:  # mfusepy: fuse_main failed; libfuse printed why above
-        print(f"lazyfs: mounting {args.mountpoint} failed (libfuse exit {exc})", file=sys.stderr)
+        print(f"lazyfs: mounting {args.mountpoint} failed (libfuse exit {exc}); a container "
+              f"needs --cap-add SYS_ADMIN, and apparmor=unconfined on AppArmor hosts",
+              file=sys.stderr)
         return 1
 
 
