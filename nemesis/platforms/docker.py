@@ -29,6 +29,13 @@ What it does:
   platform has installed the current rules of that node, so a node restarted inside a
   partition stays partitioned from its first packet;
 - `supports_delay()` is False: tc netem is absent on these machines.
+- with `lazy_disk`, the container also gets /dev/fuse and CAP_SYS_ADMIN, and its shell
+  (pid 1, no longer exec'd away) mounts the lazy layer (`nemesis.lazyfs`) at LAZY_DATA_DIR
+  over DATA_DIR on the volume, runs the node on LAZY_DATA_DIR, and when the node exits
+  (crash or stop) flushes the layer — a process crash keeps what the page cache holds —
+  before exiting with the node's code. `power_loss` SIGKILLs the containers: the layer's
+  memory, every write not fsynced, dies with them. `kill` first asks the layer (docker
+  exec) to flush and write through, then SIGKILLs, so it stays a process crash.
 
 What it must never do: leave a container, network or volume behind after `close()`
 (idempotent, safe after a failed `start()`; it removes by the run's label, so it also
@@ -75,6 +82,10 @@ VOLUME_MOUNT = "/var/lib/mao"
 DATA_DIR = f"{VOLUME_MOUNT}/data"
 LOG_FILE = f"{VOLUME_MOUNT}/log/node.log"
 READY_DIR = "/run/mao"  # a tmpfs: empty at every start of the container
+LAZY_DATA_DIR = "/mnt/mao-data"  # with lazy_disk: the layer's mount over DATA_DIR
+LAZY_CONTROL = f"{READY_DIR}/lazyfs.sock"
+LAZY_FLUSH = (f"if [ -S {LAZY_CONTROL} ]; then "  # no layer up yet: nothing to flush
+              f"python3 -m nemesis.lazyfs flush {LAZY_CONTROL} >/dev/null; fi")
 SUBNET_POOL = ipaddress.ip_network("10.213.0.0/16")
 START_GATE_S = 60  # a node whose rules were not installed by then exits 75
 T = TypeVar("T")
@@ -386,14 +397,37 @@ class DockerPlatform(Platform):
                  "--listen", f"{self._ips[node_id]}:{NODE_PORT}", "--peers", peers,
                  "--peer-listen", f"{self._ips[node_id]}:{PEER_PORT}",
                  *(["--peer-links", links] if others else []),
-                 "--data-dir", DATA_DIR, "--log-file", LOG_FILE, *self.config.node_args]
+                 "--data-dir", LAZY_DATA_DIR if self.config.lazy_disk else DATA_DIR,
+                 "--log-file", LOG_FILE, *self.config.node_args]
         # The gate: the node starts only once the platform has installed its link rules in
         # this (fresh) network namespace and touched READY_DIR/ready.
         gate = (f'i=0; while [ ! -e {READY_DIR}/ready ]; do i=$((i+1)); '
                 f'if [ "$i" -gt {START_GATE_S * 20} ]; then echo "node {node_id}: link rules '
                 f'were not installed within {START_GATE_S} s; not starting" >&2; exit 75; fi; '
-                f'sleep 0.05; done; exec "$@"')
-        return ["sh", "-c", gate, "gate", *serve]
+                f'sleep 0.05; done; ')
+        if not self.config.lazy_disk:
+            return ["sh", "-c", gate + 'exec "$@"', "gate", *serve]
+        return ["sh", "-c", self._lazy_script(node_id, gate), "gate", *serve]
+
+    def _lazy_script(self, node_id: str, gate: str) -> str:
+        """The shell stays pid 1: it mounts the layer, runs the node, forwards SIGTERM to
+        it, and flushes the layer once the node exited (a process crash, not a power cut)."""
+        mounted = f"grep -q ' {LAZY_DATA_DIR} fuse.mao-lazyfs ' /proc/mounts"
+        return (
+            "node=; trap 'if [ -n \"$node\" ]; then kill -TERM \"$node\"; else exit 143; fi' "
+            "TERM INT; " + gate
+            + f"mkdir -p {DATA_DIR} {LAZY_DATA_DIR}; "
+            f"python3 -m nemesis.lazyfs mount {LAZY_DATA_DIR} --backing {DATA_DIR} "
+            f"--control {LAZY_CONTROL} & lazy=$!; "
+            f"i=0; until {mounted} && [ -S {LAZY_CONTROL} ]; do i=$((i+1)); "
+            f'if ! kill -0 "$lazy" 2>/dev/null || [ "$i" -gt {START_GATE_S * 20} ]; then '
+            f'echo "node {node_id}: the lazy disk did not mount at {LAZY_DATA_DIR}; not '
+            f'starting" >&2; exit 75; fi; sleep 0.05; done; '
+            '"$@" & node=$!; '
+            # wait returns early (>128) when the trap runs: wait again until the node is gone.
+            'while :; do wait "$node"; code=$?; kill -0 "$node" 2>/dev/null || break; done; '
+            f"{{ {LAZY_FLUSH}; }} || echo \"node {node_id}: flushing the lazy disk failed\" >&2; "
+            'kill -TERM "$lazy"; wait "$lazy"; exit "$code"')
 
     def _create_node(self, node_id: str, image: str, volume_exists: bool = False) -> None:
         import docker.errors
@@ -404,8 +438,13 @@ class DockerPlatform(Platform):
             self.client.volumes.create(name=name, labels=self._label_dict("volume", node_id))
         env = {"PYTHONUNBUFFERED": "1", **self.config.env}
         (port,) = free_ports(1)
+        lazy = self.config.lazy_disk
         host_config = api.create_host_config(
-            cap_add=["NET_ADMIN"],
+            # FUSE: the device, and mount(2) needs CAP_SYS_ADMIN (Docker's seccomp profile
+            # then allows it); an AppArmor host's docker-default profile denies mounts.
+            cap_add=["NET_ADMIN", *(["SYS_ADMIN"] if lazy else [])],
+            devices=["/dev/fuse:/dev/fuse:rwm"] if lazy else None,
+            security_opt=["apparmor=unconfined"] if lazy else None,
             port_bindings={NODE_PORT: ("127.0.0.1", port)},
             binds={name: {"bind": VOLUME_MOUNT, "mode": "rw"}},
             tmpfs={READY_DIR: "size=1m"},
@@ -503,10 +542,38 @@ class DockerPlatform(Platform):
         import docker.errors
 
         container = self._container(node_id)
+        flushed = (0, "")
         if self.is_running(node_id):
+            if self.config.lazy_disk:
+                # A process crash keeps the page cache: the layer writes everything back
+                # and writes through from now on, so the SIGKILL below loses nothing.
+                if self.is_paused(node_id):
+                    self.resume(node_id)  # a frozen layer cannot flush
+                flushed = self._exec(node_id, LAZY_FLUSH)
             with contextlib.suppress(docker.errors.APIError):  # it may exit meanwhile
                 container.kill()
         self._wait_exited(node_id, 20)
+        if flushed[0] != 0 and self.exit_code(node_id) == 137:
+            raise PlatformError(f"{node_id} was killed, but its lazy disk could not be flushed "
+                                f"first (exit {flushed[0]}: {flushed[1].strip()[-300:]}): its "
+                                f"unsynced writes may be lost as in a power cut")
+
+    def supports_power_loss(self) -> bool:
+        return self.config.lazy_disk
+
+    def power_loss(self, node_ids: list[str]) -> None:
+        import docker.errors
+
+        if not self.config.lazy_disk:
+            super().power_loss(node_ids)
+        containers = [self._container(n) for n in node_ids]
+        # SIGKILL to each container's pid 1 ends its pid namespace, the layer with it:
+        # all the kills go out before any wait.
+        for container in containers:
+            with contextlib.suppress(docker.errors.APIError):  # not running: nothing to do
+                container.kill()
+        for node_id in node_ids:
+            self._wait_exited(node_id, 20)
 
     def _wait_exited(self, node_id: str, timeout_s: float) -> None:
         self._wait(lambda: not self.is_running(node_id), timeout_s,

@@ -3,7 +3,8 @@
 No registry can be reached from the machines this runs on, so nothing is pulled:
 
 1. `mao-base:<hash>`: a Debian root filesystem made by `debootstrap --variant=minbase
-   --include=python3,iptables,iproute2,procps bookworm`, from the machine's own apt mirror,
+   --include=python3,iptables,iproute2,procps,fuse3 bookworm` (fuse3 brings libfuse 3,
+   which the lazy disk of `lazy_disk` runs on), from the machine's own apt mirror,
    imported as an image. The tarball is also kept in the cache directory
    (`~/.cache/many-as-one/`, or `$MAO_CACHE_DIR`) so a deleted image is re-imported in
    seconds without debootstrap. The hash covers the suite, variant and package list (not the
@@ -14,7 +15,8 @@ No registry can be reached from the machines this runs on, so nothing is pulled:
    as an sdist is built into a pure-Python wheel with `pip wheel`). The image has no pip:
    pip runs from its own wheel file and installs into /opt/mao/deps. The hash covers the
    pinned versions.
-3. `mao-node:<hash>`: the sources the node runs (`system/`, `histories/`) in /opt/mao/src,
+3. `mao-node:<hash>`: the sources the node runs (`system/`, `histories/`, and the lazy disk
+   `nemesis/lazyfs.py`, which runs in the container beside the node) in /opt/mao/src,
    checked at build time by importing the node's and the trainer's modules, and the
    trainer's bundled dataset files (`system.trainer.data.BUNDLED_FILES`, copied from the
    host's scikit-learn and river into /opt/mao/data/<package>/..., last on PYTHONPATH:
@@ -60,19 +62,21 @@ LABEL_KIND = "mao.kind"
 
 SUITE = "bookworm"
 VARIANT = "minbase"
-PACKAGES = ("python3", "iptables", "iproute2", "procps")
+PACKAGES = ("python3", "iptables", "iproute2", "procps", "fuse3")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 IMAGE_PYTHON = ("3.11", "cp311")  # bookworm's python3 is 3.11.2
 # bookworm has glibc 2.36: any manylinux wheel up to 2_36 runs there.
 WHEEL_PLATFORMS = ("manylinux_2_36_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
                    "manylinux2014_x86_64")
 SOURCE_DIRS = ("system", "histories")  # what the node imports (checked at build time)
+SOURCE_FILES = ("nemesis/__init__.py", "nemesis/lazyfs.py")  # the lazy disk (lazy_disk)
 NODE_IMPORT_CHECK = ("import system.kv.__main__, system.kv.node, system.kv.server, system.kv.client, "
                      "system.trainer.__main__, system.trainer.cli, system.trainer.coordinator, "
                      "system.trainer.worker; from system.trainer.data import _raw; "
-                     "_raw(\"breast_cancer\")")  # the nemesis workload's dataset is readable
+                     "_raw(\"breast_cancer\"); "  # the nemesis workload's dataset is readable
+                     "import nemesis.lazyfs; nemesis.lazyfs._operations_base()")  # finds libfuse 3
 DATA_DIR = "/opt/mao/data"  # the trainer's dataset files in the image
-LAYOUT_VERSION = "1"  # bump when the Dockerfiles below change
+LAYOUT_VERSION = "2"  # bump when the Dockerfiles below change
 
 Log = Callable[[str], None]
 
@@ -228,8 +232,8 @@ def _requirement_api():  # noqa: ANN202
 # the build imports the node's modules in the image, so a missing one fails the build. The
 # harness's own dependencies (matplotlib, scikit-learn, ...) stay out of the image.
 # The trainer's coordinators and workers (`python -m system.trainer`) need numpy,
-# threadpoolctl and tabulate (its CLI) besides.
-NODE_PACKAGES = ("grpcio", "protobuf", "crc32c", "numpy", "threadpoolctl", "tabulate")
+# threadpoolctl and tabulate (its CLI) besides; the lazy disk (`nemesis.lazyfs`) mfusepy.
+NODE_PACKAGES = ("grpcio", "protobuf", "crc32c", "numpy", "threadpoolctl", "tabulate", "mfusepy")
 
 
 def runtime_requirements() -> list[str]:
@@ -387,6 +391,8 @@ def _source_files() -> Iterator[Path]:
         for path in sorted((REPO_ROOT / top).rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
                 yield path
+    for name in SOURCE_FILES:
+        yield REPO_ROOT / name
 
 
 def _data_files() -> Iterator[tuple[Path, str]]:

@@ -10,6 +10,14 @@ Data directories live in a temporary directory removed at `close()`; logs are co
 the run folder by `collect_logs()`. Every node's environment carries MAO_RUN_ID, so
 `clean()` can find and kill the processes of a harness that was itself SIGKILLed (the nodes
 also die with their parent through PR_SET_PDEATHSIG, so that is a second line of defence).
+
+With `lazy_disk`, each node's data directory is a mount of the lazy layer
+(`nemesis.lazyfs`, managed by `lazy_mount.LazyMount`) over `nX.disk/` beside it, mounted
+while the node may run: `start_node` mounts and then starts the node; `kill` and
+`stop_node` end the node, flush the layer (a process crash keeps what the node wrote: the
+page cache survives it) and unmount; `power_loss` SIGKILLs the nodes, then SIGKILLs their
+layers, so every write they had not fsynced is gone. `clean()` also detaches lazy mounts a
+dead harness left under its directories.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, last_line
+from nemesis.platforms.lazy_mount import LazyMount, force_unmount, lazy_mounts
 from nemesis.platforms.local_cluster import LocalCluster
 from nemesis.platforms.tcp_proxy import ProxyMode
 from system.kv.proto import kv_pb2
@@ -43,10 +52,20 @@ class LocalPlatform(Platform):
         env[RUN_ENV_VAR] = config.run_id
         self.cluster = LocalCluster(config.nodes, self._data_root, node_args=config.node_args,
                                     env=env, proxy_peer_links=True)
+        # The layer carries the run's id and our pid like a node, so `clean` kills it too.
+        mount_env = {RUN_ENV_VAR: config.run_id, "KV_PARENT_PID": str(os.getpid())}
+        self._mounts: dict[str, LazyMount] = {}
+        if config.lazy_disk:
+            for node_id, spec in self.cluster.specs.items():
+                self._mounts[node_id] = LazyMount(
+                    spec.data_dir.resolve(), self._data_root / f"{node_id}.disk",
+                    self._data_root / f"{node_id}.ctl", self._data_root / f"{node_id}.lazyfs",
+                    mount_env)
         self._closed = False
 
     def start(self) -> None:
-        self.cluster.start()
+        for node_id in self.node_ids:
+            self.start_node(node_id)
 
     def close(self) -> None:
         if self._closed:
@@ -54,21 +73,59 @@ class LocalPlatform(Platform):
         self._closed = True
         with contextlib.suppress(Exception):
             self.collect_logs()
-        self.cluster.close()
-        shutil.rmtree(self._data_root, ignore_errors=True)
+        try:
+            self.cluster.close()
+        finally:
+            for mount in self._mounts.values():
+                with contextlib.suppress(Exception):
+                    mount.power_off()
+            shutil.rmtree(self._data_root, ignore_errors=True)
 
     @property
     def client_addresses(self) -> dict[str, str]:
         return {node_id: spec.address for node_id, spec in self.cluster.specs.items()}
 
     def start_node(self, node_id: str) -> None:
+        mount = self._mounts.get(node_id)
+        if mount is not None and not self.cluster.is_running(node_id):
+            if mount.running:  # the node exited by itself: a process crash, not a power cut
+                mount.flush()
+                mount.stop()
+            mount.start()
         self.cluster.start_node(node_id)
+
+    def _unmount_after_crash(self, node_id: str) -> None:
+        mount = self._mounts.get(node_id)
+        if mount is not None:
+            mount.flush()
+            mount.stop()
 
     def stop_node(self, node_id: str) -> None:
         self.cluster.stop(node_id)
+        self._unmount_after_crash(node_id)
 
     def kill(self, node_id: str) -> None:
         self.cluster.kill(node_id)
+        self._unmount_after_crash(node_id)
+
+    def supports_power_loss(self) -> bool:
+        return self.config.lazy_disk
+
+    def power_loss(self, node_ids: list[str]) -> None:
+        if not self.config.lazy_disk:
+            super().power_loss(node_ids)
+        for node_id in node_ids:
+            if node_id not in self._mounts:
+                raise PlatformError(f"unknown node {node_id!r}: nodes are {', '.join(self.node_ids)}")
+        # Every node dies before any layer does, all at once as far as the cluster can
+        # tell; then each layer dies with its memory (the unsynced writes).
+        started = [n for n in node_ids if n in self.cluster.processes]
+        for node_id in started:
+            self.cluster.send_signal(node_id, signal.SIGKILL)
+        for node_id in started:
+            self.cluster.kill(node_id)  # reaps it, and marks the exit as expected
+        for node_id in node_ids:
+            self._mounts[node_id].power_off()
 
     def pause(self, node_id: str) -> None:
         self.cluster.pause(node_id)
@@ -79,6 +136,10 @@ class LocalPlatform(Platform):
     def wipe(self, node_id: str) -> None:
         if self.cluster.is_running(node_id):
             raise PlatformError(f"{node_id} is running; kill or stop it before wiping its data")
+        mount = self._mounts.get(node_id)
+        if mount is not None:
+            mount.power_off()  # its pending writes belong to the data being deleted
+            shutil.rmtree(mount.backing, ignore_errors=True)
         shutil.rmtree(self.cluster.specs[node_id].data_dir, ignore_errors=True)
 
     def member_address(self, node_id: str) -> str:
@@ -121,7 +182,8 @@ class LocalPlatform(Platform):
         out_dir.mkdir(parents=True, exist_ok=True)
         written: dict[str, Path] = {}
         for spec in self.cluster.specs.values():
-            for source in (spec.log_file, spec.stderr_file):
+            lazy = [self._mounts[spec.node_id].log_file] if spec.node_id in self._mounts else []
+            for source in (spec.log_file, spec.stderr_file, *lazy):
                 if source.exists():
                     target = out_dir / source.name
                     shutil.copyfile(source, target)
@@ -174,6 +236,13 @@ def clean(run_id: str | None = None) -> list[str]:
                 owner = ""
             if _alive(owner) or any(path.name.startswith(f"{TEMP_PREFIX}{r}-") for r in live_runs):
                 continue
+        for mountpoint in lazy_mounts():  # a layer we killed above leaves a dead mount
+            if mountpoint.is_relative_to(path.resolve()):
+                try:
+                    force_unmount(mountpoint)
+                    removed.append(f"mount {mountpoint}")
+                except PlatformError as exc:
+                    removed.append(f"mount {mountpoint} NOT removed: {exc}")
         shutil.rmtree(path, ignore_errors=True)
         removed.append(f"directory {path}")
     return removed
