@@ -17,7 +17,10 @@ The fault vocabulary maps onto the simulator:
 - `kill` / `start_node`: a process crash (the OS keeps what was written) and a restart
   from the fake disk;
 - `pause` / `resume`: a frozen process: it neither ticks nor receives (messages wait on the
-  wire, as in a socket buffer) until resumed.
+  wire, as in a socket buffer) until resumed;
+- `power_loss` (the `lose-unsynced` fault): a crash whose fake disk rolls back to its last
+  fsync; `kill-all` is a crash of every node (written data kept). The file faults
+  (truncate, bitflip, wipe-wal) are not offered: the fake disk holds records, not bytes.
 
 What it must never do: read a clock, use global randomness, or let anything but the seed
 and the calls made on it decide what happens.
@@ -125,6 +128,21 @@ class SimPlatform(Platform):
         self.paused.discard(node_id)
         if self.sim.nodes[node_id].alive:
             self.sim.crash(node_id)
+
+    def supports_power_loss(self) -> bool:
+        return True
+
+    def power_loss(self, node_ids: list[str]) -> None:
+        """The fake disks roll back to their last fsync (`FakeDisk.crash(lose_unsynced=True)`);
+        the nodes stay down until `start_node`."""
+        for node_id in node_ids:
+            self.paused.discard(node_id)
+            if self.sim.nodes[node_id].alive:
+                self.sim.crash(node_id, lose_unsynced=True)
+
+    def wait_started(self, node_id: str, timeout_s: float) -> int | None:
+        """A simulated node is up once restarted (its fake disk is never refused)."""
+        return None
 
     def pause(self, node_id: str) -> None:
         if self.sim.nodes[node_id].alive:
