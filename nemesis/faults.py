@@ -478,7 +478,7 @@ class Nemesis:
         def heal() -> dict[str, Any]:
             return self._bring_back(kind, fault.id if fault else None, nodes)
 
-        fault = self._register(kind, nodes, f"{' '.join(nodes)}: {text}", heal,
+        fault = self._register(kind, nodes, f"minority: {text}", heal,
                                {"target": "minority", "damage": damage}, kind)
         return fault
 
