@@ -713,7 +713,8 @@ def _damage_record(done: dict[str, Any]) -> dict[str, Any]:
         return {**record, "offset": done["size_after"],
                 "bytes": done["size_before"] - done["size_after"]}
     flips = [list(f) for f in done["flips"]]
-    return {**record, "offset": flips[0][0], "bits": len(flips), "flips": flips}
+    return {**record, "offset": flips[0][0], "bytes": len({o for o, _ in flips}),
+            "bits": len(flips), "flips": flips}
 
 
 def _describe_damage(d: dict[str, Any]) -> str:

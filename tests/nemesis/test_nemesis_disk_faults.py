@@ -161,6 +161,7 @@ def test_bitflip_flips_one_to_eight_bits_of_a_segment_or_the_snapshot(tmp_path: 
         for offset, bit in d["flips"]:
             expected[offset] = expected.get(offset, 0) ^ (1 << bit)
         assert changed == expected and d["offset"] == d["flips"][0][0]
+        assert d["bytes"] == len({o for o, _ in d["flips"]})
         nemesis._end(fault)
     assert hit == {"wal", "snapshots"}
 
