@@ -22,7 +22,22 @@ Faults (`--faults`, a comma list):
   (thesis §4, docs/kv.md "Identity and rejoining"): `member add` as a learner, start it on
   the empty directory with its usual command line, `member promote` once it caught up —
   Jepsen's membership nemesis for etcd;
+- truncate, bitflip, wipe-wal (file faults, local and docker only): a random minority is
+  killed and, while stopped, loses the tail of a WAL segment (from one byte to most of the
+  file; the newest segment mostly), has 1-8 bits flipped in a WAL segment or the snapshot,
+  or loses its whole wal/ folder; healed by starting it with its usual command line;
+- lose-unsynced: every node at once, a minority or the leader (each round led by every
+  node) crashes and loses every write it had not fsynced (`Platform.power_loss`; the run
+  puts the nodes on a lazy disk); kill-all: SIGKILL of every node at once; both healed by
+  starting the nodes again;
 - none: no faults (a baseline run).
+
+After a disk fault a node may refuse its data (exit 3, one line naming the file and
+offset). That is an expected outcome, not a harness error: the heal waits until each
+restarted node answers or exits, and a refusing node is taken back as its message says —
+member remove, its directory emptied, member add (a learner), started empty, member
+promote — each step a `rejoin-step` record after a `node-refused` one. Any other exit is a
+nemesis error and the run reports the node as crashed.
 
 A workload may own processes of its own (the trainer's coordinators and workers) and offer
 them as targets (`workloads.base.ProcessTargets`). Then kill and pause also deal the
@@ -35,8 +50,10 @@ replacement (the workload decides what that is).
 
 Every start and every heal is an event in the history (process "nemesis", type info), with
 the fault's id, kind, the nodes it touched and, for partitions, the graph of who can reach
-whom. Must never leave a fault in place: `heal_everything()` undoes whatever is active and
-also resumes, restarts and reconnects what a failed heal may have missed.
+whom; for a file fault, what was damaged (`damage`: node, file, offset, bytes, size before
+and after; the flipped bits). Must never leave a fault in place: `heal_everything()`
+undoes whatever is active, also resumes, restarts and reconnects what a failed heal may
+have missed, and finishes a rejoin that broke off (every node a voter again).
 """
 
 from __future__ import annotations
