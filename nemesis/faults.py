@@ -104,6 +104,10 @@ MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "member": 3, "t
              "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1}
 REFUSED_EXIT = 3  # a node that refuses its data (docs/kv.md, "Recovery")
 START_TIMEOUT_S = 60.0  # a restarted node answers or exits within this (a loaded machine)
+# With file faults the nodes snapshot every this many entries (their default, 10,000, takes
+# minutes at the default rate, and a rejoined node starts its count again): so that bit
+# flips reach snapshot files, and a wiped WAL sits beside a snapshot, in runs of any length.
+FILE_FAULT_SNAPSHOT_ENTRIES = 1000
 TRUNCATE_NEWEST = 0.7  # share of truncations and WAL bit flips that hit the newest segment
 MAX_FLIPPED_BITS = 8
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from histories.write import HistoryWriter
 from nemesis import check, report
-from nemesis.faults import FILE_FAULTS, Nemesis
+from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
@@ -83,6 +83,8 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path) -> Platform:
     if config.unsafe and config.unsafe in STORE_CANARIES:
         node_args += ["--unsafe", config.unsafe]
         env[ALLOW_ENV_VAR] = "1"
+    if any(f in FILE_FAULTS for f in config.faults) and "--snapshot-entries" not in node_args:
+        node_args += ["--snapshot-entries", str(FILE_FAULT_SNAPSHOT_ENTRIES)]
     # lose-unsynced needs every node's data on a layer that holds writes until fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
                             node_args=tuple(node_args), env=env,

@@ -329,10 +329,13 @@ def test_runner_refuses_faults_the_platform_cannot_do_and_asks_for_a_lazy_disk(
                          store=tmp_path, concurrency=1, rate=1, op_timeout_s=1,
                          read_consistency="linearizable", unsafe=None, check_budget_s=1)
 
-    for faults, lazy in ((["lose-unsynced"], True), (["kill-all", "truncate"], False)):
+    for faults, lazy, snapshots in ((["lose-unsynced"], True, False),
+                                    (["kill-all", "truncate"], False, True)):
         made = make_platform(config(faults), "lazy-test", tmp_path)
         try:
             assert made.config.lazy_disk is lazy
+            # With file faults snapshots come often enough for bit flips to reach them.
+            assert ("--snapshot-entries" in made.config.node_args) is snapshots
         finally:
             made.close()
 
