@@ -585,6 +585,9 @@ class Nemesis:
             elif code == REFUSED_EXIT:
                 reason = self.platform.exit_reason(node)
                 self.refused.add(node)
+                # From here on it is never started on these files again, even if the
+                # rejoin of another refused node breaks off first (heal_everything).
+                self.rejoining.add(node)
                 self.record("node-refused", {
                     "fault": kind, "id": fault_id, "phase": "step", "nodes": [node],
                     "node": node, "exit_code": code, "reason": reason,

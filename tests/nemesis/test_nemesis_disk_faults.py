@@ -359,3 +359,24 @@ def test_platform_defaults_refuse_file_faults_with_one_line() -> None:
                                             "local and docker"):
         platform.data_files(["n1"])
     assert ClusterConfig(nodes=1, run_id="x", work_dir=Path("/x")).lazy_disk is False
+
+
+def test_every_refused_node_is_rejoined_at_the_end_when_the_first_rejoin_breaks_off(
+        tmp_path: Path) -> None:
+    platform = DiskPlatform(5, tmp_path)
+    nemesis, _ = _nemesis(platform, ["kill-all"])
+    fault = nemesis._begin("kill-all")
+    assert fault is not None
+    platform.damaged.update({"n2", "n3"})  # both refuse their data at the restart
+    platform.fail_promote = True
+    nemesis._end(fault)
+    assert "n2" in nemesis.rejoining and nemesis.errors
+    platform.fail_promote = False
+    platform.calls.clear()
+    nemesis.heal_everything()
+    # n2 was wiped and started empty before its promotion failed: only promoted now; n3
+    # never got its turn: wiped before it starts, never started on its refused files.
+    assert [c for c in platform.calls if c.endswith("n2")] == ["promote n2"]
+    assert platform.calls.index("wipe n3") < platform.calls.index("start n3")
+    assert platform.voters == set(platform.node_ids) and not platform.down
+    assert not nemesis.rejoining
