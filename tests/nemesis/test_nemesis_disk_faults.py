@@ -380,3 +380,36 @@ def test_every_refused_node_is_rejoined_at_the_end_when_the_first_rejoin_breaks_
     assert platform.calls.index("wipe n3") < platform.calls.index("start n3")
     assert platform.voters == set(platform.node_ids) and not platform.down
     assert not nemesis.rejoining
+
+
+def test_the_report_shows_disk_faults_refusals_and_rejoin_steps(tmp_path: Path) -> None:
+    from histories.write import HistoryWriter
+    from nemesis.report import write_report
+    from nemesis.report.data import load_run
+    from nemesis.report.show import render
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    history = HistoryWriter(run_dir / "history.jsonl")
+    nemesis = Nemesis(DiskPlatform(3, tmp_path / "data"), ["bitflip", "kill-all"], seed=1,
+                      interval_s=0.01, record=lambda f, v: history.event("nemesis", f, v))
+    call = history.invoke(0, "put", "k", "v1")
+    for kind in ("bitflip", "kill-all"):
+        fault = nemesis._begin(kind)
+        assert fault is not None
+        nemesis._end(fault)
+    history.complete(call, "ok", "v1", version=1, applied=True, node="n1")
+    nemesis.heal_everything()
+    history.close()
+    (run_dir / "results.json").write_text(json.dumps({"valid": True}))
+    data = load_run(run_dir)
+    assert [w.fault for w in data.windows] == ["bitflip", "kill-all"]
+    assert all(w.end_line is not None for w in data.windows)
+    assert "bit(s) flipped" in data.windows[0].description
+    markers = [m.f for m in data.markers]
+    assert markers == ["node-refused"] + ["rejoin-step"] * 5 + ["heal-all"]
+    text = render(data)
+    assert "bitflip" in text and "node-refused: n" in text and "rejoin-step: n" in text
+    assert ": promote (" in text
+    page = write_report(run_dir).read_text()
+    assert "node-refused" in page and "rejoin-step" in page
