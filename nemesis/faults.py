@@ -584,14 +584,19 @@ class Nemesis:
                 self.expected_down.discard(node)
             elif code == REFUSED_EXIT:
                 reason = self.platform.exit_reason(node)
-                self.refused.add(node)
-                # From here on it is never started on these files again, even if the
-                # rejoin of another refused node breaks off first (heal_everything).
-                self.rejoining.add(node)
                 self.record("node-refused", {
                     "fault": kind, "id": fault_id, "phase": "step", "nodes": [node],
                     "node": node, "exit_code": code, "reason": reason,
                     "description": f"{node} refused to start (exit {code}): {reason}"})
+                if not self.platform.supports_membership():  # the simulator's nodes
+                    self._error(f"rejoin {node}", PlatformError(
+                        f"the {self.platform.name} platform cannot take a node back through "
+                        f"membership changes; {node} stays down"))
+                    continue
+                self.refused.add(node)
+                # From here on it is never started on these files again, even if the
+                # rejoin of another refused node breaks off first (heal_everything).
+                self.rejoining.add(node)
                 outcome.setdefault("refused", []).append(node)
             else:
                 self.expected_down.discard(node)  # the run reports it as crashed

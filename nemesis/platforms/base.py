@@ -230,6 +230,11 @@ class Platform(abc.ABC):
 
     # ----- membership ----------------------------------------------------------------
 
+    def supports_membership(self) -> bool:
+        """Whether `change_membership` works here (the member fault, and the rejoin of a
+        node that refused its data)."""
+        return True
+
     def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
         """`member add|promote|remove` of `node_id`, through any node that answers; returns
         once committed. Raises system.kv.member_client.MembershipError."""

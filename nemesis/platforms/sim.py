@@ -62,6 +62,9 @@ class SimPlatform(Platform):
         self.paused: set[str] = set()  # membership only; node order comes from node_ids
         self.loss: dict[tuple[str, str], float] = {}
         self.rng = random.Random(f"sim-platform:{seed}:loss")
+        # Nodes whose core refused what their disk holds at a restart (after a power loss,
+        # a store that skipped fsync): down, as a real node that exits 3, with the reason.
+        self.refused: dict[str, str] = {}
         self.ticks = 0  # simulated time, in ticks
         self._events_in_tick = 0  # orders records within one tick (1 ns apart)
 
@@ -119,7 +122,12 @@ class SimPlatform(Platform):
 
     def start_node(self, node_id: str) -> None:
         if not self.sim.nodes[node_id].alive:
-            self.sim.restart(node_id)
+            self.refused.pop(node_id, None)
+            try:
+                self.sim.restart(node_id)
+            except ValueError as exc:  # the core refuses durable state that contradicts itself
+                self.refused[node_id] = f"{node_id} refuses to start: {exc}"
+                self.sim.record(f"{node_id} refused to start: {exc}")
 
     def stop_node(self, node_id: str) -> None:
         self.kill(node_id)
@@ -141,8 +149,8 @@ class SimPlatform(Platform):
                 self.sim.crash(node_id, lose_unsynced=True)
 
     def wait_started(self, node_id: str, timeout_s: float) -> int | None:
-        """A simulated node is up once restarted (its fake disk is never refused)."""
-        return None
+        """A simulated node is up at once, or refused its disk (3) at once."""
+        return self.exit_code(node_id)
 
     def pause(self, node_id: str) -> None:
         if self.sim.nodes[node_id].alive:
@@ -161,6 +169,9 @@ class SimPlatform(Platform):
     def member_address(self, node_id: str) -> str:
         raise PlatformError("the sim platform has no member addresses (no member fault)")
 
+    def supports_membership(self) -> bool:
+        return False
+
     def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
         raise PlatformError("the sim platform does not run the member fault")
 
@@ -171,7 +182,14 @@ class SimPlatform(Platform):
         return self.sim.nodes[node_id].alive
 
     def exit_code(self, node_id: str) -> int | None:
-        return None  # a simulated node never exits on its own
+        """3 for a node that refused its disk at a restart; a simulated node never exits
+        otherwise."""
+        if node_id in self.refused and not self.sim.nodes[node_id].alive:
+            return 3
+        return None
+
+    def exit_reason(self, node_id: str) -> str:
+        return self.refused.get(node_id, "")
 
     # ----- network -----------------------------------------------------------------------
 
