@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
-    from nemesis.faults import MIN_NODES, parse_faults
+    from nemesis.faults import MIN_NODES, parse_faults, unsupported
     from nemesis.platforms import choose
     from nemesis.platforms.base import PlatformUnavailable
     from nemesis.runner import RunConfig, run
@@ -199,9 +199,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     if args.unsafe in TRAINER_CANARIES and args.workload != "trainer":
         return _refuse(f"--unsafe {args.unsafe} is a trainer canary; it needs --workload trainer")
-    if args.platform == "sim" and "member" in faults:
-        return _refuse("--faults member does not run on --platform sim (the simulator's nodes "
-                       "have no identity to wipe and re-admit); use --platform local or docker")
+    if args.platform is not None and (problem := unsupported(faults, args.platform)):
+        return _refuse(problem)
     if args.platform == "sim" and args.workload != "kv":
         return _refuse(f"--platform sim runs the kv workload only (the simulator holds the "
                        f"store, not the trainer); got --workload {args.workload}")

@@ -22,7 +22,22 @@ Faults (`--faults`, a comma list):
   (thesis §4, docs/kv.md "Identity and rejoining"): `member add` as a learner, start it on
   the empty directory with its usual command line, `member promote` once it caught up —
   Jepsen's membership nemesis for etcd;
+- truncate, bitflip, wipe-wal (file faults, local and docker only): a random minority is
+  killed and, while stopped, loses the tail of a WAL segment (from one byte to most of the
+  file; the newest segment mostly), has 1-8 bits flipped in a WAL segment or the snapshot,
+  or loses its whole wal/ folder; healed by starting it with its usual command line;
+- lose-unsynced: every node at once, a minority or the leader (each round led by every
+  node) crashes and loses every write it had not fsynced (`Platform.power_loss`; the run
+  puts the nodes on a lazy disk); kill-all: SIGKILL of every node at once; both healed by
+  starting the nodes again;
 - none: no faults (a baseline run).
+
+After a disk fault a node may refuse its data (exit 3, one line naming the file and
+offset). That is an expected outcome, not a harness error: the heal waits until each
+restarted node answers or exits, and a refusing node is taken back as its message says —
+member remove, its directory emptied, member add (a learner), started empty, member
+promote — each step a `rejoin-step` record after a `node-refused` one. Any other exit is a
+nemesis error and the run reports the node as crashed.
 
 A workload may own processes of its own (the trainer's coordinators and workers) and offer
 them as targets (`workloads.base.ProcessTargets`). Then kill and pause also deal the
@@ -35,13 +50,16 @@ replacement (the workload decides what that is).
 
 Every start and every heal is an event in the history (process "nemesis", type info), with
 the fault's id, kind, the nodes it touched and, for partitions, the graph of who can reach
-whom. Must never leave a fault in place: `heal_everything()` undoes whatever is active and
-also resumes, restarts and reconnects what a failed heal may have missed.
+whom; for a file fault, what was damaged (`damage`: node, file, offset, bytes, size before
+and after; the flipped bits). Must never leave a fault in place: `heal_everything()`
+undoes whatever is active, also resumes, restarts and reconnects what a failed heal may
+have missed, and finishes a rejoin that broke off (every node a voter again).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
@@ -50,20 +68,48 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nemesis import partitions
-from nemesis.platforms.base import Platform
+from nemesis.platforms.base import Platform, PlatformError
 
 log = logging.getLogger("nemesis")
 
-FAULTS = ("partition", "kill", "pause", "packet", "member", "none")
+FAULTS = ("partition", "kill", "pause", "packet", "member", "truncate", "bitflip", "wipe-wal",
+          "lose-unsynced", "kill-all", "none")
+# Faults that damage a stopped node's files (the platform's `damage_files`).
+FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
+# Faults after which a node may refuse its data at the restart (exit 3): the heal waits for
+# each restarted node and, on a refusal, rejoins it as a new member.
+DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all")
+# Where each fault runs when not everywhere (the simulator's disk holds records, not bytes,
+# and its nodes have no identity to re-admit).
+FAULT_PLATFORMS = {"member": ("local", "docker"), "truncate": ("local", "docker"),
+                   "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker")}
 KILL_TARGETS = ("leader", "random", "minority")
+# lose-unsynced leads each round with every node at once: a node that skips fsync loses its
+# acknowledged writes only when a majority loses them together (a canary must be caught in
+# every seed), and a minority or the leader alone is the gentler case.
+POWER_TARGETS = ("all", "minority", "leader")
 PAUSE_TARGETS = ("leader", "random")
 MEMBER_TARGETS = ("leader", "random")
+# The end-of-run heal waits this long for a heal in progress (a rejoin: remove, add, start,
+# a promotion of up to PROMOTE_TIMEOUT_S) before going on beside it.
+END_JOIN_TIMEOUT_S = 240.0
 # A promotion waits for the learner to catch up from an empty disk (a snapshot and the log
 # since): generous, since the cluster keeps serving meanwhile.
 PROMOTE_TIMEOUT_S = 90.0
 LOSS_PROBABILITIES = (0.1, 0.2, 0.3, 0.5)
 # Least nodes each fault needs to leave a majority able to serve (checked before a run).
-MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "member": 3, "none": 1}
+# File faults and lose-unsynced need 3: a node that refuses its data is rejoined through
+# membership changes, which the others must be a majority to commit.
+MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "member": 3, "truncate": 3,
+             "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1}
+REFUSED_EXIT = 3  # a node that refuses its data (docs/kv.md, "Recovery")
+START_TIMEOUT_S = 60.0  # a restarted node answers or exits within this (a loaded machine)
+# With file faults the nodes snapshot every this many entries (their default, 10,000, takes
+# minutes at the default rate, and a rejoined node starts its count again): so that bit
+# flips reach snapshot files, and a wiped WAL sits beside a snapshot, in runs of any length.
+FILE_FAULT_SNAPSHOT_ENTRIES = 1000
+TRUNCATE_NEWEST = 0.7  # share of truncations and WAL bit flips that hit the newest segment
+MAX_FLIPPED_BITS = 8
 
 
 def parse_faults(text: str) -> list[str]:
@@ -79,6 +125,18 @@ def parse_faults(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def unsupported(faults: list[str], platform: str) -> str | None:
+    """The one-line refusal when a fault in `faults` does not run on `platform`, else None."""
+    for fault in faults:
+        where = FAULT_PLATFORMS.get(fault)
+        if where is not None and platform not in where:
+            why = ("the simulator's nodes have no identity to wipe and re-admit"
+                   if fault == "member" else "the simulator's disk holds records, not bytes")
+            return (f"--faults {fault} does not run on --platform {platform} ({why}); "
+                    f"use --platform {' or '.join(where)}")
+    return None
+
+
 @dataclass
 class ActiveFault:
     id: int
@@ -90,6 +148,7 @@ class ActiveFault:
 
 
 EventSink = Callable[[str, dict[str, Any]], None]
+Step = Callable[[str, Callable[[], Any]], None]  # runs (and records) one step of a rejoin
 PROCESS_PARTITION = "coordinator-from-store"
 REPLY_LOST = "coordinator-reply-lost"
 
@@ -107,6 +166,9 @@ class Nemesis:
         self.platform = platform
         self.faults = [f for f in faults if f != "none"]
         self.rng = random.Random(f"nemesis:{seed}")
+        # What to damage depends on the files found (their number and sizes), so it draws
+        # from its own source: the schedule's kinds and targets still repeat with the seed.
+        self.damage_rng = random.Random(f"nemesis-damage:{seed}")
         self.interval_s = interval_s
         self.record = record
         self.nodes = list(platform.node_ids)
@@ -123,6 +185,11 @@ class Nemesis:
         # Nodes the nemesis has killed and not yet restarted: any other node found down has
         # crashed on its own, which the run reports.
         self.expected_down: set[str] = set()
+        # Nodes that refused their data, and those whose rejoin (remove, wipe, add, start,
+        # promote) has begun and not finished: the end-of-run heal finishes it.
+        self.refused: set[str] = set()
+        self.rejoining: set[str] = set()
+        self._wiped: set[str] = set()
         self.counts: dict[str, int] = {}
         self.errors: list[str] = []
         self._next_id = 1
@@ -191,6 +258,12 @@ class Nemesis:
             return self._packet()
         if kind == "member":
             return self._member()
+        if kind in FILE_FAULTS:
+            return self._file_fault(kind)
+        if kind == "lose-unsynced":
+            return self._lose_unsynced()
+        if kind == "kill-all":
+            return self._kill_all()
         raise ValueError(f"unknown fault {kind!r}")
 
     def _register(self, kind: str, nodes: list[str], description: str,
@@ -216,7 +289,7 @@ class Nemesis:
             self.errors.append(message)
             value = {"error": str(exc)}
         f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
-             "packet": "stop-packet", "member": "rejoin-member"}[fault.kind]
+             "packet": "stop-packet", "member": "rejoin-member"}.get(fault.kind, "restart")
         self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end", "nodes": fault.nodes,
                         "description": fault.description, **value})
 
@@ -289,6 +362,8 @@ class Nemesis:
             if leader is not None:
                 return target, [leader]
             target = "random (no leader known)"
+        if target == "all":
+            return target, list(self.nodes)
         if target == "minority":
             size = max(1, (len(self.nodes) - 1) // 2)
             return target, sorted(self.rng.sample(self.nodes, size))
@@ -381,17 +456,197 @@ class Nemesis:
                               {"target": target, "voters": sorted(voters - {node})},
                               "remove-member")
 
-    def _rejoin(self, node: str) -> None:
+    def _rejoin(self, node: str, step: Step | None = None) -> None:
         """Bring `node` back as a voter from whatever step it is at (not a member, a
-        learner, stopped, running)."""
+        learner, stopped, running). `step(name, action)` runs (and records) each step."""
+        do = step or (lambda name, action: action())
         voters, learners = self.platform.membership()
         if node not in voters and node not in learners:
-            self.platform.change_membership("add", node)
+            do("add", lambda: self.platform.change_membership("add", node))
         if not self.platform.is_running(node):
-            self.platform.start_node(node)
+            do("start", lambda: self.platform.start_node(node))
         self.expected_down.discard(node)
         if node not in voters:
-            self.platform.change_membership("promote", node, timeout_s=PROMOTE_TIMEOUT_S)
+            do("promote", lambda: self.platform.change_membership(
+                "promote", node, timeout_s=PROMOTE_TIMEOUT_S))
+
+    # ----- disk faults -----------------------------------------------------------------
+
+    def _file_fault(self, kind: str) -> ActiveFault:
+        """Kill a minority, damage each one's files as `kind` says, keep them down for the
+        interval; the heal restarts them on the damaged files."""
+        size = self.rng.randint(1, max(1, (len(self.nodes) - 1) // 2))
+        nodes = sorted(self.rng.sample(self.nodes, size))
+        self.expected_down.update(nodes)
+        self.platform.kill_nodes(nodes)
+        try:
+            found = self.platform.data_files(nodes)
+            plan = {n: d for n in nodes if (d := self._plan_damage(kind, found.get(n, {})))}
+            done = self.platform.damage_files(plan) if plan else {}
+        except Exception:
+            try:  # no fault may stay in place
+                self._bring_back(kind, None, nodes)
+            except Exception as exc:
+                self._error(f"restart {' '.join(nodes)} after a failed {kind}", exc)
+            raise
+        damage = [{"node": n, **_damage_record(d)} for n in nodes for d in done.get(n, [])]
+        text = "; ".join(_describe_damage(d) for d in damage) or "nothing to damage"
+        untouched = [n for n in nodes if n not in plan]
+        if untouched and damage:
+            text += f"; {' '.join(untouched)} only killed (nothing to damage)"
+        fault: ActiveFault | None = None
+
+        def heal() -> dict[str, Any]:
+            return self._bring_back(kind, fault.id if fault else None, nodes)
+
+        fault = self._register(kind, nodes, f"minority: {text}", heal,
+                               {"target": "minority", "damage": damage}, kind)
+        return fault
+
+    def _plan_damage(self, kind: str, files: dict[str, int]) -> list[dict]:
+        """The damage to do to one node's files (`disk_damage` requests): [] if none fits."""
+        rng = self.damage_rng
+        if kind == "wipe-wal":
+            return [{"kind": "remove-wal"}]
+        wal = sorted(f for f, size in files.items() if f.startswith("wal/") and size > 0)
+        snapshots = sorted(f for f, size in files.items()
+                           if f.startswith("snapshots/") and size > 0)
+        if kind == "truncate":
+            if not wal:
+                return []
+            name = self._pick_segment(wal)
+            size = files[name]
+            # From one byte (a torn last record) to most of the file, spread evenly over the
+            # orders of magnitude between: a uniform cut would almost never be small.
+            most = max(1, size * 9 // 10)
+            cut = min(most, max(1, round(math.exp(rng.uniform(0.0, math.log(most))))))
+            return [{"kind": "truncate", "file": name, "size": size - cut}]
+        if snapshots and (not wal or rng.random() < 0.5):
+            name = rng.choice(snapshots)
+        elif wal:
+            name = self._pick_segment(wal)
+        else:
+            return []
+        size = files[name]
+        flips = {(rng.randrange(size), rng.randrange(8))
+                 for _ in range(rng.randint(1, MAX_FLIPPED_BITS))}
+        return [{"kind": "flip", "file": name, "flips": sorted([o, b] for o, b in flips)}]
+
+    def _pick_segment(self, wal: list[str]) -> str:
+        """The newest segment mostly (where a crash leaves its damage), sometimes another."""
+        if len(wal) == 1 or self.damage_rng.random() < TRUNCATE_NEWEST:
+            return wal[-1]
+        return self.damage_rng.choice(wal[:-1])
+
+    def _lose_unsynced(self) -> ActiveFault:
+        target, nodes = self._targets(POWER_TARGETS)
+        self.expected_down.update(nodes)
+        self.platform.power_loss(nodes)
+        fault: ActiveFault | None = None
+
+        def heal() -> dict[str, Any]:
+            return self._bring_back("lose-unsynced", fault.id if fault else None, nodes)
+
+        fault = self._register("lose-unsynced", nodes, f"{target}: {' '.join(nodes)} lost "
+                               f"every unsynced write", heal, {"target": target}, "lose-unsynced")
+        return fault
+
+    def _kill_all(self) -> ActiveFault:
+        nodes = list(self.nodes)
+        self.expected_down.update(nodes)
+        self.platform.kill_nodes(nodes)
+        fault: ActiveFault | None = None
+
+        def heal() -> dict[str, Any]:
+            return self._bring_back("kill-all", fault.id if fault else None, nodes)
+
+        fault = self._register("kill-all", nodes, f"all: {' '.join(nodes)}", heal,
+                               {"target": "all"}, "kill-all")
+        return fault
+
+    def _bring_back(self, kind: str, fault_id: int | None, nodes: list[str]) -> dict[str, Any]:
+        """Start `nodes` with their usual command line and wait until each answers or exits.
+        One that refuses its data (exit 3) is an expected outcome: it rejoins as a new
+        member, as the node's own message says (`_rejoin_refused`). Any other exit is an
+        error the run reports."""
+        for node in nodes:
+            if not self.platform.is_running(node):
+                self.platform.start_node(node)
+        outcome: dict[str, Any] = {}
+        for node in nodes:
+            try:
+                code = self.platform.wait_started(node, START_TIMEOUT_S)
+            except Exception as exc:  # neither answered nor exited: say so, go on
+                self._error(f"restart {node} after {kind}", exc)
+                self.expected_down.discard(node)
+                continue
+            if code is None:
+                self.expected_down.discard(node)
+            elif code == REFUSED_EXIT:
+                reason = self.platform.exit_reason(node)
+                self.record("node-refused", {
+                    "fault": kind, "id": fault_id, "phase": "step", "nodes": [node],
+                    "node": node, "exit_code": code, "reason": reason,
+                    "description": f"{node} refused to start (exit {code}): {reason}"})
+                if not self.platform.supports_membership():  # the simulator's nodes
+                    self._error(f"rejoin {node}", PlatformError(
+                        f"the {self.platform.name} platform cannot take a node back through "
+                        f"membership changes; {node} stays down"))
+                    continue
+                self.refused.add(node)
+                # From here on it is never started on these files again, even if the
+                # rejoin of another refused node breaks off first (heal_everything).
+                self.rejoining.add(node)
+                outcome.setdefault("refused", []).append(node)
+            else:
+                self.expected_down.discard(node)  # the run reports it as crashed
+                self._error(f"restart {node} after {kind}", PlatformError(
+                    f"{node} exited with code {code}: {self.platform.exit_reason(node)}"))
+                outcome.setdefault("crashed", []).append(node)
+        for node in outcome.get("refused", []):
+            self._rejoin_refused(kind, fault_id, node)
+            outcome.setdefault("rejoined", []).append(node)
+        return outcome
+
+    def _rejoin_refused(self, kind: str, fault_id: int | None, node: str) -> None:
+        """The procedure the node printed: member remove, empty its directory, member add
+        (a learner), start it empty, member promote once it caught up; each step recorded.
+        Resumes an interrupted procedure (`rejoining`) from where it stopped."""
+        self.rejoining.add(node)
+
+        def step(name: str, action: Callable[[], Any]) -> None:
+            started = time.monotonic()
+            value = {"fault": kind, "id": fault_id, "phase": "step", "nodes": [node],
+                     "node": node, "step": name}
+            try:
+                action()
+            except Exception as exc:
+                self.record("rejoin-step", {**value, "error": str(exc), "description":
+                                            f"{node}: {name} failed: {exc}"})
+                raise
+            seconds = round(time.monotonic() - started, 3)
+            self.record("rejoin-step", {**value, "seconds": seconds,
+                                        "description": f"{node}: {name} ({seconds:g} s)"})
+
+        if node not in self._wiped:
+            # Just after a restart of several nodes a leader may still be coming.
+            voters, learners = self.platform.membership(timeout_s=30.0)
+            if node in voters or node in learners:
+                step("remove", lambda: self.platform.change_membership("remove", node))
+            if self.platform.is_running(node):
+                self.expected_down.add(node)
+                self.platform.kill(node)
+            step("wipe", lambda: self.platform.wipe(node))
+            self._wiped.add(node)
+        self._rejoin(node, step)
+        self._wiped.discard(node)
+        self.rejoining.discard(node)
+
+    def _error(self, what: str, exc: Exception) -> None:
+        message = f"{what}: {type(exc).__name__}: {exc}"
+        log.warning("nemesis: %s", message)
+        self.errors.append(message)
+        self.record("nemesis-error", {"what": what, "error": str(exc)})
 
     # ----- end of run ------------------------------------------------------------------
 
@@ -404,10 +659,13 @@ class Nemesis:
             self.errors.append(f"read the membership: {exc}")
             return actions
         for node in self.nodes:
-            if node in voters:
+            if node in voters and node not in self.rejoining:
                 continue
             try:
-                self._rejoin(node)
+                if node in self.rejoining:  # a refused node's rejoin, interrupted
+                    self._rejoin_refused("all", None, node)
+                else:
+                    self._rejoin(node)
                 actions.append(f"rejoined {node}")
             except Exception as exc:
                 self.errors.append(f"rejoin {node}: {exc}")
@@ -420,6 +678,14 @@ class Nemesis:
     def heal_everything(self) -> None:
         """Undo every active fault, then make sure: all links healed, every node resumed
         and running. Records what it did."""
+        if self._thread is not None and self._thread.is_alive():
+            # A heal still running (a rejoin waits for a promotion): let it finish rather
+            # than start, wipe or re-admit the same node from two threads.
+            self._stop.set()
+            self._thread.join(END_JOIN_TIMEOUT_S)
+            if self._thread.is_alive():
+                self.errors.append(f"the nemesis thread was still busy {END_JOIN_TIMEOUT_S:g} s "
+                                   f"after the run's end; healing beside it")
         with self._lock:
             active = list(self.active.values())
         for fault in active:
@@ -429,17 +695,31 @@ class Nemesis:
             self.platform.heal_all()
         except Exception as exc:
             self.errors.append(f"heal all links: {exc}")
+        disk = any(f in DISK_FAULTS for f in self.faults)
+        stopped = []
         for node in self.nodes:
+            if node in self.rejoining:
+                continue  # left to _restore_membership: its data is refused or wiped
             try:
                 if self.platform.is_running(node):
                     self.platform.resume(node)
+                    self.expected_down.discard(node)
+                elif disk:
+                    stopped.append(node)
                 else:
                     self.platform.start_node(node)
                     actions.append(f"started {node}")
-                self.expected_down.discard(node)
+                    self.expected_down.discard(node)
             except Exception as exc:
                 self.errors.append(f"bring back {node}: {exc}")
-        if "member" in self.faults:
+        if stopped:  # after a disk fault a node may refuse its data: waited for and rejoined
+            try:
+                outcome = self._bring_back("all", None, stopped)
+                actions.append(f"started {' '.join(stopped)}")
+                actions += [f"rejoined {n}" for n in outcome.get("rejoined", [])]
+            except Exception as exc:
+                self.errors.append(f"bring back {' '.join(stopped)}: {exc}")
+        if "member" in self.faults or self.refused or self.rejoining:
             actions += self._restore_membership()
         if self.targets is not None:
             try:
@@ -448,3 +728,30 @@ class Nemesis:
                 self.errors.append(f"heal the workload's processes: {exc}")
         self.record("heal-all", {"fault": "all", "phase": "end", "nodes": self.nodes,
                                  "description": "; ".join(actions) or "all links healed, all nodes running"})
+
+
+def _damage_record(done: dict[str, Any]) -> dict[str, Any]:
+    """What the history keeps of one damage: the file, where (offset) and how much."""
+    kind = done["kind"]
+    if kind == "remove-wal":
+        return {"kind": kind, "file": "wal/", "offset": 0, "bytes": done["bytes"],
+                "removed": done["removed"]}
+    record = {"kind": kind, "file": done["file"], "size_before": done["size_before"],
+              "size_after": done["size_after"]}
+    if kind == "truncate":
+        return {**record, "offset": done["size_after"],
+                "bytes": done["size_before"] - done["size_after"]}
+    flips = [list(f) for f in done["flips"]]
+    return {**record, "offset": flips[0][0], "bytes": len({o for o, _ in flips}),
+            "bits": len(flips), "flips": flips}
+
+
+def _describe_damage(d: dict[str, Any]) -> str:
+    if d["kind"] == "remove-wal":
+        return (f"{d['node']} wal/ removed ({len(d['removed'])} segments, "
+                f"{d['bytes']:,} bytes)")
+    if d["kind"] == "truncate":
+        return (f"{d['node']} {d['file']} cut at byte {d['offset']:,} "
+                f"({d['bytes']:,} of {d['size_before']:,} bytes gone)")
+    return (f"{d['node']} {d['file']} {d['bits']} bit(s) flipped at "
+            f"{', '.join(str(o) for o, _ in d['flips'])} (of {d['size_before']:,} bytes)")

@@ -23,7 +23,7 @@ from typing import Any
 
 from histories.write import HistoryWriter
 from nemesis import check, report
-from nemesis.faults import Nemesis
+from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
@@ -83,8 +83,12 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path) -> Platform:
     if config.unsafe and config.unsafe in STORE_CANARIES:
         node_args += ["--unsafe", config.unsafe]
         env[ALLOW_ENV_VAR] = "1"
+    if any(f in FILE_FAULTS for f in config.faults) and "--snapshot-entries" not in node_args:
+        node_args += ["--snapshot-entries", str(FILE_FAULT_SNAPSHOT_ENTRIES)]
+    # lose-unsynced needs every node's data on a layer that holds writes until fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
-                            node_args=tuple(node_args), env=env)
+                            node_args=tuple(node_args), env=env,
+                            lazy_disk="lose-unsynced" in config.faults)
     if config.platform == "docker":
         from nemesis.platforms.docker import DockerPlatform
 
@@ -92,6 +96,17 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path) -> Platform:
     from nemesis.platforms.local import LocalPlatform
 
     return LocalPlatform(cluster)
+
+
+def check_platform(faults: list[str], platform: Platform) -> None:
+    """HarnessError (one line, before any node starts) when `platform` cannot run a fault."""
+    if "lose-unsynced" in faults and not platform.supports_power_loss():
+        raise HarnessError(f"--faults lose-unsynced needs nodes on a disk that can lose "
+                           f"unsynced writes; the {platform.name} platform has none")
+    if any(f in FILE_FAULTS for f in faults) and not platform.supports_file_faults():
+        raise HarnessError(f"--faults {','.join(f for f in faults if f in FILE_FAULTS)} needs "
+                           f"a platform that can damage a stopped node's files; the "
+                           f"{platform.name} platform cannot")
 
 
 def make_workload(config: RunConfig) -> Workload:
@@ -310,6 +325,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     ctx: RunContext | None = None
     try:
         platform = make_platform(config, run_id, run_dir)
+        check_platform(config.faults, platform)
         _print(out, f"starting {config.nodes} nodes on {config.platform} ...")
         platform.start()
         leader = wait_for_start(platform, LEADER_TIMEOUT_S, run_dir / "nodes")

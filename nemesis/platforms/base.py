@@ -18,6 +18,7 @@ after a failed `start()`.
 from __future__ import annotations
 
 import abc
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,10 @@ def last_line(text: str, limit: int = 300) -> str:
         return ""
     line = lines[-1]
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+NO_FILE_FAULTS = ("the {platform} platform cannot damage a node's files (truncate, bitflip, "
+                  "wipe-wal run on --platform local and docker)")
 
 
 class PlatformError(RuntimeError):
@@ -167,6 +172,45 @@ class Platform(abc.ABC):
         raise PlatformError(f"the {self.name} platform cannot lose unsynced writes "
                             f"(run with lose-unsynced in --faults to put nodes on a lazy disk)")
 
+    def kill_nodes(self, node_ids: list[str]) -> None:
+        """SIGKILL several nodes as close to at once as the platform can (`kill-all`)."""
+        for node_id in node_ids:
+            self.kill(node_id)
+
+    def wait_started(self, node_id: str, timeout_s: float) -> int | None:
+        """After `start_node`: None once the node answers Status, or its exit code if it
+        exits first (3: it refused its data, docs/kv.md). Raises PlatformError when it does
+        neither within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            code = self.exit_code(node_id)
+            if code is not None:
+                return code
+            if self.status(node_id, timeout_s=0.5) is not None:
+                return None
+            if time.monotonic() >= deadline:
+                raise PlatformError(f"{node_id} neither answered nor exited within "
+                                    f"{timeout_s:g} s of its start: {self.describe()}")
+            time.sleep(0.1)
+
+    # ----- file faults (nemesis/platforms/disk_damage.py) ------------------------------
+
+    def supports_file_faults(self) -> bool:
+        """Whether `data_files` and `damage_files` work here (the truncate, bitflip and
+        wipe-wal faults)."""
+        return False
+
+    def data_files(self, node_ids: list[str]) -> dict[str, dict[str, int]]:
+        """For stopped nodes: node -> {file: size in bytes} of its WAL segments and snapshot
+        files, named relative to its data directory ("wal/0000000000000001.wal")."""
+        raise PlatformError(NO_FILE_FAULTS.format(platform=self.name))
+
+    def damage_files(self, damages: dict[str, list[dict]]) -> dict[str, list[dict]]:
+        """Damage stopped nodes' files, node -> damages as `disk_damage` describes them
+        (truncate, flip, remove-wal), all in one go where the platform can; returns, per
+        node, each damage with the file's size before and after."""
+        raise PlatformError(NO_FILE_FAULTS.format(platform=self.name))
+
     @abc.abstractmethod
     def member_address(self, node_id: str) -> str:
         """HOST:PORT to name in `member add` for this node: where its peers reach it.
@@ -185,6 +229,11 @@ class Platform(abc.ABC):
         return ""
 
     # ----- membership ----------------------------------------------------------------
+
+    def supports_membership(self) -> bool:
+        """Whether `change_membership` works here (the member fault, and the rejoin of a
+        node that refused its data)."""
+        return True
 
     def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
         """`member add|promote|remove` of `node_id`, through any node that answers; returns

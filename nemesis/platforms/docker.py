@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import io
 import ipaddress
+import json
 import os
 import re
 import shlex
@@ -60,6 +61,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from nemesis.platforms import disk_damage
 from nemesis.platforms.base import (
     ClusterConfig,
     Platform,
@@ -611,6 +613,50 @@ class DockerPlatform(Platform):
             volumes={container.name: {"bind": VOLUME_MOUNT, "mode": "rw"}})
         if code != 0:
             raise PlatformError(f"wiping {node_id}'s data failed: {output.strip()[-300:]}")
+
+    def kill_nodes(self, node_ids: list[str]) -> None:
+        """Every container told to die before waiting for any (`kill-all`)."""
+        import docker.errors
+
+        for node_id in node_ids:
+            if self.is_running(node_id):
+                with contextlib.suppress(docker.errors.APIError):
+                    self._container(node_id).kill()
+        for node_id in node_ids:
+            self._wait_exited(node_id, 20)
+
+    def supports_file_faults(self) -> bool:
+        return True
+
+    def data_files(self, node_ids: list[str]) -> dict[str, dict[str, int]]:
+        return self._disk_damage({"op": "list"}, node_ids)
+
+    def damage_files(self, damages: dict[str, list[dict]]) -> dict[str, list[dict]]:
+        return self._disk_damage({"op": "damage", "damage": damages}, list(damages))
+
+    def _disk_damage(self, request: dict, node_ids: list[str]) -> dict:
+        """Run `disk_damage` in one helper container with every named node's volume
+        mounted (a helper costs about a second, so one for all of them)."""
+        volumes = {}
+        for node_id in node_ids:
+            container = self._container(node_id)
+            if self.is_running(node_id):
+                raise PlatformError(f"{node_id} is running; kill or stop it before touching "
+                                    f"its files")
+            volumes[container.name] = {"bind": f"/mao-damage/{node_id}", "mode": "rw"}
+        request = {**request, "dirs": {n: f"/mao-damage/{n}/data" for n in node_ids}}
+        source = Path(disk_damage.__file__).read_text(encoding="utf-8")
+        script = f"python3 -c {shlex.quote(source)} {shlex.quote(json.dumps(request))}"
+        code, output = self._run_helper(node_ids[0], script, network_mode="none",
+                                        volumes=volumes)
+        try:
+            answer = json.loads(last_line(output, limit=10**9))
+        except ValueError:
+            answer = {"error": output.strip()[-300:] or f"exit code {code}"}
+        if "ok" not in answer:
+            raise PlatformError(f"the helper that touches {', '.join(node_ids)}'s files failed: "
+                                f"{answer.get('error')}")
+        return answer["ok"]
 
     def member_address(self, node_id: str) -> str:
         self._container(node_id)  # an unknown node is an error, as elsewhere

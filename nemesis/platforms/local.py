@@ -29,6 +29,7 @@ import signal
 import tempfile
 from pathlib import Path
 
+from nemesis.platforms import disk_damage
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, last_line
 from nemesis.platforms.lazy_mount import LazyMount, force_unmount, lazy_mounts
 from nemesis.platforms.local_cluster import LocalCluster
@@ -141,6 +142,34 @@ class LocalPlatform(Platform):
             mount.power_off()  # its pending writes belong to the data being deleted
             shutil.rmtree(mount.backing, ignore_errors=True)
         shutil.rmtree(self.cluster.specs[node_id].data_dir, ignore_errors=True)
+
+    def kill_nodes(self, node_ids: list[str]) -> None:
+        # Every SIGKILL sent before waiting for any of them: the nodes die together.
+        for node_id in node_ids:
+            self.cluster.send_kill(node_id)
+        for node_id in node_ids:
+            self.cluster.kill(node_id)
+
+    def supports_file_faults(self) -> bool:
+        return True
+
+    def _stopped_dir(self, node_id: str) -> str:
+        if node_id not in self.cluster.specs:
+            raise PlatformError(f"unknown node {node_id!r}: nodes are {', '.join(self.node_ids)}")
+        if self.cluster.is_running(node_id):
+            raise PlatformError(f"{node_id} is running; kill or stop it before touching its files")
+        return str(self.cluster.specs[node_id].data_dir)
+
+    def data_files(self, node_ids: list[str]) -> dict[str, dict[str, int]]:
+        return disk_damage.handle({"op": "list",
+                                   "dirs": {n: self._stopped_dir(n) for n in node_ids}})
+
+    def damage_files(self, damages: dict[str, list[dict]]) -> dict[str, list[dict]]:
+        dirs = {n: self._stopped_dir(n) for n in damages}
+        try:
+            return disk_damage.handle({"op": "damage", "dirs": dirs, "damage": damages})
+        except (OSError, ValueError) as exc:
+            raise PlatformError(f"damaging {', '.join(damages)}'s files failed: {exc}") from None
 
     def member_address(self, node_id: str) -> str:
         return self.cluster.specs[node_id].address

@@ -242,6 +242,12 @@ class LocalCluster:
         if proc.poll() is None:
             os.killpg(proc.pid, sig)
 
+    def send_kill(self, node_id: str) -> None:
+        """SIGKILL without waiting (`kill` waits): to kill several nodes at one moment."""
+        self._expected_exit.add(node_id)
+        with contextlib.suppress(ProcessLookupError, KeyError):
+            self.send_signal(node_id, signal.SIGKILL)
+
     def kill(self, node_id: str, sig: int = signal.SIGKILL, timeout_s: float = 10.0) -> int | None:
         """Send `sig` (default SIGKILL) and wait for the process to exit; returns its code."""
         proc = self.processes[node_id]

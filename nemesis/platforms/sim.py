@@ -17,7 +17,10 @@ The fault vocabulary maps onto the simulator:
 - `kill` / `start_node`: a process crash (the OS keeps what was written) and a restart
   from the fake disk;
 - `pause` / `resume`: a frozen process: it neither ticks nor receives (messages wait on the
-  wire, as in a socket buffer) until resumed.
+  wire, as in a socket buffer) until resumed;
+- `power_loss` (the `lose-unsynced` fault): a crash whose fake disk rolls back to its last
+  fsync; `kill-all` is a crash of every node (written data kept). The file faults
+  (truncate, bitflip, wipe-wal) are not offered: the fake disk holds records, not bytes.
 
 What it must never do: read a clock, use global randomness, or let anything but the seed
 and the calls made on it decide what happens.
@@ -59,6 +62,9 @@ class SimPlatform(Platform):
         self.paused: set[str] = set()  # membership only; node order comes from node_ids
         self.loss: dict[tuple[str, str], float] = {}
         self.rng = random.Random(f"sim-platform:{seed}:loss")
+        # Nodes whose core refused what their disk holds at a restart (after a power loss,
+        # a store that skipped fsync): down, as a real node that exits 3, with the reason.
+        self.refused: dict[str, str] = {}
         self.ticks = 0  # simulated time, in ticks
         self._events_in_tick = 0  # orders records within one tick (1 ns apart)
 
@@ -116,7 +122,12 @@ class SimPlatform(Platform):
 
     def start_node(self, node_id: str) -> None:
         if not self.sim.nodes[node_id].alive:
-            self.sim.restart(node_id)
+            self.refused.pop(node_id, None)
+            try:
+                self.sim.restart(node_id)
+            except ValueError as exc:  # the core refuses durable state that contradicts itself
+                self.refused[node_id] = f"{node_id} refuses to start: {exc}"
+                self.sim.record(f"{node_id} refused to start: {exc}")
 
     def stop_node(self, node_id: str) -> None:
         self.kill(node_id)
@@ -125,6 +136,21 @@ class SimPlatform(Platform):
         self.paused.discard(node_id)
         if self.sim.nodes[node_id].alive:
             self.sim.crash(node_id)
+
+    def supports_power_loss(self) -> bool:
+        return True
+
+    def power_loss(self, node_ids: list[str]) -> None:
+        """The fake disks roll back to their last fsync (`FakeDisk.crash(lose_unsynced=True)`);
+        the nodes stay down until `start_node`."""
+        for node_id in node_ids:
+            self.paused.discard(node_id)
+            if self.sim.nodes[node_id].alive:
+                self.sim.crash(node_id, lose_unsynced=True)
+
+    def wait_started(self, node_id: str, timeout_s: float) -> int | None:
+        """A simulated node is up at once, or refused its disk (3) at once."""
+        return self.exit_code(node_id)
 
     def pause(self, node_id: str) -> None:
         if self.sim.nodes[node_id].alive:
@@ -143,6 +169,9 @@ class SimPlatform(Platform):
     def member_address(self, node_id: str) -> str:
         raise PlatformError("the sim platform has no member addresses (no member fault)")
 
+    def supports_membership(self) -> bool:
+        return False
+
     def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
         raise PlatformError("the sim platform does not run the member fault")
 
@@ -153,7 +182,14 @@ class SimPlatform(Platform):
         return self.sim.nodes[node_id].alive
 
     def exit_code(self, node_id: str) -> int | None:
-        return None  # a simulated node never exits on its own
+        """3 for a node that refused its disk at a restart; a simulated node never exits
+        otherwise."""
+        if node_id in self.refused and not self.sim.nodes[node_id].alive:
+            return 3
+        return None
+
+    def exit_reason(self, node_id: str) -> str:
+        return self.refused.get(node_id, "")
 
     # ----- network -----------------------------------------------------------------------
 

@@ -19,7 +19,12 @@ from nemesis.report.data import RunData
 
 OUTCOME_COLOURS = {"ok": "#1f77b4", "fail": "#d62728", "info": "#ff9f1c"}
 FAULT_COLOURS = {"partition": "#f6c77a", "kill": "#f29a9a", "pause": "#9ec1ef",
-                 "packet": "#c6a9ef", "member": "#a8d8b9", "crash": "#bbbbbb"}
+                 "packet": "#c6a9ef", "member": "#a8d8b9", "crash": "#bbbbbb",
+                 "truncate": "#e8b4d8", "bitflip": "#d9a3c7", "wipe-wal": "#c98fb5",
+                 "lose-unsynced": "#f4a76b", "kill-all": "#e07a7a"}
+# One-off events drawn as vertical lines: a node that died on its own, a node that refused
+# its data after a disk fault (its rejoin's steps are in the fault table's window).
+EVENT_LINES = {"node-crashed": ("#666", ":"), "node-refused": ("#8b1a5a", "--")}
 MARKERS = {"get": "o", "read": "o", "put": "^", "write": "^", "cas": "s", "delete": "x"}
 WIDTH_IN, HEIGHT_IN, DPI = 11.0, 3.4, 100
 
@@ -53,16 +58,17 @@ def _axes(plt, data: RunData, ylabel: str):  # noqa: ANN001, ANN202
 
 
 def _shade_faults(axes, data: RunData) -> None:  # noqa: ANN001
-    """A band per fault window, labelled at its top left; crash markers as grey lines; the
-    first violation as a red line."""
+    """A band per fault window, labelled at its top left; crashes and refusals as lines
+    (EVENT_LINES); the first violation as a red line."""
     for window in data.windows:
         axes.axvspan(window.start_s, window.end_s, color=fault_colour(window.fault), alpha=0.35,
                      linewidth=0)
         axes.text(window.start_s, 0.98, f" {window.label}", transform=axes.get_xaxis_transform(),
                   fontsize=7, va="top", ha="left", rotation=90, color="#444", clip_on=True)
     for marker in data.markers:
-        if marker.f == "node-crashed":
-            axes.axvline(marker.time_s, color="#666", linestyle=":", linewidth=1)
+        if marker.f in EVENT_LINES:
+            colour, style = EVENT_LINES[marker.f]
+            axes.axvline(marker.time_s, color=colour, linestyle=style, linewidth=1)
     first = data.first_violation_s()
     if first is not None:
         axes.axvline(first, color="#b00020", linewidth=1.4)

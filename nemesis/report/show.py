@@ -26,6 +26,10 @@ from nemesis.report.data import (
 )
 
 PREFIX_SHOWN = 10
+# One-off events worth a line: nodes that died or refused their data, the steps that
+# rejoined them, the nemesis's own failures.
+EVENTS_SHOWN = ("node-crashed", "node-refused", "rejoin-step", "nemesis-error")
+EVENTS_LIMIT = 30
 BAR_WIDTH = 40
 LABEL_WIDTH = 52
 
@@ -43,6 +47,14 @@ def render(data: RunData, key: str | None = None) -> str:
             headers=["#", "fault", "what", "from s", "to s", "ops", "ok"]))
     else:
         lines.append("faults: none recorded")
+    events = [m for m in data.markers if m.f in EVENTS_SHOWN]
+    if events:
+        lines.append("")
+        lines.append("events:")
+        lines.extend(f"  {m.time_s:7.1f} s  line {m.line:<6} {m.f}: {m.description}"
+                     for m in events[:EVENTS_LIMIT])
+        if len(events) > EVENTS_LIMIT:
+            lines.append(f"  ... and {len(events) - EVENTS_LIMIT} more in history.jsonl")
     lines.append("")
     table = data.counts_by("f")
     lines.append(tabulate([[f, r["ok"], r["fail"], r["info"]] for f, r in table.items()],

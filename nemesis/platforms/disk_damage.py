@@ -1,0 +1,111 @@
+"""Damage to the data directories of stopped nodes: list their files, truncate one, flip bits
+in one, remove the WAL folder. The file faults (`truncate`, `bitflip`, `wipe-wal`) of
+`nemesis.faults` decide what to damage; this module only does it and says what it found.
+
+Standard library only, and runnable as a script (`python3 -c SOURCE REQUEST_JSON`, the answer
+as one JSON line on stdout): the docker platform runs this same code in a short-lived helper
+container with the nodes' volumes mounted, so both platforms damage files the same way.
+
+A request names data directories by node id: {"op": "list"|"damage", "dirs": {node: path},
+"damage": {node: [damage, ...]}}. A damage is a dict:
+  {"kind": "truncate", "file": "wal/0000000000000001.wal", "size": N}   cut the file to N bytes
+  {"kind": "flip", "file": ..., "flips": [[offset, bit], ...]}         flip those bits
+  {"kind": "remove-wal"}                                               delete DATA_DIR/wal
+Files are named relative to the data directory and must stay inside it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+WAL_DIR = "wal"
+SNAPSHOT_DIR = "snapshots"
+KINDS = {WAL_DIR: ".wal", SNAPSHOT_DIR: ".snap"}
+
+
+def list_files(data_dir: str) -> dict[str, int]:
+    """{"wal/<segment>.wal": size, "snapshots/<name>.snap": size} in name order."""
+    found: dict[str, int] = {}
+    for sub, suffix in KINDS.items():
+        folder = os.path.join(data_dir, sub)
+        if not os.path.isdir(folder):
+            continue
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if name.endswith(suffix) and os.path.isfile(path):
+                found[f"{sub}/{name}"] = os.path.getsize(path)
+    return found
+
+
+def _inside(data_dir: str, name: str) -> str:
+    root = os.path.realpath(data_dir)
+    path = os.path.realpath(os.path.join(root, name))
+    if not path.startswith(root + os.sep):
+        raise ValueError(f"{name!r} is not inside the data directory {data_dir}")
+    return path
+
+
+def _sync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def apply(data_dir: str, damages: list[dict]) -> list[dict]:
+    """Do each damage in order; return, for each, what the file looked like before and after."""
+    done = []
+    for damage in damages:
+        kind = damage["kind"]
+        if kind == "remove-wal":
+            folder = os.path.join(data_dir, WAL_DIR)
+            removed = {f: s for f, s in list_files(data_dir).items() if f.startswith(WAL_DIR + "/")}
+            shutil.rmtree(folder, ignore_errors=True)
+            done.append({"kind": kind, "removed": removed, "bytes": sum(removed.values())})
+            continue
+        path = _inside(data_dir, damage["file"])
+        before = os.path.getsize(path)
+        if kind == "truncate":
+            size = int(damage["size"])
+            if not 0 <= size < before:
+                raise ValueError(f"cannot cut {damage['file']} ({before} bytes) to {size} bytes")
+            os.truncate(path, size)
+        elif kind == "flip":
+            with open(path, "r+b") as f:
+                for offset, bit in damage["flips"]:
+                    if not 0 <= offset < before or not 0 <= bit < 8:
+                        raise ValueError(f"no bit {bit} at offset {offset} of {damage['file']} "
+                                         f"({before} bytes)")
+                    f.seek(offset)
+                    byte = f.read(1)[0]
+                    f.seek(offset)
+                    f.write(bytes([byte ^ (1 << bit)]))
+        else:
+            raise ValueError(f"unknown damage {kind!r}")
+        _sync(path)
+        done.append({**damage, "size_before": before, "size_after": os.path.getsize(path)})
+    return done
+
+
+def handle(request: dict) -> dict:
+    dirs: dict[str, str] = request["dirs"]
+    if request["op"] == "list":
+        return {node: list_files(path) for node, path in dirs.items()}
+    return {node: apply(dirs[node], damages) for node, damages in request["damage"].items()}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        answer = {"ok": handle(json.loads(argv[1]))}
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        answer = {"error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(answer))
+    return 0 if "ok" in answer else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
