@@ -31,6 +31,7 @@ CANARY_FAULTS = {
     "ack-before-commit": "partition",  # an isolated leader acknowledges what never commits
     "stale-read": "partition",  # a cut-off node answers reads from its old state
     "no-dedup": "pause,kill",  # a write retried after its leader froze or died applies twice
+    "skips-fsync": "lose-unsynced",  # a power loss of every node drops acknowledged, unsynced writes
 }
 # Workload settings a canary needs besides its faults. no-dedup shows only when a write is
 # in flight at the moment its leader freezes or dies; at the default 100 ops/s about one
