@@ -122,7 +122,7 @@ class LocalPlatform(Platform):
         # tell; then each layer dies with its memory (the unsynced writes).
         started = [n for n in node_ids if n in self.cluster.processes]
         for node_id in started:
-            self.cluster.send_signal(node_id, signal.SIGKILL)
+            self.cluster.send_kill(node_id)
         for node_id in started:
             self.cluster.kill(node_id)  # reaps it, and marks the exit as expected
         for node_id in node_ids:

@@ -253,7 +253,10 @@ class LocalCluster:
         proc = self.processes[node_id]
         self._expected_exit.add(node_id)
         if proc.poll() is None:
-            os.killpg(proc.pid, sig)
+            # The group may be gone already (killed by `send_kill` a moment ago and not yet
+            # reaped): nothing left to signal, the wait below reaps it.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
             if sig == signal.SIGTERM:
                 # A stopped process cannot handle SIGTERM.
                 with contextlib.suppress(ProcessLookupError):

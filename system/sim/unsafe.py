@@ -53,6 +53,17 @@ class SkipsFsyncShell(_CanaryShell):
 
     mode = SkipsFsync()
 
+    def maybe_compact(self) -> None:
+        # The store's storage fsyncs its WAL before it writes a snapshot
+        # (DurableStorage._store_snapshot), so the real canary's term and vote reach the
+        # disk at each snapshot; the simulator's disk saves only the snapshot. Without this
+        # a power loss leaves every node refusing its disk (term below the snapshot's),
+        # which no real node of this canary does.
+        before = self.snapshot_index
+        super().maybe_compact()
+        if self.snapshot_index != before:
+            self.disk.sync()
+
 
 class StaleReadShell(_CanaryShell):
     """WRONG (stale-read): every node serves linearizable reads from its local state."""
