@@ -27,7 +27,8 @@ KINDS = {WAL_DIR: ".wal", SNAPSHOT_DIR: ".snap"}
 
 
 def list_files(data_dir: str) -> dict[str, int]:
-    """{"wal/<segment>.wal": size, "snapshots/<name>.snap": size} in name order."""
+    """{"wal/<segment>.wal": written end, "snapshots/<name>.snap": size} in name order
+    (see `_written_end`: a preallocated segment is larger than what was written to it)."""
     found: dict[str, int] = {}
     for sub, suffix in KINDS.items():
         folder = os.path.join(data_dir, sub)
@@ -36,8 +37,30 @@ def list_files(data_dir: str) -> dict[str, int]:
         for name in sorted(os.listdir(folder)):
             path = os.path.join(folder, name)
             if name.endswith(suffix) and os.path.isfile(path):
-                found[f"{sub}/{name}"] = os.path.getsize(path)
+                size = os.path.getsize(path)
+                found[f"{sub}/{name}"] = _written_end(path, size) if sub == WAL_DIR else size
     return found
+
+
+def _written_end(path: str, size: int) -> int:
+    """Where the written part of a WAL segment ends. Segments are preallocated (sparse, at
+    their full size), so damage drawn over the whole file would nearly always land in the
+    never-written tail; cuts and flips are drawn below this instead. The end of the last
+    data extent (SEEK_DATA / SEEK_HOLE); the whole size where the file system cannot tell."""
+    end = offset = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data after offset
+                break
+            offset = end = os.lseek(fd, start, os.SEEK_HOLE)
+    except OSError:
+        return size
+    finally:
+        os.close(fd)
+    return max(1, min(end, size)) if size else 0
 
 
 def _inside(data_dir: str, name: str) -> str:

@@ -158,6 +158,9 @@ class LocalPlatform(Platform):
             raise PlatformError(f"unknown node {node_id!r}: nodes are {', '.join(self.node_ids)}")
         if self.cluster.is_running(node_id):
             raise PlatformError(f"{node_id} is running; kill or stop it before touching its files")
+        mount = self._mounts.get(node_id)
+        if mount is not None:  # on a lazy disk the files live in the backing directory
+            return str(mount.backing)
         return str(self.cluster.specs[node_id].data_dir)
 
     def data_files(self, node_ids: list[str]) -> dict[str, dict[str, int]]:
