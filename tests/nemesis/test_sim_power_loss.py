@@ -68,3 +68,22 @@ def test_a_node_that_refuses_its_disk_after_a_power_loss_is_recorded(
     assert "below the snapshot's term" in refused[0]["reason"]
     errors = [e for e in events if e["f"] == "nemesis-error"]
     assert any("cannot take a node back" in e["error"] for e in errors)
+
+
+def test_the_store_canary_skips_fsync_is_caught_by_lose_unsynced_on_the_simulator(
+        tmp_path: Path) -> None:
+    """The store's own canary (`--unsafe skips-fsync`, system/sim/unsafe.py), with the
+    command line's defaults: caught in each of five seeds, the safe store valid in them."""
+    for seed in (201, 202, 203, 204, 205):
+        codes = {}
+        for unsafe in ("skips-fsync", None):
+            run_dir = tmp_path / f"{unsafe}-{seed}"
+            run_dir.mkdir()
+            config = RunConfig(argv=[], platform="sim", platform_reason="", nodes=5, seed=seed,
+                               faults=["lose-unsynced"], duration_s=60, interval_s=10,
+                               workload="kv", store=tmp_path, concurrency=10, rate=100,
+                               op_timeout_s=3, read_consistency="linearizable", unsafe=unsafe,
+                               check_budget_s=30)
+            codes[unsafe] = sim_runner.run_sim(config, run_dir, f"{unsafe}-{seed}",
+                                               io.StringIO(), {"config": {}})
+        assert codes == {"skips-fsync": 1, None: 0}, f"seed {seed}: exit codes {codes}"
