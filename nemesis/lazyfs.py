@@ -168,6 +168,17 @@ def check_fuse() -> None:
                           "install it with `apt-get install fuse3`")
 
 
+def fuse_unavailable() -> str:
+    """Why the layer cannot mount here (the device, fusermount3, mfusepy or libfuse 3
+    missing), or "" when it can."""
+    try:
+        check_fuse()
+        _operations_base()
+    except LazyFSError as exc:
+        return str(exc)
+    return ""
+
+
 def make_layer(backing: Path, max_pending_bytes: int):  # noqa: ANN201 - a LazyLayer
     mfusepy = _operations_base()
 

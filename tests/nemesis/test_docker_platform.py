@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -26,6 +25,7 @@ from nemesis.platforms.docker import (
 )
 from nemesis.platforms.image import LABEL_PROJECT, PROJECT, ensure_image, node_tag
 from system.kv.client import Indeterminate, KVClient, Unavailable
+from tests.nemesis.waiting import wait_until
 
 AVAILABLE, REASON = docker_available()
 pytestmark = [
@@ -34,19 +34,6 @@ pytestmark = [
     pytest.mark.skipif(not AVAILABLE, reason=f"needs a Docker engine ({REASON})"),
     pytest.mark.timeout(600),
 ]
-T = TypeVar("T")
-
-
-def wait_until(condition: Callable[[], T], timeout_s: float, what: str,
-               describe: Callable[[], str] = lambda: "") -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; {describe()}")
-        time.sleep(0.05)
 
 
 def agreed_leader(platform: DockerPlatform, among: list[str]) -> str | None:

@@ -53,18 +53,9 @@ def test_pending_matches_a_plain_file_under_random_writes_and_truncates(tmp_path
         assert path.read_bytes() == bytes(model)
 
 
-def _fuse_usable() -> str | None:
-    try:
-        lazyfs.check_fuse()
-        lazyfs._operations_base()
-    except lazyfs.LazyFSError as exc:
-        return str(exc)
-    return None
-
-
 @pytest.fixture
 def disk(tmp_path: Path):  # noqa: ANN201
-    reason = _fuse_usable()
+    reason = lazyfs.fuse_unavailable()
     if reason:
         pytest.skip(f"FUSE is not usable here: {reason}")
     mount = LazyMount((tmp_path / "mnt").resolve(), tmp_path / "backing", tmp_path / "ctl",
@@ -210,7 +201,7 @@ def test_flock_is_exclusive_on_the_mount(disk: LazyMount) -> None:
 
 @pytest.mark.slow
 def test_memory_is_bounded_by_writing_back_early(tmp_path: Path) -> None:
-    reason = _fuse_usable()
+    reason = lazyfs.fuse_unavailable()
     if reason:
         pytest.skip(f"FUSE is not usable here: {reason}")
     mount = LazyMount((tmp_path / "mnt").resolve(), tmp_path / "backing", tmp_path / "ctl",

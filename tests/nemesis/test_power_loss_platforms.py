@@ -9,11 +9,9 @@ is shown with a tiny writer through a node's mount (a file beside the store's ow
 from __future__ import annotations
 
 import os
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -22,30 +20,9 @@ from nemesis.platforms.base import ClusterConfig, Platform
 from nemesis.platforms.lazy_mount import lazy_mounts
 from nemesis.platforms.local import LocalPlatform
 from system.kv.client import KVClient
+from tests.nemesis.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
-T = TypeVar("T")
-
-
-def _fuse_reason() -> str | None:
-    try:
-        lazyfs.check_fuse()
-        lazyfs._operations_base()
-    except lazyfs.LazyFSError as exc:
-        return str(exc)
-    return None
-
-
-def wait_until(condition: Callable[[], T], timeout_s: float, what: str,
-               describe: Callable[[], str] = lambda: "") -> T:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; {describe()}")
-        time.sleep(0.1)
 
 
 def write_keys(platform: Platform, prefix: str, count: int) -> dict[str, bytes]:
@@ -81,7 +58,7 @@ def power_cycle_everything(platform: Platform) -> None:
 
 @pytest.fixture
 def local(tmp_path: Path) -> Iterator[LocalPlatform]:
-    reason = _fuse_reason()
+    reason = lazyfs.fuse_unavailable()
     if reason:
         pytest.skip(f"FUSE is not usable here: {reason}")
     config = ClusterConfig(nodes=3, run_id=f"test-lazy-{uuid.uuid4().hex[:6]}",
