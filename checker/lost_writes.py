@@ -15,8 +15,19 @@ Two modes per key, chosen from the history:
   return a value whose only writer completed before w was invoked (that value was
   overwritten by w for good).
 
+Each anomaly is named for what the rest of the history says about the write it misses:
+- `lost-write`: the acknowledged write is absent from that read AND from every later read of
+  the key (the final read included) — it is gone for good, as far as the history shows;
+- `stale-read`: a linearizable read missed it, but a later read saw it (or a later version):
+  the write survived and the read was served from old state.
+Both make the history invalid; the names tell an operator whether data was lost.
+
 Must never report a maybe: only anomalies that no interleaving can explain. Stale reads
 (consistency "stale") promise no recency and are not checked.
+
+`unverified_keys` answers the other half of "no acknowledged write was lost": which keys had
+an acknowledged write that no successful linearizable read began after — a run whose final
+reads failed (or that was cut off before them) cannot say that those writes survived.
 """
 
 from __future__ import annotations
@@ -66,6 +77,7 @@ def check_lost_writes(history: Sequence[Op] | Sequence[Operation]) -> Result:
             "keys": len(by_key),
             "reads_checked": reads_checked,
             "lost_writes": sum(a.kind == "lost-write" for a in anomalies),
+            "stale_reads": sum(a.kind == "stale-read" for a in anomalies),
             "version_reuses": sum(a.kind == "version-reuse" for a in anomalies),
         },
         note="; ".join(notes),
@@ -105,17 +117,24 @@ def _versioned(key: Any, ops: list[Operation]) -> tuple[list[Anomaly], int, str]
             continue
         if any(d.call < read.ret and (d.ret is None or d.ret > best.call) for d in deletes):  # type: ignore[operator]
             continue  # a delete may have come in between; versions restart
+        later = _later_sighting(best, read, reads)
+        if later is None:
+            kind, tail = "lost-write", "and no later read of the key saw it: the write is lost"
+        else:
+            kind, tail = "stale-read", (f"a later read #{later.call}..#{later.ret} (process "
+                                        f"{later.process}) saw version {later.version}: the write "
+                                        f"survived, this read was served from old state")
         anomalies.append(
             Anomaly(
-                kind="lost-write",
+                kind=kind,
                 key=key,
                 text=(
                     f"key {key!r}: write of {best.value!r} acknowledged as version {best.version} "
                     f"(#{best.call}..#{best.ret}, process {best.process}) is not visible to the read "
                     f"#{read.call}..#{read.ret} (process {read.process}) that began after it: "
-                    f"the read saw version {seen} ({read.result!r})"
+                    f"the read saw version {seen} ({read.result!r}), {tail}"
                 ),
-                operations=(best, read),
+                operations=(best, read) if later is None else (best, read, later),
             )
         )
         if len(anomalies) >= _MAX_ANOMALIES_PER_KEY:
@@ -151,6 +170,37 @@ def _versioned(key: Any, ops: list[Operation]) -> tuple[list[Anomaly], int, str]
                 if len(anomalies) >= 2 * _MAX_ANOMALIES_PER_KEY:
                     break
     return anomalies, len(reads), note
+
+
+def _later_sighting(write: Operation, read: Operation, reads: list[Operation]) -> Operation | None:
+    """A read invoked after `read` that saw `write`'s version or a later one (the same value
+    at that version), or None: then nothing after the stale read shows the write survived."""
+    for other in reads:
+        if other.call <= read.call or other.version is None:
+            continue
+        if other.version > write.version or (other.version == write.version  # type: ignore[operator]
+                                              and other.result == write.value):
+            return other
+    return None
+
+
+def unverified_keys(history: Sequence[Op] | Sequence[Operation]) -> list[Any]:
+    """Keys with an acknowledged write (put or delete) after whose completion no successful
+    linearizable read of the key began: the history cannot show those writes survived."""
+    if history and isinstance(history[0], Op):
+        operations = pair_operations(history)  # type: ignore[arg-type]
+    else:
+        operations = list(history)  # type: ignore[arg-type]
+    last_write: dict[Any, int] = {}
+    last_read: dict[Any, int] = {}
+    for op in operations:
+        if op.type is not OpType.OK:
+            continue
+        if op.f in (*_WRITES, "delete", "cas") and op.applied is not False and op.ret is not None:
+            last_write[op.key] = max(last_write.get(op.key, -1), op.ret)
+        elif _is_ok_read(op):
+            last_read[op.key] = max(last_read.get(op.key, -1), op.call)
+    return [k for k, ret in last_write.items() if last_read.get(k, -1) < ret]
 
 
 def _by_value(key: Any, ops: list[Operation]) -> tuple[list[Anomaly], int, str]:

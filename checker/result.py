@@ -173,7 +173,7 @@ class KeyResult:
 class Anomaly:
     """A lost-write checker finding: what kind, on which key, and the operations involved."""
 
-    kind: str  # "lost-write" | "version-reuse"
+    kind: str  # "lost-write" | "stale-read" | "version-reuse"
     key: Any
     text: str
     operations: tuple[Operation, ...]

@@ -7,19 +7,21 @@ checked exactly as a live one. The verdict comes from the history alone.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
 
 from checker.linearizability import check_linearizable
-from checker.lost_writes import check_lost_writes
+from checker.lost_writes import check_lost_writes, unverified_keys
 from checker.models import by_name
 from checker.result import UNKNOWN, Result, Verdict, combine
 from checker.staleness import stale_reads
 from checker.timeline import render_html
 from histories.ops import Operation
-from histories.read import read_operations
+from histories.pairing import pair_operations
+from histories.read import read_history_report, read_operations
 from nemesis.store import read_json, write_json
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_HARNESS = 0, 1, 2, 3
@@ -48,7 +50,8 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     when invalid, timeline.html. Returns the results."""
     started = time.monotonic()
     history_path = run_dir / "history.jsonl"
-    operations = read_operations(history_path, allow_truncated_tail=True)
+    read = read_history_report(history_path, allow_truncated_tail=True)
+    operations = pair_operations(read.records)
     test = read_json(run_dir / "test.json") if (run_dir / "test.json").exists() else {}
     model_name = model_name or test.get("workload", {}).get("model") or "versioned-kv"
     if model_name == "trainer":
@@ -56,6 +59,15 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     model = by_name(model_name, None)
     lin: Result = check_linearizable(operations, model, budget_s=budget_s, all_keys=True)
     lost: Result = check_lost_writes(operations)
+    unread = unverified_keys(operations)
+    if unread and lost.valid is True:
+        # Nothing after the last acknowledged write of these keys read them back (the final
+        # reads failed, or the run was cut off before them): a write lost at the end would
+        # not show, so "no acknowledged write was lost" is not established.
+        shown = ", ".join(repr(k) for k in unread[:5]) + (" ..." if len(unread) > 5 else "")
+        lost = replace(lost, valid=UNKNOWN, note="; ".join(filter(None, [lost.note, (
+            f"{len(unread)} key(s) with an acknowledged write were never read after it "
+            f"({shown}): whether those writes survived is unknown")])))
     verdict = combine([lin.valid, lost.valid])
     if not operations:
         # A run that recorded nothing proves nothing: never "valid".
@@ -69,6 +81,8 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
         "linearizable": lin.to_json(),
         "lost_writes": lost.to_json(),
         "stale_reads": stale_reads(operations),
+        "unverified_keys": len(unread),
+        "history_truncated": read.dropped_truncated_tail,
         "check_seconds": round(time.monotonic() - started, 3),
     })
     if lin.valid is False:
@@ -107,6 +121,12 @@ def _check_trainer_run(run_dir: Path, test: dict[str, Any], started: float) -> d
 def summary_lines(results: dict[str, Any]) -> list[str]:
     """The table and the evidence a person reads after a run."""
     lines = []
+    if results.get("harness_error"):
+        lines.append(f"the run did not finish ({results['harness_error']}): the history ends "
+                     f"where it stopped, so the end-of-run reads may be missing")
+    if results.get("history_truncated"):
+        lines.append("the history's last line was cut off mid-write and was left out "
+                     "(the harness died while writing it)")
     rows = [[f, r["ok"], r["fail"], r["info"]] for f, r in sorted(results["operations"].items())]
     if rows:
         lines.append(tabulate(rows, headers=["op", "ok", "fail", "info"], tablefmt="simple"))
@@ -129,8 +149,19 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     unknown = [k for k in keys if k.valid == UNKNOWN]
     lines.append(f"linearizable: {WORDS[lin.valid].lower()} ({len(keys)} keys, {len(bad)} invalid, "
                  f"{len(unknown)} unknown, {lin.seconds:.1f} s)")
-    lines.append(f"lost writes: {'none' if lost.valid is True else len(lost.anomalies)} "
-                 f"({lost.counts.get('reads_checked', 0)} reads checked)")
+    lost_count = lost.counts.get("lost_writes", 0)
+    missed = lost.counts.get("stale_reads", 0)
+    reuses = lost.counts.get("version_reuses", 0)
+    if lost.valid is True:
+        lost_text = "none"
+    elif lost.valid is False:
+        lost_text = ", ".join(filter(None, [
+            f"{lost_count} lost (never seen again)" if lost_count else "",
+            f"{missed} stale reads that missed an acknowledged write seen later" if missed else "",
+            f"{reuses} versions reused" if reuses else ""]))
+    else:
+        lost_text = f"unknown: {lost.note}"
+    lines.append(f"lost writes: {lost_text} ({lost.counts.get('reads_checked', 0)} reads checked)")
     stale = results.get("stale_reads") or {}
     if stale.get("stale_reads"):
         lines.append(f"stale reads: {stale['lagging']} of {stale['stale_reads']} returned an "

@@ -397,8 +397,13 @@ def violation_summary(data: RunData) -> str:
     counts = []
     if data.violations:
         counts.append(f"{len(data.violations)} of {total_keys} keys not linearizable")
-    if anomalies:
-        counts.append(f"{len(anomalies)} lost-write finding{'s' if len(anomalies) != 1 else ''}")
+    lost = sum(a.get("kind", "lost-write") != "stale-read" for a in anomalies)
+    stale = len(anomalies) - lost
+    if lost:
+        counts.append(f"{lost} lost-write finding{'s' if lost != 1 else ''}")
+    if stale:
+        counts.append(f"{stale} stale read{'s' if stale != 1 else ''} missing an acknowledged "
+                      f"write seen later")
     tail = "; ".join(counts)
     if first_cx is not None and (lost_time is None or (first_cx.time_s or 0) <= lost_time):
         cx = first_cx.counterexample

@@ -179,8 +179,13 @@ def _violations(data: RunData, cited: set[int]) -> str:
                            f"</summary>{block}</details>")
     anomalies = data.lost_write_anomalies
     if anomalies:
-        out.append(f"<h3 id='lost-writes'>Lost writes ({len(anomalies)})</h3><table>"
-                   "<tr><th>key</th><th>what</th><th>history lines</th><th>at</th></tr>")
+        lost = sum(a.get("kind") != "stale-read" for a in anomalies)
+        stale = len(anomalies) - lost
+        title = ", ".join(filter(None, [f"lost or reused: {lost}" if lost else "",
+                                        f"stale reads missing a write seen later: {stale}"
+                                        if stale else ""]))
+        out.append(f"<h3 id='lost-writes'>Acknowledged writes a read missed ({title})</h3><table>"
+                   "<tr><th>key</th><th>kind</th><th>what</th><th>history lines</th><th>at</th></tr>")
         for anomaly in anomalies[:MAX_ANOMALIES_SHOWN]:
             lines = []
             for op in anomaly.get("operations", []):
@@ -188,7 +193,8 @@ def _violations(data: RunData, cited: set[int]) -> str:
                 if op.get("complete_index") is not None:
                     lines.append(_line_link(op["complete_index"] + 1, cited))
             when = data._anomaly_time(anomaly)
-            out.append(f"<tr><td>{_e(repr(anomaly.get('key')))}</td><td>{_e(anomaly['text'])}"
+            out.append(f"<tr><td>{_e(repr(anomaly.get('key')))}</td>"
+                       f"<td>{_e(anomaly.get('kind', 'lost-write'))}</td><td>{_e(anomaly['text'])}"
                        f"</td><td>{' '.join(lines)}</td><td class='n'>"
                        f"{'' if when is None else f'{when:.2f} s'}</td></tr>")
         out.append("</table>")

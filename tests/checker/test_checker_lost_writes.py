@@ -81,3 +81,37 @@ def test_one_version_with_two_values_is_a_version_reuse() -> None:
     _op(records, 1, OpType.OK, "put", "b", version=1, applied=True)
     result = check_lost_writes(records)
     assert [a.kind for a in result.anomalies] == ["version-reuse"]
+
+
+def test_a_read_that_misses_a_write_seen_later_is_a_stale_read_not_a_lost_write() -> None:
+    records: list[Op] = []
+    _op(records, 0, OpType.INVOKE, "put", "a")
+    _op(records, 0, OpType.OK, "put", "a", version=1, applied=True)
+    _op(records, 1, OpType.INVOKE, "get")
+    _op(records, 1, OpType.OK, "get", None, version=0)  # misses version 1 ...
+    _op(records, 2, OpType.INVOKE, "get")
+    _op(records, 2, OpType.OK, "get", "a", version=1)  # ... which a later read sees
+    result = check_lost_writes(records)
+    assert result.valid is False
+    assert [a.kind for a in result.anomalies] == ["stale-read"]
+    assert result.counts["stale_reads"] == 1 and result.counts["lost_writes"] == 0
+    records = records[:4]  # nothing after the read sees it: lost
+    assert [a.kind for a in check_lost_writes(records).anomalies] == ["lost-write"]
+
+
+def test_unverified_keys_are_those_never_read_after_their_last_acknowledged_write() -> None:
+    from checker.lost_writes import unverified_keys
+
+    records: list[Op] = []
+    _op(records, 0, OpType.INVOKE, "put", "a")
+    _op(records, 0, OpType.OK, "put", "a", version=1, applied=True)
+    assert unverified_keys(records) == ["k"]
+    _op(records, 1, OpType.INVOKE, "get", consistency="stale")
+    _op(records, 1, OpType.OK, "get", "a", version=1)
+    assert unverified_keys(records) == ["k"], "a stale read proves nothing"
+    _op(records, 2, OpType.INVOKE, "get")
+    _op(records, 2, OpType.OK, "get", "a", version=1)
+    assert unverified_keys(records) == []
+    _op(records, 0, OpType.INVOKE, "delete")
+    _op(records, 0, OpType.OK, "delete", None, applied=True, version=0)
+    assert unverified_keys(records) == ["k"]

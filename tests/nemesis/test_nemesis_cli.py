@@ -79,6 +79,47 @@ def test_check_lost_write_is_invalid(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (run_dir / "timeline.html").exists()
 
 
+def test_check_without_a_read_after_the_last_acknowledged_write_is_unknown(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The final reads failed (or never ran): a write lost at the very end would not show.
+    run_dir = _stored_run(tmp_path, [
+        (0, "put", "k", "a", "ok", {"version": 1, "applied": True}),
+        (1, "get", "k", "a", "ok", {"version": 1}),
+        (0, "put", "k", "b", "ok", {"version": 2, "applied": True}),
+        (1, "get", "k", None, "fail", {"error": "unavailable"}),
+    ])
+    assert cli.main(["check", str(run_dir)]) == 2
+    out = capsys.readouterr().out
+    assert "were never read after it ('k')" in out, out
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["valid"] == "unknown" and results["unverified_keys"] == 1
+
+
+def test_check_of_a_cut_off_history_says_so_and_does_not_call_it_valid(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _stored_run(tmp_path, [
+        (0, "put", "k", "a", "ok", {"version": 1, "applied": True}),
+        (1, "get", "k", "a", "ok", {"version": 1}),
+        (0, "put", "k", "b", "ok", {"version": 2, "applied": True}),
+        (1, "get", "k", "b", "ok", {"version": 2}),
+    ])
+    history = run_dir / "history.jsonl"
+    text = history.read_text()
+    history.write_text(text[: text.rindex('{"index"') + 20])  # the final read's answer cut mid-line
+    assert cli.main(["check", str(run_dir)]) == 2
+    out = capsys.readouterr().out
+    assert "last line was cut off" in out and "UNKNOWN" in out, out
+    assert json.loads((run_dir / "results.json").read_text())["history_truncated"] is True
+
+
+def test_check_of_an_interrupted_run_keeps_saying_it_was_interrupted(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _stored_run(tmp_path, [(0, "put", "k", "a", "ok", {"version": 1, "applied": True})])
+    write_json(run_dir / "results.json", {"harness_error": "interrupted"})
+    assert cli.main(["check", str(run_dir)]) == 2
+    assert "the run did not finish (interrupted)" in capsys.readouterr().out
+
+
 def test_check_empty_history_is_never_valid(tmp_path: Path) -> None:
     run_dir = _stored_run(tmp_path, [])
     assert cli.main(["check", str(run_dir)]) == 2
