@@ -186,6 +186,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from nemesis.platforms import choose
     from nemesis.platforms.base import PlatformUnavailable
     from nemesis.runner import RunConfig, run
+    from nemesis.store import store_problem
 
     try:
         faults = parse_faults(args.faults)
@@ -206,6 +207,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"store, not the trainer); got --workload {args.workload}")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
+    if problem := store_problem(args.store, args.workload):
+        return _refuse(problem)
     if args.interval * 2 > args.duration and faults != ["none"]:
         print(f"note: --interval {args.interval:g} leaves no room for a fault in "
               f"--duration {args.duration:g} (a fault starts after one quiet interval)",

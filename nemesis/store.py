@@ -41,6 +41,22 @@ def new_run_dir(store: Path, workload: str) -> Path:
     raise RuntimeError(f"could not create a unique run folder under {base}")
 
 
+def store_problem(store: Path, workload: str) -> str | None:
+    """Why run folders cannot be made under `store` (one line for the user), or None.
+    Checked before anything starts, so a bad --store never costs a cluster start."""
+    base = store / workload
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        probe = base / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        where = exc.filename or base
+        return (f"cannot keep runs under --store {store}: {where}: "
+                f"{exc.strerror or type(exc).__name__}; give a writable folder with --store DIR")
+    return None
+
+
 def _point_latest(store: Path, run_dir: Path) -> None:
     latest = store / "latest"
     tmp = store / f".latest-{os.getpid()}"

@@ -34,6 +34,8 @@ def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     (["--unsafe", "no-such-canary"], "invalid choice"),
     (["--rate", "-1"], "--rate must be >= 0"),
     (["--workload", "bank"], "invalid choice"),
+    (["--store", "/proc/no-such-store"], "cannot keep runs under --store /proc/no-such-store"),
+    (["--store", "/dev/null"], "/dev/null/kv: Not a directory"),
 ])
 def test_bad_flags_exit_3_with_one_line_and_start_nothing(tmp_path: Path, args: list[str],
                                                           says: str) -> None:
