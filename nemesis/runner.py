@@ -68,11 +68,14 @@ class RunConfig:
         parts = ["python -m nemesis run", f"--faults {','.join(self.faults)}",
                  f"--duration {self.duration_s:g}", f"--interval {self.interval_s:g}",
                  f"--nodes {self.nodes}", f"--workload {self.workload}",
-                 f"--platform {self.platform}", f"--seed {self.seed}",
-                 f"--concurrency {self.concurrency}", f"--rate {self.rate:g}"]
+                 f"--platform {self.platform}", f"--seed {self.seed}"]
+        if self.workload == "kv":  # the trainer's clients are its workers: no rate, no concurrency
+            parts += [f"--concurrency {self.concurrency}", f"--rate {self.rate:g}"]
         if self.read_consistency != "linearizable":
             parts.append(f"--read-consistency {self.read_consistency}")
         if self.unsafe:
+            # A canary runs only with the environment's permission: the line must carry it.
+            parts.insert(0, f"{ALLOW_ENV_VAR}=1")
             parts.append(f"--unsafe {self.unsafe}")
         return " ".join(parts)
 

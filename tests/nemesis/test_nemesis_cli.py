@@ -138,3 +138,21 @@ def test_check_garbage_history_is_a_harness_error(tmp_path: Path,
     (tmp_path / "history.jsonl").write_text('{"index": 0, "process": 1, "type": "ok"}\n[1,2\n')
     assert cli.main(["check", str(tmp_path)]) == 3
     assert "cannot read the history" in capsys.readouterr().err
+
+
+def test_the_reproduce_line_runs_as_printed() -> None:
+    from nemesis.runner import RunConfig
+
+    def config(**changes) -> RunConfig:
+        base = dict(argv=[], platform="local", platform_reason="", faults=["kill"], duration_s=60,
+                    interval_s=10, nodes=5, workload="kv", seed=3, store=Path("store"),
+                    concurrency=10, rate=100.0, op_timeout_s=3.0, read_consistency="linearizable",
+                    unsafe=None, check_budget_s=60.0)
+        return RunConfig(**{**base, **changes})
+
+    assert "--concurrency 10 --rate 100" in config().reproduce()
+    trainer = config(workload="trainer").reproduce()
+    assert "--rate" not in trainer and "--concurrency" not in trainer  # meaningless there
+    canary = config(unsafe="stale-read").reproduce()
+    assert canary.startswith("MAO_ALLOW_UNSAFE=1 python -m nemesis run") and canary.endswith(
+        "--unsafe stale-read")  # refused without the variable: the line must carry it
