@@ -69,12 +69,16 @@ class Worker:
             return False
         if record.done and record.term >= self.max_term:
             return None
-        if record.address != self._address:
+        if record.address != self._address or self._channel is None:
             if self._channel is not None:
                 self._channel.close()
             self._channel = grpc.insecure_channel(record.address, options=GRPC_OPTIONS)
-            self._stub = trainer_pb2_grpc.ParameterServerStub(self._channel)
             self._address = record.address
+        # A failed call drops the stub, not the address: when the lease still names the same
+        # coordinator (paused, slow, restarting on its port) the stub is made again on the
+        # same channel (gRPC reconnects it). Before, the address check alone decided, so the
+        # stub stayed None and the run loop's assertion crashed the worker (16-35 times a run).
+        self._stub = trainer_pb2_grpc.ParameterServerStub(self._channel)
         return True
 
     def run(self) -> int:

@@ -1,0 +1,65 @@
+"""A worker whose coordinator stops answering while the lease still names it keeps working.
+
+Before the fix a failed call dropped the stub but kept the address, the next lease lookup
+found the same address and made no new stub, and the run loop's assertion crashed the
+worker: 16-35 crashes a harness run, hidden by restarts that outlasted the gradient
+deadline on a loaded machine (skipped steps, parameters no longer bit-for-bit)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+
+from system.trainer import worker as worker_module
+from system.trainer.config import TrainConfig
+from system.trainer.lease import LeaseRecord
+from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
+
+CONFIG = TrainConfig(dataset="breast_cancer", workers=1, steps=10, batch_size=8, job="w")
+
+
+class _FlakyCoordinator(trainer_pb2_grpc.ParameterServerServicer):
+    """Fails the first GetParameters (a coordinator that stopped answering), then says the
+    job is done."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def GetParameters(self, request, context):  # noqa: ANN001, N802 - gRPC's names
+        with self.lock:
+            self.calls += 1
+            first = self.calls == 1
+        if first:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "coordinator not answering")
+        return trainer_pb2.ParametersReply(job=request.job, term=1, serving=True, done=True)
+
+
+def test_a_worker_reconnects_to_the_same_coordinator_after_a_failed_call(monkeypatch) -> None:  # noqa: ANN001
+    servicer = _FlakyCoordinator()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trainer_pb2_grpc.add_ParameterServerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        record = LeaseRecord(coordinator_id="c1", address=f"127.0.0.1:{port}", term=1)
+        monkeypatch.setattr(worker_module, "read_lease", lambda kv, job, **_: (record, 1))
+        monkeypatch.setattr(worker_module, "BACKOFF_MIN_S", 0.0)
+        w = worker_module.Worker(CONFIG, 0, ["127.0.0.1:1"])
+        w._backoff_s = 0.0  # noqa: SLF001 - no waiting in the test
+        try:
+            assert w.run() == 0  # raised AssertionError before the fix
+        finally:
+            w.kv.close()
+            if w._channel is not None:  # noqa: SLF001
+                w._channel.close()  # noqa: SLF001
+        assert servicer.calls == 2 and w.stats.lookups == 2
+    finally:
+        server.stop(grace=None)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
