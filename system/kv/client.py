@@ -60,12 +60,22 @@ def _check_expected_version(expected_version: object) -> None:
                               f"got {expected_version}")
 
 
+def _utf8(text: str, name: str) -> bytes:
+    """`text` as UTF-8, or InvalidArgument: a lone surrogate (e.g. from a mis-decoded file
+    name) has no UTF-8 form, and protobuf would raise UnicodeEncodeError mid-call."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(f"{name} is not valid Unicode: {exc.reason} at character "
+                              f"{exc.start} ({text[exc.start:exc.end]!r}); give UTF-8 text") from None
+
+
 def _check_request_id(request_id: object) -> None:
     if request_id is None:
         return
     if not isinstance(request_id, str) or not request_id:
         raise InvalidArgument(f"request_id must be a non-empty str or None, got {request_id!r}")
-    if len(request_id.encode("utf-8")) > 256:
+    if len(_utf8(request_id, "request_id")) > 256:
         raise InvalidArgument("request_id is longer than 256 bytes (UTF-8); use a shorter id")
 
 
@@ -354,7 +364,7 @@ class KVClient:
             raise InvalidArgument(f"key must be a str, got {type(key).__name__}")
         if not key:
             raise InvalidArgument("key is empty; give a non-empty key")
-        size = len(key.encode("utf-8"))
+        size = len(_utf8(key, "key"))
         if size > self.max_key_bytes:
             raise InvalidArgument(
                 f"key is {size} bytes long; the limit is {self.max_key_bytes} bytes (UTF-8)")

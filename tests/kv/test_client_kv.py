@@ -298,6 +298,9 @@ def test_typed_errors_are_distinct() -> None:
         (lambda kv: kv.delete(None), "key must be a str"),
         (lambda kv: kv.delete("k", expected_version=-2), "expected_version must be in"),
         (lambda kv: kv.get(b"k"), "key must be a str"),
+        (lambda kv: kv.put("a\udc80b", b"v"), "key is not valid Unicode"),
+        (lambda kv: kv.get("\ud800"), "key is not valid Unicode"),
+        (lambda kv: kv.put("k", b"v", request_id="r\udfff"), "request_id is not valid Unicode"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_sent(nodes, call, field: str) -> None:
