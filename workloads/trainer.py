@@ -44,6 +44,12 @@ A write that does not come within 5 s is disarmed (the kill and pause then hit t
 coordinator wherever it is; the history's `paused-at` events say where each one landed).
 During a takeover these faults wait (two leases at most) for the successor to be active.
 
+Windows (`target_windows`, `window_fault`; the nemesis sends its kills, pauses and
+partitions there first, docs/nemesis.md): `checkpoint-write` (the pause point above),
+`lease-renewal` (`inside-lease-renewal`: after the renewal's invoke, before its CAS) and
+`takeover` (`after-lease-take`, armed in every standby: the holder is hurt, and the standby
+that takes the lease stops before reading the head; then it is hurt the same way).
+
 History (docs/histories.md). Every coordinator appends events to its event log
 (`trainer/events-<id>.jsonl` in the run folder); a pump thread turns them into records in
 `history.jsonl`, each batch in the coordinators' own time order:
@@ -55,6 +61,11 @@ History (docs/histories.md). Every coordinator appends events to its event log
   head's new version), `fail` (`error` cas-mismatch / not-sent; certainly not applied) or
   `info` (outcome unknown; the coordinator steps down and never writes again). Every record
   carries `step`, `request_id`, `lease_version` and `coordinator`.
+- lease reads and writes (f `lease-read`, `lease-write`: take or renew, with the expected
+  version, absent for a write that compares nothing, and the term), head reads (f
+  `head-read`) and the takeover's head rewrite (f `resume`) are client operations too, each
+  kind of a coordinator on its own process (`CHANNELS`: a coordinator runs several threads,
+  a history process one operation at a time).
 - lease acquisitions and losses, resumes (which checkpoint, which step, the head version
   it produced), skipped worker steps, retries, depositions, starts and ends are events of
   process `"trainer"`, f = the event's kind, value = the event.
