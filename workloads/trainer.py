@@ -612,7 +612,8 @@ class TrainerWorkload(Workload):
                 self.run.expected_exit.add(cid)
                 self.down.add(cid)
                 self.paused.discard(cid)
-                self.run.kill(cid)
+                with contextlib.suppress(ProcessLookupError):  # it exited on its own just now
+                    self.run.kill(cid)
             return lambda: {"replacement": self.restart_target(cid)}
         if kind == "pause":
             with self._lock:
