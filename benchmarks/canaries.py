@@ -46,6 +46,11 @@ TRAINER_CANARY_FAULTS = {
     "no-fencing": "pause",  # paused mid-write (coordinator-mid-write), it wakes and puts past its successor
     "no-request-id": "partition",  # coordinator-reply-lost: the retry of a committed write gets a new id
     "write-after-lease-loss": "pause",  # a coordinator paused past its lease flushes its state
+    # The harness's default faults: the first three go to the trainer's windows (a kill in the
+    # checkpoint write, the renewal, the takeover), which is where these show.
+    "lease-by-put": "partition,kill",  # its first take is a plain put
+    "shared-request-ids": "partition,kill",  # the successor rewrites the killed writer's step
+    "stale-resume": "partition,kill",  # any takeover after checkpoints committed
 }
 TRAINER_SAFE_FAULTS = "kill,pause,partition"
 

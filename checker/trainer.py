@@ -2,10 +2,12 @@
 
 Input: the records of history.jsonl (workloads/trainer.py writes them): checkpoint writes
 as client operations (f `checkpoint`; invoke/ok/fail/info with `step`, `request_id`,
-`lease_version`, `coordinator`; `version` = the head key's version after an ok write),
-events of process "trainer" (`resume`, `lease-acquired`, `skip`, ...), and the final read
-(f `read-checkpoint`: the head's step, version, parameter digest and its chain of earlier
-records).
+`lease_version`, `coordinator`, `expected_version` (absent: a write that compared nothing);
+`version` = the head key's version after an ok write), the coordinators' other operations —
+`lease-read`, `lease-write` (take / renew), `head-read`, `resume` (the takeover's head
+rewrite), see checker/trainer_protocol.py — events of process "trainer" (`resume`,
+`lease-acquired`, `skip`, `paused-at`, ...), and the final read (f `read-checkpoint`: the
+head's step, version, parameter digest and its chain of earlier records).
 
 Properties, each its own verdict (`results.json` entry `trainer-<name>`):
 
@@ -15,6 +17,10 @@ Properties, each its own verdict (`results.json` entry `trainer-<name>`):
 | `resume` | every resume starts from a step at least that of every checkpoint acknowledged before it in the history, and steps never go backwards along the head's versions |
 | `fencing` | no two coordinators wrote under the same lease version, and no write committed after (at a higher head version than) the resume of a coordinator holding a newer lease |
 | `request-ids` | no request id was applied twice (two versions for one id, or twice in the chain), and no write recorded `fail` ("certainly not applied") shows up as a checkpoint later (a resume from it, or in the final chain) |
+| `lease` | at most one coordinator held each lease term: every lease write (take, renew) that may have applied compared a version (`blind-lease-write` otherwise), the one its writer had last read or written (`lease-cas-not-on-read`), and produced the next version after it (`lease-overwritten`: it replaced versions its writer never saw, so two coordinators believed they held the lease); no version or term claimed by two coordinators (`shared-term`) |
+| `head-cas` | every head write that may have applied (checkpoint, takeover rewrite) was a compare-and-swap (`blind-head-write`), sent while its writer held a lease (`head-write-without-lease`: after its own lease write failed, `lease-lost` or `deposed`), on the latest head version that writer had read or written under its current term (`head-cas-not-on-read`) |
+| `resume-after-lease` | no resume started from a step older than a checkpoint (or resume) acknowledged before its writer's lease take completed (`resume-older-than-acknowledged`), nor from anything but the head it read after that take (`resume-not-from-lease-read`, `resume-without-lease-read`) |
+| `unique-request-ids` | no request id was used by two coordinators (checkpoint, resume and lease writes; ids are global in the store) |
 | `reference` | when no worker step was skipped, the final parameters and momentum are bit-for-bit those of the fault-free run at the same step (`reference(step)` gives its digest); skipped steps make this "not applicable" (valid, with a note) |
 
 A history without a successful final read leaves `durable` and `reference` unknown.
@@ -30,7 +36,8 @@ from typing import Any
 from checker.result import UNKNOWN, Verdict, combine
 from histories.ops import Op, OpType
 
-PROPERTIES = ("durable", "resume", "fencing", "request-ids", "reference")
+PROPERTIES = ("durable", "resume", "fencing", "request-ids", "lease", "head-cas",
+              "resume-after-lease", "unique-request-ids", "reference")
 
 
 @dataclass
@@ -262,10 +269,17 @@ def _reference(events: list[Op], final: dict[str, Any] | None, final_index: int 
 def check_trainer(records: list[Op], reference: Callable[[int], str] | None = None
                   ) -> dict[str, dict[str, Any]]:
     """results.json entries `trainer-<property>`, plus `trainer` (the combined verdict)."""
+    from checker import trainer_protocol as protocol
+
     started = time.monotonic()
     writes, events, final, final_index = parse(records)
+    calls = protocol.calls(records)
     results = [_durable(writes, final, final_index), _resume(writes, events),
                _fencing(writes, events), _request_ids(writes, events, final),
+               protocol.lease(calls, PropertyResult("lease")),
+               protocol.head_cas(calls, records, PropertyResult("head-cas")),
+               protocol.resume_after_lease(calls, PropertyResult("resume-after-lease")),
+               protocol.unique_request_ids(calls, PropertyResult("unique-request-ids")),
                _reference(events, final, final_index, reference)]
     seconds = time.monotonic() - started
     out = {f"trainer-{r.name}": r.to_json(seconds / len(results)) for r in results}
@@ -274,7 +288,12 @@ def check_trainer(records: list[Op], reference: Callable[[int], str] | None = No
               "resumes": sum(1 for w in writes if w.kind == "resume"),
               "lease_acquisitions": sum(1 for e in events if e.f == "lease-acquired"),
               "skipped_worker_steps": sum(1 for e in events if e.f == "skip"),
-              "final_step": final.get("step") if final else None}
+              "final_step": final.get("step") if final else None,
+              "lease_writes": {o: sum(1 for c in calls if c.f == "lease-write" and c.outcome == o)
+                               for o in ("ok", "fail", "info")},
+              "head_reads": sum(1 for c in calls if c.f == "head-read"),
+              # pauses that landed inside each window, as the history shows them
+              "windows": protocol.windows(calls, records)}
     out["trainer_summary"] = {"valid": combine([r.valid for r in results]), "counts": counts}
     return out
 

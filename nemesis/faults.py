@@ -48,6 +48,16 @@ coordinator cut from every store node, by the workload's own proxies) and
 after the store committed it: `lose_reply`). A killed process is healed by starting a
 replacement (the workload decides what that is).
 
+Windows. A workload may also name windows of its protocol (`target_windows`: the trainer's
+`checkpoint-write`, `lease-renewal`, `takeover`) and start a fault inside one
+(`window_fault(window, kind)`: it watches its processes and arms their pause points, so the
+fault lands between an operation's invoke and its completion, not wherever a random moment
+falls). Then each kill, pause or partition the schedule draws goes to the next window not
+yet hit, until every window has been hit once (one that was missed — no write came — is
+tried again after the others); after that every second such fault goes to a window, in
+turn. The fault's start record says which window (`window`), whether it landed inside it
+(`landed`) and where (`at`: the step of the write, the term of the lease).
+
 Every start and every heal is an event in the history (process "nemesis", type info), with
 the fault's id, kind, the nodes it touched and, for partitions, the graph of who can reach
 whom; for a file fault, what was damaged (`damage`: node, file, offset, bytes, size before
@@ -150,6 +160,7 @@ class ActiveFault:
 EventSink = Callable[[str, dict[str, Any]], None]
 Step = Callable[[str, Callable[[], Any]], None]  # runs (and records) one step of a rejoin
 PROCESS_PARTITION = "coordinator-from-store"
+WINDOW_KINDS = ("kill", "pause", "partition")  # the kinds a workload's window fault can be
 REPLY_LOST = "coordinator-reply-lost"
 
 
@@ -181,6 +192,11 @@ class Nemesis:
         self.roles = roles
         if "coordinator" in roles:
             self.shapes = (*self.shapes, PROCESS_PARTITION, REPLY_LOST)
+        windows = getattr(targets, "target_windows", None)
+        self.windows: tuple[str, ...] = tuple(windows()) if windows is not None else ()
+        self.windows_missing = list(self.windows)  # not yet hit, in the order to try them
+        self._window_turn = 0  # process faults drawn since every window was hit
+        self.windows_hit: dict[str, int] = {}
         self.active: dict[int, ActiveFault] = {}
         # Nodes the nemesis has killed and not yet restarted: any other node found down has
         # crashed on its own, which the run reports.
@@ -248,6 +264,8 @@ class Nemesis:
     # ----- faults ----------------------------------------------------------------------
 
     def _begin(self, kind: str) -> ActiveFault | None:
+        if kind in WINDOW_KINDS and self.windows and self._window_due():
+            return self._window_fault(kind)
         if kind == "partition":
             return self._partition()
         if kind == "kill":
@@ -292,6 +310,39 @@ class Nemesis:
              "packet": "stop-packet", "member": "rejoin-member"}.get(fault.kind, "restart")
         self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end", "nodes": fault.nodes,
                         "description": fault.description, **value})
+
+    def _window_due(self) -> bool:
+        if self.windows_missing:
+            return True
+        self._window_turn += 1
+        return self._window_turn % 2 == 0
+
+    def _window_fault(self, kind: str) -> ActiveFault | None:
+        if self.windows_missing:
+            window = self.windows_missing[0]
+        else:
+            window = self.windows[(self._window_turn // 2) % len(self.windows)]
+        found = self.targets.window_fault(window, kind)
+        if found is None:
+            self.record("nemesis-skip", {"fault": kind, "window": window,
+                                         "description": f"{window} window: nothing to hurt now"})
+            return None
+        if window in self.windows_missing:
+            self.windows_missing.remove(window)
+            if not found["landed"]:
+                self.windows_missing.append(window)  # try the others, then this one again
+        if found["landed"]:
+            self.windows_hit[window] = self.windows_hit.get(window, 0) + 1
+        processes = list(found["processes"])
+        f = {"kill": "kill", "pause": "pause", "partition": "start-partition"}[kind]
+        value = {"window": window, "landed": found["landed"], "at": found.get("at"),
+                 "process": processes[0], "detail": found["detail"]}
+        if kind == "partition":
+            value["shape"] = f"{window}-window"
+        else:
+            value["target"] = f"{window}-window"
+        return self._register(kind, processes, f"{window} window: {found['detail']}",
+                              found["heal"], value, f)
 
     def _leader(self) -> str | None:
         return self.platform.leader()

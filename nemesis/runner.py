@@ -437,7 +437,8 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
     verdict = results["valid"]
     word = check.WORDS[verdict]
     reason = {True: ("no acknowledged checkpoint was lost, every resume started from the latest, "
-                     "no deposed coordinator wrote, no request id applied twice"
+                     "no deposed coordinator wrote, no request id applied twice, one "
+                     "coordinator per lease term, every head write a CAS on what its writer read"
                      if config.workload == "trainer" else
                      "the history is linearizable and no acknowledged write was lost"),
               False: "the history shows a violation (see above and report.html)",

@@ -44,6 +44,12 @@ A write that does not come within 5 s is disarmed (the kill and pause then hit t
 coordinator wherever it is; the history's `paused-at` events say where each one landed).
 During a takeover these faults wait (two leases at most) for the successor to be active.
 
+Windows (`target_windows`, `window_fault`; the nemesis sends its kills, pauses and
+partitions there first, docs/nemesis.md): `checkpoint-write` (the pause point above),
+`lease-renewal` (`inside-lease-renewal`: after the renewal's invoke, before its CAS) and
+`takeover` (`after-lease-take`, armed in every standby: the holder is hurt, and the standby
+that takes the lease stops before reading the head; then it is hurt the same way).
+
 History (docs/histories.md). Every coordinator appends events to its event log
 (`trainer/events-<id>.jsonl` in the run folder); a pump thread turns them into records in
 `history.jsonl`, each batch in the coordinators' own time order:
@@ -55,6 +61,11 @@ History (docs/histories.md). Every coordinator appends events to its event log
   head's new version), `fail` (`error` cas-mismatch / not-sent; certainly not applied) or
   `info` (outcome unknown; the coordinator steps down and never writes again). Every record
   carries `step`, `request_id`, `lease_version` and `coordinator`.
+- lease reads and writes (f `lease-read`, `lease-write`: take or renew, with the expected
+  version, absent for a write that compares nothing, and the term), head reads (f
+  `head-read`) and the takeover's head rewrite (f `resume`) are client operations too, each
+  kind of a coordinator on its own process (`CHANNELS`: a coordinator runs several threads,
+  a history process one operation at a time).
 - lease acquisitions and losses, resumes (which checkpoint, which step, the head version
   it produced), skipped worker steps, retries, depositions, starts and ends are events of
   process `"trainer"`, f = the event's kind, value = the event.
@@ -90,6 +101,7 @@ from system.kv.client import ATTEMPT_TIMEOUT_S, KVClient, KVError
 from system.trainer import checkpoint as codec
 from system.trainer.checkpoint_store import head_key
 from system.trainer.config import TrainConfig
+from system.trainer.lease import lease_key
 from system.trainer.run import TrainerRun
 from workloads.base import RunContext, Workload, WorkloadError
 from workloads.trainer_docker import DockerTrainerProcesses
@@ -99,6 +111,11 @@ log = logging.getLogger("nemesis")
 MID_WRITE = "coordinator-mid-write"
 ROLES = ("coordinator", "standby", "worker", MID_WRITE)
 ARM_POINT = "before-head-cas"  # the pause point a mid-write fault arms (pause_points.py)
+RENEW_POINT = "inside-lease-renewal"  # after the renewal's invoke, before its CAS
+TAKE_POINT = "after-lease-take"  # a successor after its take, before it reads the head
+# Where the nemesis times faults (`window_fault`): inside a checkpoint write, inside a lease
+# renewal, during a takeover (the old holder lost, the successor not yet resumed).
+WINDOWS = ("checkpoint-write", "lease-renewal", "takeover")
 REACH_POINT_S = 5.0  # how long an armed coordinator is given to reach its next write
 COMMIT_WAIT_S = 3.0  # reply-lost: how long the answer is held back waiting for the commit
 READ_PROCESS = 100
@@ -120,10 +137,17 @@ def default_config(seed: int) -> TrainConfig:
                        checkpoint_every=20, job="nemesis")
 
 
-def coordinator_process(cid: str) -> int:
-    """c1-xxxx -> 101: a coordinator's integer process in the history."""
+# A coordinator runs several threads (checkpoint writer, lease renewer, main loop), and a
+# history process has one operation in flight at a time: each kind of operation of one
+# coordinator has its own process, `<channel base> + <coordinator number>` (c1: checkpoint
+# writes 101, lease writes 2101, the takeover's head rewrite 3101, reads 4101).
+CHANNELS = {"checkpoint": 100, "lease": 2100, "resume": 3100, "read": 4100}
+
+
+def coordinator_process(cid: str, channel: str = "checkpoint") -> int:
+    """c1-xxxx -> 101: a coordinator's integer process in the history (per channel)."""
     match = re.match(r"c(\d+)-", cid)
-    return 100 + int(match.group(1)) if match else 199
+    return CHANNELS[channel] + (int(match.group(1)) if match else 99)
 
 
 class _Run(TrainerRun):
@@ -249,10 +273,11 @@ class TrainerWorkload(Workload):
         self._stopped = False
         self._threads: list[threading.Thread] = []
         self._offsets: dict[Path, int] = {}
-        self._open: dict[str, int] = {}  # coordinator -> index of its open invoke
-        # coordinator -> its history process now; after an `info` it retires and the next
-        # write of that coordinator (only a canary writes again) gets a fresh process id.
-        self._process: dict[str, int] = {}
+        # (coordinator, channel) -> index of its open invoke
+        self._open: dict[tuple[str, str], int] = {}
+        # (coordinator, channel) -> its history process now; after an `info` it retires and
+        # the next operation on that channel gets a fresh process id.
+        self._process: dict[tuple[str, str], int] = {}
         self._fresh = itertools.count(1001)
         self._rng = random.Random(0)
         self._ctx: RunContext | None = None
@@ -375,6 +400,31 @@ class TrainerWorkload(Workload):
             for event in batch:
                 self._record(self._ctx, event)
 
+    def _invoke(self, ctx: RunContext, cid: str, channel: str, f: str, key: str, value: Any,
+                **fields: Any) -> None:
+        slot = (cid, channel)
+        if slot in self._open:  # cannot happen (one at a time per channel); keep it valid
+            ctx.history.complete(self._open.pop(slot), "info", None, error="superseded invoke")
+            self._process[slot] = next(self._fresh)
+        process = self._process.setdefault(slot, coordinator_process(cid, channel))
+        self._open[slot] = ctx.history.invoke(process, f, key, value, **fields)
+
+    def _complete(self, ctx: RunContext, cid: str, channel: str, outcome: str, value: Any,
+                  **fields: Any) -> bool:
+        index = self._open.pop((cid, channel), None)
+        if index is None:
+            return False
+        ctx.history.complete(index, outcome, value, **fields)
+        if outcome == "info":
+            self._process[(cid, channel)] = next(self._fresh)
+        return True
+
+    def _read(self, ctx: RunContext, cid: str, f: str, key: str, value: Any, **fields: Any) -> None:
+        """A read, recorded as an operation that completed at once (its position in the
+        history is when the coordinator had its answer)."""
+        self._invoke(ctx, cid, "read", f, key, None, coordinator=cid)
+        self._complete(ctx, cid, "read", "ok", value, coordinator=cid, **fields)
+
     def _record(self, ctx: RunContext, e: dict) -> None:
         history = ctx.history
         cid = e.get("coordinator_id", "")
@@ -382,31 +432,59 @@ class TrainerWorkload(Workload):
         common = {"step": e.get("step"), "request_id": e.get("request_id") or None,
                   "lease_version": e.get("lease_version"), "coordinator": cid}
         key = head_key(self.config.job)
+        lease = lease_key(self.config.job)
         if kind == "checkpoint-invoke":
-            if cid in self._open:  # cannot happen (one write in flight); keep the record valid
-                history.complete(self._open.pop(cid), "info", None, error="superseded invoke")
-                self._process[cid] = next(self._fresh)
-            process = self._process.setdefault(cid, coordinator_process(cid))
-            self._open[cid] = history.invoke(process, "checkpoint", key,
-                                             e.get("step"), expected_version=e.get("version"),
-                                             **common)
+            # A canary's blind write compares nothing: no expected version in the history.
+            expected = e.get("version") if e.get("cas", True) else None
+            self._invoke(ctx, cid, "checkpoint", "checkpoint", key, e.get("step"),
+                         expected_version=expected, **common)
             return
         if kind in ("checkpoint-ok", "checkpoint-fail", "checkpoint-info"):
-            index = self._open.pop(cid, None)
-            if index is None:
-                self._error(f"{cid}: {kind} of step {e.get('step')} without an invoke")
-                return
             outcome = kind.removeprefix("checkpoint-")
             extra: dict[str, Any] = dict(common)
             if outcome == "ok":
                 extra["applied"] = True
             else:
                 extra["error"] = e.get("outcome") or outcome
-            history.complete(index, outcome, e.get("step"), version=e.get("version"), **extra)
-            if outcome == "info":
-                self._process[cid] = next(self._fresh)
+            if not self._complete(ctx, cid, "checkpoint", outcome, e.get("step"),
+                                  version=e.get("version"), **extra):
+                self._error(f"{cid}: {kind} of step {e.get('step')} without an invoke")
+                return
             self.counts.add("checkpoint", outcome)
             return
+        if kind == "lease-read":
+            self._read(ctx, cid, "lease-read", lease, e.get("holder"), version=e.get("version"),
+                       lease_version=e.get("lease_version"))
+            return
+        if kind == "head-read":
+            self._read(ctx, cid, "head-read", key, e.get("step"), version=e.get("version"),
+                       lease_version=e.get("lease_version"), request_id=e.get("request_id"))
+            return
+        if kind == "lease-write":
+            phase = e.get("phase")
+            fields = {"request_id": e.get("request_id"), "lease_version": e.get("lease_version"),
+                      "coordinator": cid, "op": e.get("detail")}
+            if phase == "invoke":
+                self._invoke(ctx, cid, "lease", "lease-write", lease, e.get("lease_version"),
+                             expected_version=e.get("expected_version"), **fields)
+            elif phase == "ok":
+                self._complete(ctx, cid, "lease", "ok", e.get("lease_version"),
+                               version=e.get("version"), **fields)
+            else:
+                self._complete(ctx, cid, "lease", phase, e.get("lease_version"),
+                               error=e.get("outcome") or phase, **fields)
+            return
+        if kind == "resume-invoke":
+            self._invoke(ctx, cid, "resume", "resume", key, e.get("step"),
+                         expected_version=e.get("expected_version"),
+                         from_version=e.get("from_version"), from_step=e.get("from_step"), **common)
+            return
+        if kind == "resume":
+            outcome = "ok" if e.get("outcome") == "ok" else "fail"
+            if outcome == "fail" and e.get("error") == "indeterminate":
+                outcome = "info"
+            extra = {"version": e.get("version")} if outcome == "ok" else {"error": e.get("error") or "fail"}
+            self._complete(ctx, cid, "resume", outcome, e.get("step"), **extra, **common)
         if kind in EVENT_KINDS:
             value = {k: v for k, v in e.items() if k not in ("kind",)}
             value["wall_time"] = value.pop("time", None)
@@ -443,28 +521,46 @@ class TrainerWorkload(Workload):
 
     # ----- faults inside a checkpoint write ----------------------------------------------
 
-    def _stop_at_write(self, cid: str, wait_stopped: bool = True) -> int | None:
+    def _stop_at_write(self, cid: str, wait_stopped: bool = True, point: str = ARM_POINT,
+                       reach_s: float = REACH_POINT_S) -> int | None:
         """Arm `cid`'s pause point and wait until it has taken the arming (and, with
-        `wait_stopped`, has stopped itself there): the step of the write it stops, or None
-        (disarmed) when no write reached it in time."""
+        `wait_stopped`, has stopped itself there): the step (or term) it stopped at, or None
+        (disarmed) when it did not reach the point in time."""
+        self._arm(cid, point)
+        return self._await_arming(cid, reach_s, wait_stopped)
+
+    def _arm(self, cid: str, point: str) -> None:
         assert self.run is not None
         arm = self.run.arm_file(cid)
-        fired = Path(f"{arm}.fired")
-        fired.unlink(missing_ok=True)
+        Path(f"{arm}.fired").unlink(missing_ok=True)
         staging = Path(f"{arm}.new")
-        staging.write_text(ARM_POINT)
+        staging.write_text(point)
         staging.replace(arm)  # atomic: the coordinator never reads half a file
-        deadline = time.monotonic() + REACH_POINT_S
-        while time.monotonic() < deadline and not fired.exists():
-            if self.run.procs[cid].poll() is not None:
+
+    def _disarm(self, cid: str) -> bool:
+        """True when the arming was withdrawn before the coordinator took it."""
+        assert self.run is not None
+        arm = self.run.arm_file(cid)
+        try:
+            arm.replace(Path(f"{arm}.disarmed"))
+            return True
+        except FileNotFoundError:
+            return False  # taken just now
+
+    def _fired(self, cid: str) -> bool:
+        assert self.run is not None
+        return Path(f"{self.run.arm_file(cid)}.fired").exists()
+
+    def _await_arming(self, cid: str, reach_s: float, wait_stopped: bool) -> int | None:
+        assert self.run is not None
+        arm = self.run.arm_file(cid)
+        deadline = time.monotonic() + reach_s
+        while time.monotonic() < deadline and not self._fired(cid):
+            if self.run.procs[cid].poll() is not None or self._stop.is_set():
                 break
             time.sleep(0.01)  # polling a file the coordinator renames; bounded above
-        if not fired.exists():
-            try:
-                arm.replace(Path(f"{arm}.disarmed"))
-                return None  # never taken: it will not stop
-            except FileNotFoundError:
-                pass  # taken just now
+        if not self._fired(cid) and self._disarm(cid):
+            return None  # never taken: it will not stop
         step = int(Path(f"{arm}.step").read_text())  # written before the arming was taken
         if not wait_stopped:
             return step
@@ -476,6 +572,122 @@ class TrainerWorkload(Workload):
                 return None
             time.sleep(0.005)
         return None
+
+    # ----- faults timed into the trainer's windows ----------------------------------------
+
+    def target_windows(self) -> tuple[str, ...]:
+        return WINDOWS
+
+    def window_fault(self, window: str, kind: str) -> dict[str, Any] | None:
+        """Start a fault of `kind` (kill, pause or partition) timed into `window` (see the
+        module docstring). Returns None when there is nothing to hurt now, else `processes`,
+        `landed` (whether it fell inside the window), `detail` and `heal`."""
+        if self.run is None or self._stop.is_set():
+            return None
+        if window == "takeover":
+            return self._takeover_fault(kind)
+        cid = self._live_active()
+        if cid is None:
+            return None
+        if window == "checkpoint-write" and kind == "partition":
+            value = self.lose_reply(cid)
+            return {"processes": [value["process"]], "landed": value["landed"],
+                    "at": value.get("step"), "detail": value["detail"], "heal": dict}
+        point = ARM_POINT if window == "checkpoint-write" else RENEW_POINT
+        # Even a kill waits for the stop: its `paused-at` event is then in the log, and the
+        # history shows the fault inside the operation (checker/trainer_protocol.windows).
+        at = self._stop_at_write(cid, wait_stopped=True, point=point)
+        landed = at is not None
+        where = f"at {point} ({'step' if point == ARM_POINT else 'term'} {at})" if landed else \
+            f"{point} not reached within {REACH_POINT_S:g} s: wherever it was"
+        return {"processes": [cid], "landed": landed, "at": at,
+                "detail": f"{kind} {cid} {where}", "heal": self._hurt(cid, kind, stopped=landed,
+                                                                       point=point if landed else "")}
+
+    def _hurt(self, cid: str, kind: str, stopped: bool, point: str = "") -> Any:
+        """Apply `kind` to `cid` (stopped at a pause point, or not); returns its heal."""
+        assert self.run is not None
+        if kind == "kill":
+            with self._lock:
+                self.run.expected_exit.add(cid)
+                self.down.add(cid)
+                self.paused.discard(cid)
+                with contextlib.suppress(ProcessLookupError):  # it exited on its own just now
+                    self.run.kill(cid)
+            return lambda: {"replacement": self.restart_target(cid)}
+        if kind == "pause":
+            with self._lock:
+                if not stopped:
+                    self.run.pause(cid)
+            record = self.run.lease()
+            with self._lock:
+                self.paused.add(cid)
+                if record is not None and record.coordinator_id == cid:
+                    self._paused_holders.add(cid)
+            # Woken only after a standby took over (bounded), like a mid-write pause.
+            name = f"{cid}@{point}" if point else cid
+            return lambda: {"detail": self.resume_target(name) or ""}
+        # partition: cut from every store node; a coordinator stopped at its point goes on,
+        # so the operation it was about to send meets the cut.
+        self.cut_from_store(cid)
+        if stopped:
+            with self._lock:
+                self.run.resume(cid)
+
+        def heal() -> dict[str, Any]:
+            self.heal_from_store(cid)
+            return {}
+        return heal
+
+    def _takeover_fault(self, kind: str) -> dict[str, Any] | None:
+        """The old holder is lost (`kind` applied to it), then the successor is hurt the
+        same way between taking the lease and resuming (stopped at `after-lease-take`)."""
+        assert self.run is not None
+        holder = self._live_active()
+        if holder is None:
+            return None
+        with self._lock:
+            standbys = sorted(n for n, p in self.run.procs.items()
+                              if n.startswith("c") and n != holder and p.poll() is None
+                              and n not in self.down and n not in self.paused)
+        if not standbys:
+            return None
+        for cid in standbys:
+            self._arm(cid, TAKE_POINT)
+        heals = [self._hurt(holder, kind, stopped=False)]
+        successor, term = None, None
+        deadline = time.monotonic() + self._takeover_wait_s()
+        while successor is None and time.monotonic() < deadline and not self._stop.is_set():
+            successor = next((c for c in standbys if self._fired(c)), None)
+            if successor is None:
+                time.sleep(0.02)  # polling arm files, bounded by the deadline
+        for cid in standbys:
+            if cid != successor and not self._disarm(cid) and self._fired(cid):
+                # Took an arming too (it cannot hold the lease as well): let it go on.
+                with contextlib.suppress(Exception):
+                    self._await_arming(cid, 0.0, wait_stopped=True)
+                    self.run.resume(cid)
+        if successor is not None:
+            term = self._await_arming(successor, 0.0, wait_stopped=True)
+        landed = term is not None
+        if landed:
+            assert successor is not None
+            # No other coordinator can take over while both are hurt: a paused successor
+            # is woken at the heal without waiting for one.
+            heals.append(self._hurt(successor, kind, stopped=True))
+            detail = (f"{kind} {holder} (the holder), then {kind} {successor} at {TAKE_POINT} "
+                      f"(term {term}), before its resume")
+        else:
+            detail = (f"{kind} {holder} (the holder); no standby reached {TAKE_POINT} within "
+                      f"{self._takeover_wait_s():g} s")
+
+        def heal() -> dict[str, Any]:
+            out: dict[str, Any] = {}
+            for h in heals:
+                out.update({k: v for k, v in h().items() if v})
+            return out
+        return {"processes": [holder] + ([successor] if landed else []), "landed": landed,
+                "at": term, "detail": detail, "heal": heal}
 
     def _live_active(self) -> str | None:
         """The coordinator holding the lease, alive and not paused; during a takeover (the
@@ -673,9 +885,9 @@ class TrainerWorkload(Workload):
         """Stop the trainer, then read the checkpoint head (retried as new operations)."""
         self._let_woken_coordinators_exit()
         self.stop_trainer()
-        for cid, index in list(self._open.items()):
+        for slot, index in list(self._open.items()):
             ctx.history.complete(index, "info", None, error="coordinator stopped with the write in flight")
-            self._open.pop(cid)
+            self._open.pop(slot)
         key = head_key(self.config.job)
         deadline = time.monotonic() + timeout_s
         client = KVClient(list(ctx.addresses.values()), timeout_s=3.0, client_id="final-read")

@@ -363,7 +363,9 @@ def verdict_sentence(data: RunData) -> str:
     trainer = "trainer_summary" in data.results
     if data.verdict == VALID and trainer:
         return (f"VALID: {where}; no acknowledged checkpoint was lost, every resume started "
-                f"from the latest, no deposed coordinator wrote and no request id applied twice.")
+                f"from the latest, no deposed coordinator wrote, no request id applied twice, "
+                f"one coordinator held each lease term and every head write was a CAS on what "
+                f"its writer read under its lease.")
     if data.verdict == VALID:
         return (f"VALID: {where}; the history is linearizable and no acknowledged write "
                 f"was lost.")

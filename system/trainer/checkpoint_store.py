@@ -55,7 +55,8 @@ class CheckpointStore:
     def __init__(self, kv: KVClient, job: str, mode: str = "inline", *,
                  objects: ObjectStore | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                  keep_trying: Callable[[], bool] = lambda: True,
-                 on_attempt: Callable[[str, str], None] | None = None, unsafe: str = "") -> None:
+                 on_attempt: Callable[[str, str], None] | None = None, unsafe: str = "",
+                 on_read: Callable[[dict], None] | None = None) -> None:
         if mode not in ("inline", "object"):
             raise ValueError(f"checkpoint mode must be inline or object, got {mode!r}")
         if mode == "object" and objects is None:
@@ -67,6 +68,15 @@ class CheckpointStore:
         self.key = head_key(job)
         self.unsafe = unsafe  # "" unless a test canary (unsafe.py) was explicitly allowed
         self.head_version = 0  # the head key's version the last read_latest saw (0: absent)
+        self.head_lease_version = 0  # the lease version of the head record it saw
+        # (version, step, lease version, request id) of every head read, for the event log:
+        # the history shows what each coordinator read, and when (checker/trainer.py).
+        self.on_read = on_read
+
+    def compares_head(self) -> bool:
+        """Whether a head write compares the expected version (False only for a canary that
+        writes it blind): what the event log must say the write expected."""
+        return self.unsafe != "no-fencing"
 
     # ----- reading ---------------------------------------------------------------------
 
@@ -74,8 +84,13 @@ class CheckpointStore:
         try:
             got = self.kv.get(self.key, consistency=consistency)
         except NotFound:
+            if self.on_read:
+                self.on_read({"version": 0, "step": None})
             return None
         meta, inline = codec.decode_head(got.value)
+        if self.on_read:
+            self.on_read({"version": got.version, "step": meta.step, "lease_version": meta.lease_version,
+                          "request_id": meta.request_id})
         return meta, inline, got.version
 
     def load_blob(self, meta: codec.Metadata, inline: bytes | None) -> bytes:
@@ -94,10 +109,10 @@ class CheckpointStore:
         for attempt in range(attempts):
             head = self.read_head()
             if head is None:
-                self.head_version = 0
+                self.head_version = self.head_lease_version = 0
                 return None
             meta, inline, version = head
-            self.head_version = version
+            self.head_version, self.head_lease_version = version, meta.lease_version
             if not meta.checksum and meta.kind == "resume":
                 # A takeover record written before any checkpoint (its writer died before
                 # its first one): there is no checkpoint yet, only a head to CAS on.

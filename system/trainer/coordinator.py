@@ -30,7 +30,7 @@ import grpc
 from system.kv.client import CasMismatch, KVClient, KVError
 from system.trainer import checkpoint as codec
 from system.trainer import data, local, model, pause_points
-from system.trainer.checkpoint_store import CheckpointStore, StopWriting
+from system.trainer.checkpoint_store import CheckpointStore, Latest, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.coordinator_core import CoordinatorCore
 from system.trainer.lease import LeaseKeeper
@@ -138,7 +138,16 @@ class Coordinator:
         if port == 0:
             raise ConfigError(f"cannot listen on {options.listen}")
         self.address = f"{options.listen.rsplit(':', 1)[0]}:{port}"
-        self.lease = LeaseKeeper(self.kv, config.job, options.coordinator_id, self.address, options.lease_s)
+        self._emit_lock = threading.Lock()  # events come from several threads
+        self._event_file = None
+        self.unsafe = check_unsafe(options.unsafe)
+        # Request ids are global in the store, so each names its coordinator.
+        self.rid_prefix = f"{options.coordinator_id}:"
+        if self.unsafe == "shared-request-ids":
+            from system.trainer.unsafe import shared_request_id_prefix
+            self.rid_prefix = shared_request_id_prefix()
+        self.lease = LeaseKeeper(self.kv, config.job, options.coordinator_id, self.address, options.lease_s,
+                                 on_event=self._emit, rid_prefix=self.rid_prefix, unsafe=self.unsafe)
         objects = None
         mode = "inline"
         if options.checkpoint_store != "inline":
@@ -149,25 +158,29 @@ class Coordinator:
                 raise ConfigError(f"cannot use the object store {options.checkpoint_store}: {exc}") from None
         self.store = CheckpointStore(self.kv, config.job, mode, objects=objects,
                                      chunk_bytes=options.chunk_bytes, keep_trying=self._may_write,
-                                     on_attempt=self._on_attempt,
-                                     unsafe=check_unsafe(options.unsafe))
+                                     on_attempt=self._on_attempt, unsafe=self.unsafe,
+                                     on_read=lambda read: self._emit({"kind": "head-read", **read}))
         self._event_file = open(options.event_log, "a") if options.event_log else None  # noqa: SIM115
         self._writer: threading.Thread | None = None
 
     # ----- events ----------------------------------------------------------------------
 
     def _emit(self, record: dict) -> None:
-        record = {"time": time.time(), "coordinator_id": self.options.coordinator_id, **record}
-        if self._event_file:
-            self._event_file.write(json.dumps(record) + "\n")
-            self._event_file.flush()
-        if self.on_event:
-            self.on_event(record)
+        with self._emit_lock:
+            record = {"time": time.time(), "coordinator_id": self.options.coordinator_id, **record}
+            if self._event_file and not self._event_file.closed:  # a thread may outlive run()
+                self._event_file.write(json.dumps(record) + "\n")
+                self._event_file.flush()
+            if self.on_event:
+                self.on_event(record)
 
     def _drain(self) -> None:
         if self.core is not None:
             for event in self.core.take_events():
-                self._emit(event.to_dict())
+                record = event.to_dict()
+                if record["kind"] == "checkpoint-invoke" and not self.store.compares_head():
+                    record["cas"] = False  # the write will not compare `version`: say so
+                self._emit(record)
 
     def _on_attempt(self, request_id: str, outcome: str) -> None:
         self._emit({"kind": "checkpoint-retry", "request_id": request_id, "outcome": outcome})
@@ -189,9 +202,13 @@ class Coordinator:
             n_rows = data.n_train_rows(self.config)
             self.shard_rows = [hi - lo for lo, hi in (data.shard_bounds(n_rows, self.config.workers, w)
                                                       for w in range(self.config.workers))]
+            early = None
+            if self.unsafe == "stale-resume":
+                from system.trainer.unsafe import read_head_early
+                early = read_head_early(self)
             if not self.stand_by():
                 return EXIT_DONE
-            if not self.resume(dataset):
+            if not self.resume(dataset, early):
                 return EXIT_DONE
             return self.train(dataset)
         except (ConfigError, codec.CheckpointError) as exc:
@@ -203,7 +220,8 @@ class Coordinator:
             self.server.stop(grace=0.2)
             self.kv.close()
             if self._event_file:
-                self._event_file.close()
+                with self._emit_lock:
+                    self._event_file.close()
 
     def _probe_object_store(self) -> None:
         """A misconfigured object store (no bucket, no credentials, unwritable directory)
@@ -233,14 +251,36 @@ class Coordinator:
                 if self.lease.try_acquire():
                     self._emit({"kind": "lease-acquired", "lease_version": self.lease.term,
                                 "version": self.lease.version, "outcome": "ok"})
+                    # Test-only: the harness may stop the process here, between taking the
+                    # lease and resuming (the takeover window; inert unless armed).
+                    pause_points.reach("after-lease-take", self.lease.term)
                     return True
             except KVError as exc:
                 self._emit({"kind": "lease-observe-failed", "detail": str(exc)})
             time.sleep(poll_s)  # a standby's polling period, not a wait for an event
 
-    def resume(self, dataset: data.Dataset) -> bool:
+    def resume(self, dataset: data.Dataset, early: Latest | None = None) -> bool:
         """Load the latest checkpoint and fence older coordinators. False: already finished."""
-        latest = self.store.read_latest(self.config.config_hash())
+        term = self.lease.term
+        try:
+            latest = self.store.read_latest(self.config.config_hash())
+        except KVError as exc:
+            self._emit({"kind": "resume", "outcome": "fail", "lease_version": term,
+                        "detail": f"head read: {type(exc).__name__}"})
+            raise SystemExit(EXIT_DEPOSED) from None
+        # The version read is the one the fence CASes on (no checkpoint yet: whatever head
+        # there is, a predecessor's empty takeover record).
+        head_expected = latest.version if latest else self.store.head_version
+        if self.store.head_lease_version > term:
+            # Written under a newer lease: another coordinator took over while this one sat
+            # between its take and here (paused). Rewriting it would fence the newer holder
+            # with an older term; step down instead (the CAS covers a move after the read).
+            self._emit({"kind": "resume", "outcome": "fail", "lease_version": term,
+                        "detail": f"head written under newer lease {self.store.head_lease_version}"})
+            raise SystemExit(EXIT_DEPOSED)
+        if self.unsafe == "stale-resume":
+            from system.trainer.unsafe import stale_source
+            latest = stale_source(early, latest)
         state = local.initial_state(self.config, dataset)
         step = 0
         if latest is not None:
@@ -249,25 +289,27 @@ class Coordinator:
             expected = [data.data_cursor(step, r, self.config.batch_size) for r in self.shard_rows]
             if [tuple(c) for c in latest.checkpoint.cursors] != expected:
                 raise codec.CheckpointError("checkpoint data cursors do not match its step")
-        rid = f"{self.options.coordinator_id}:resume-{step}"
+        rid = f"{self.rid_prefix}resume-{step}"
         meta = codec.Metadata(step=step, mode=self.store.mode, size=0, checksum="",
                               config_hash=self.config.config_hash(),
                               coordinator_id=self.options.coordinator_id,
-                              lease_version=self.lease.term, request_id=rid, kind="resume")
+                              lease_version=term, request_id=rid, kind="resume")
+        source = {"from_version": latest.version if latest else 0, "from_step": step,
+                  "expected_version": head_expected, "request_id": rid, "lease_version": term}
+        self._emit({"kind": "resume-invoke", "step": step, **source})
         try:
             # No checkpoint yet: CAS on whatever head there is (a predecessor's empty
             # takeover record), so a coordinator killed before its first checkpoint does not
             # leave a head no successor can resume from.
-            version = self.store.rewrite_head(latest, latest.version if latest else self.store.head_version,
-                                              meta)
-        except (CasMismatch, StopWriting) as exc:
-            self._emit({"kind": "resume", "step": step, "outcome": "fail", "detail": str(exc)})
+            version = self.store.rewrite_head(latest, head_expected, meta)
+        except (CasMismatch, StopWriting, KVError) as exc:
+            self._emit({"kind": "resume", "step": step, "outcome": "fail", "detail": str(exc),
+                        "error": "cas-mismatch" if isinstance(exc, CasMismatch) else "indeterminate",
+                        **source})
             raise SystemExit(EXIT_DEPOSED) from None
         self.head_meta = meta
-        self._emit({"kind": "resume", "step": step, "version": version, "request_id": rid,
-                    "lease_version": self.lease.term, "outcome": "ok",
-                    "from_version": latest.version if latest else 0,
-                    "from_request_id": latest.meta.request_id if latest else ""})
+        self._emit({"kind": "resume", "step": step, "version": version, "outcome": "ok",
+                    "from_request_id": latest.meta.request_id if latest else "", **source})
         collected = self.store.collect_orphans(meta)  # fenced predecessors' unreferenced blobs
         if collected:
             self._emit({"kind": "collected", "lease_version": self.lease.term,
@@ -275,7 +317,7 @@ class Coordinator:
         with self.cond:
             self.core = CoordinatorCore(self.config, self.options.coordinator_id, self.lease.term,
                                         state, step, version, self.shard_rows,
-                                        self.options.gradient_deadline_s)
+                                        self.options.gradient_deadline_s, rid_prefix=self.rid_prefix)
             self.core.checkpointed_step = self.core.planned_step = step
             self.active = True
             self.cond.notify_all()
@@ -324,7 +366,7 @@ class Coordinator:
                         self._write_outlived_deposition(core)
                 with self.cond:
                     self._drain()
-                if self.store.unsafe == "write-after-lease-loss":
+                if self.unsafe == "write-after-lease-loss":
                     from system.trainer.unsafe import write_after_lease_loss
                     write_after_lease_loss(self)
                 return EXIT_DEPOSED

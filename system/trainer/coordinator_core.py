@@ -74,9 +74,13 @@ class CoordinatorCore:
     skipped_total: int = 0
     first_step: int = -1  # the step this coordinator started from (set by __post_init__)
     events: list[Event] = field(default_factory=list)
+    # Request ids are global in the store: they start with the coordinator's id (None).
+    rid_prefix: str | None = None
 
     def __post_init__(self) -> None:
         self.first_step = self.step
+        if self.rid_prefix is None:
+            self.rid_prefix = f"{self.coordinator_id}:"
 
     # ----- queries ---------------------------------------------------------------------
 
@@ -175,7 +179,7 @@ class CoordinatorCore:
             rng={"algorithm": "philox-seedsequence", "key": "(seed, worker+1, epoch, 0xBA7C4)",
                  "seed": self.config.seed},
             done=self.done)
-        self.in_flight = CheckpointPlan(ckpt, f"{self.coordinator_id}:step-{self.step}", self.head_version)
+        self.in_flight = CheckpointPlan(ckpt, f"{self.rid_prefix}step-{self.step}", self.head_version)
         self._event("checkpoint-invoke", step=self.step, request_id=self.in_flight.request_id,
                     version=self.head_version)
         return self.in_flight

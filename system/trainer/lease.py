@@ -13,16 +13,22 @@ The key `trainer/<job>/lease` holds one JSON record {coordinator_id, address, te
   checkpoint CAS is the real fence either way (checkpoint_store.py).
 
 `LeaseTimer` is the pure timing rule (tests drive it with numbers); `LeaseKeeper` is the
-shell that talks to the store.
+shell that talks to the store. Every read and write of the key is reported to `on_event`
+(kinds `lease-read`, and `lease-write` with phase invoke / ok / fail / info, the expected
+version it compared against and the term it writes under), so the harness's history can show
+which coordinator believed it held which term (checker/trainer.py, property `lease`).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from system.kv.client import CasMismatch, Indeterminate, KVClient, NotFound, Unavailable
+from system.kv.client import CasMismatch, Indeterminate, KVClient, KVError, NotFound, Unavailable
+from system.trainer import pause_points
 
 HOLDER_FRACTION = 0.6  # the holder trusts its lease for this share of lease_s after renewal
 
@@ -77,19 +83,34 @@ def read_lease(kv: KVClient, job: str, consistency: str = "linearizable",
 
 
 class LeaseKeeper:
-    def __init__(self, kv: KVClient, job: str, coordinator_id: str, address: str, lease_s: float) -> None:
+    def __init__(self, kv: KVClient, job: str, coordinator_id: str, address: str, lease_s: float,
+                 on_event: Callable[[dict], None] | None = None, rid_prefix: str | None = None,
+                 unsafe: str = "") -> None:
         self.kv, self.job, self.coordinator_id, self.address = kv, job, coordinator_id, address
         self.timer = LeaseTimer(lease_s)
         self.version = 0  # holder: the lease key's version after our last write
         self.term = 0  # holder: version of our acquiring write
         self._renewals = 0
+        self.on_event = on_event or (lambda event: None)
+        # Request ids start with the coordinator's id: they are global in the store.
+        self.rid_prefix = f"{coordinator_id}:" if rid_prefix is None else rid_prefix
+        self.unsafe = unsafe  # "" unless a test canary (unsafe.py) was explicitly allowed
+        # The renewer thread and the final "done" renewal must not interleave their CASes.
+        self._lock = threading.Lock()
 
     def _value(self, term: int, done: bool = False) -> bytes:
         return json.dumps(LeaseRecord(self.coordinator_id, self.address, term, done).__dict__).encode()
 
+    def _write_event(self, phase: str, op: str, rid: str, term: int, **fields: object) -> None:
+        self.on_event({"kind": "lease-write", "phase": phase, "detail": op, "request_id": rid,
+                       "lease_version": term, **fields})
+
     def observe(self) -> LeaseRecord | None:
         record, version = read_lease(self.kv, self.job)
         self.timer.observe(version, time.monotonic())
+        self.on_event({"kind": "lease-read", "version": version,
+                       "holder": record.coordinator_id if record else None,
+                       "lease_version": record.term if record else 0})
         return record
 
     def try_acquire(self) -> bool:
@@ -97,40 +118,66 @@ class LeaseKeeper:
         if not self.timer.lapsed(time.monotonic()):
             return False
         expected = self.timer.seen_version or 0
-        rid = f"{self.coordinator_id}:lease-{expected}"
+        rid = f"{self.rid_prefix}lease-{expected}"
         sent_at = time.monotonic()
+        blind = self.unsafe == "lease-by-put"
         # The term must be in the record, but it is the version this write produces,
         # which is expected + 1: versions of one key grow by one per write.
+        self._write_event("invoke", "take", rid, expected + 1,
+                          expected_version=None if blind else expected)
         try:
-            result = self.kv.cas(lease_key(self.job), self._value(expected + 1), expected, request_id=rid)
+            if blind:
+                from system.trainer.unsafe import take_lease_by_put
+                result = take_lease_by_put(self.kv, lease_key(self.job), self._value(expected + 1), rid)
+            else:
+                result = self.kv.cas(lease_key(self.job), self._value(expected + 1), expected,
+                                     request_id=rid)
         except CasMismatch:
+            self._write_event("fail", "take", rid, expected + 1, outcome="cas-mismatch")
             return False
-        except (Indeterminate, Unavailable):
+        except KVError as exc:  # Indeterminate, Unavailable, ...: the write may have applied
+            self._write_event("info", "take", rid, expected + 1, outcome="indeterminate",
+                              error=type(exc).__name__)
             return False  # a retry with the same id next round settles it
-        assert result.version == expected + 1, "lease versions must grow by one per write"
+        if not blind:
+            assert result.version == expected + 1, "lease versions must grow by one per write"
         self.version = self.term = result.version
         self.timer.on_renewed(sent_at)
+        self._write_event("ok", "take", rid, self.term, version=result.version)
         return True
 
     def renew(self, done: bool = False) -> bool:
         """False when the lease is lost (CAS mismatch) or could not be confirmed in time."""
-        self._renewals += 1
-        rid = f"{self.coordinator_id}:renew-{self.term}-{self._renewals}"
-        sent_at = time.monotonic()
-        while True:
-            try:
-                result = self.kv.cas(lease_key(self.job), self._value(self.term, done), self.version,
-                                     request_id=rid, timeout_s=max(0.2, self.timer.lease_s / 3))
-            except CasMismatch:
-                self.timer.renewed_at = None
-                return False
-            except (Indeterminate, Unavailable):
-                if not self.timer.valid(time.monotonic()):
+        with self._lock:
+            self._renewals += 1
+            rid = f"{self.rid_prefix}renew-{self.term}-{self._renewals}"
+            self._write_event("invoke", "renew", rid, self.term, expected_version=self.version)
+            # Test-only: the harness may stop the process here, inside the renewal
+            # (pause_points.py; inert unless armed).
+            pause_points.reach("inside-lease-renewal", self.term)
+            sent_at = time.monotonic()
+            while True:
+                try:
+                    result = self.kv.cas(lease_key(self.job), self._value(self.term, done), self.version,
+                                         request_id=rid, timeout_s=max(0.2, self.timer.lease_s / 3))
+                except CasMismatch:
+                    self.timer.renewed_at = None
+                    self._write_event("fail", "renew", rid, self.term, outcome="cas-mismatch")
                     return False
-                continue  # same request id: applies at most once
-            self.version = result.version
-            self.timer.on_renewed(sent_at)
-            return True
+                except (Indeterminate, Unavailable) as exc:
+                    if not self.timer.valid(time.monotonic()):
+                        self._write_event("info", "renew", rid, self.term, outcome="indeterminate",
+                                          error=type(exc).__name__)
+                        return False
+                    continue  # same request id: applies at most once
+                except KVError as exc:
+                    self._write_event("info", "renew", rid, self.term, outcome="indeterminate",
+                                      error=type(exc).__name__)
+                    raise
+                self.version = result.version
+                self.timer.on_renewed(sent_at)
+                self._write_event("ok", "renew", rid, self.term, version=result.version)
+                return True
 
     def valid(self) -> bool:
         return self.timer.valid(time.monotonic())

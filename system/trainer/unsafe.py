@@ -20,6 +20,17 @@ Canaries (names distinct from the store's, system/kv/unsafe.py, so `python -m ne
   head's current version (re-read before each attempt, each attempt its own request id) as
   the expected one, so the CAS fence does not stop it, even while its successor writes.
   It writes under a superseded lease after its successor's resume: `fencing`.
+- `lease-by-put`: a standby takes the lapsed lease with a plain put instead of a CAS from
+  the version it observed, so a holder's renewal that landed in between is overwritten and
+  both believe they hold it: checker/trainer.py's `lease` (a lease write with no expected
+  version; a write that replaced versions its writer never read).
+- `shared-request-ids`: request ids without the coordinator's id (`step-<n>`, `resume-<n>`,
+  `lease-<v>`), so a successor rewriting a step its predecessor had in flight reuses the
+  predecessor's id, and the store may answer it with the predecessor's result:
+  `unique-request-ids`.
+- `stale-resume`: a standby reads the checkpoint head when it starts standing by, waits for
+  the lease, and resumes from what it read then (its fence CAS uses a fresh read, so it
+  succeeds): the checkpoints committed while it waited are lost: `resume-after-lease`.
 
 What it must never do: be reachable without both the flag and the environment variable.
 """
@@ -30,7 +41,8 @@ import os
 
 from system.kv.client import KVClient
 
-CANARIES = ("no-fencing", "no-request-id", "write-after-lease-loss")
+CANARIES = ("no-fencing", "no-request-id", "write-after-lease-loss", "lease-by-put",
+            "shared-request-ids", "stale-resume")
 FLUSH_DEADLINE_S = 30.0  # write-after-lease-loss: how long the last write keeps trying
 
 
@@ -47,6 +59,28 @@ def check_unsafe(name: str) -> str:
     if os.environ.get("MAO_ALLOW_UNSAFE") != "1":
         raise UnsafeRefused(f"--unsafe {name} needs MAO_ALLOW_UNSAFE=1 in the environment (test only)")
     return name
+
+
+def take_lease_by_put(kv: KVClient, key: str, value: bytes, request_id: str):  # noqa: ANN201
+    """WRONG ON PURPOSE (`lease-by-put`): the lease taken without comparing the version."""
+    return kv.put(key, value, request_id=request_id)
+
+
+def shared_request_id_prefix() -> str:
+    """WRONG ON PURPOSE (`shared-request-ids`): request ids that do not name the coordinator."""
+    return ""
+
+
+def read_head_early(coordinator):  # noqa: ANN001, ANN201 - coordinator.Coordinator -> Latest | None
+    """WRONG ON PURPOSE (`stale-resume`): the standby reads the checkpoint before it holds
+    the lease (and keeps it for its resume)."""
+    return coordinator.store.read_latest(coordinator.config.config_hash())
+
+
+def stale_source(early, latest):  # noqa: ANN001, ANN201 - Latest | None
+    """WRONG ON PURPOSE (`stale-resume`): resume from the read made before the lease, not the
+    one made under it."""
+    return early
 
 
 def write_head_without_cas(kv: KVClient, key: str, value: bytes, request_id: str) -> int:

@@ -217,3 +217,59 @@ def test_member_fault_skips_a_node_that_is_not_a_voter() -> None:
                       record=lambda f, v: events.append((f, v)))
     assert nemesis._begin("member") is None
     assert events[-1][0] == "nemesis-skip" and not platform.calls
+
+
+class WindowTargets:
+    """A workload with windows (the trainer's): records which window each fault was sent to;
+    `misses` windows fail to land (their first try)."""
+
+    def __init__(self, misses: set[str]) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.misses = set(misses)
+        self.healed = 0
+
+    def target_roles(self) -> tuple[str, ...]:
+        return ("coordinator", "standby")
+
+    def target_windows(self) -> tuple[str, ...]:
+        return ("checkpoint-write", "lease-renewal", "takeover")
+
+    def resolve(self, role: str) -> str | None:
+        return {"coordinator": "c1", "standby": "c2"}[role]
+
+    def kill_target(self, name: str) -> None:
+        pass
+
+    def restart_target(self, name: str) -> str:
+        return name
+
+    def window_fault(self, window: str, kind: str) -> dict[str, Any]:
+        self.sent.append((window, kind))
+        landed = window not in self.misses
+        self.misses.discard(window)
+
+        def heal() -> dict[str, Any]:
+            self.healed += 1
+            return {}
+        return {"processes": ["c1"], "landed": landed, "at": 20, "detail": "d", "heal": heal}
+
+
+def test_process_faults_go_to_every_window_first_a_miss_again_then_every_second() -> None:
+    targets = WindowTargets(misses={"lease-renewal"})
+    events: list[tuple[str, dict[str, Any]]] = []
+    nemesis = Nemesis(FakePlatform(3), ["kill"], seed=1, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)), targets=targets)
+    for _ in range(8):
+        fault = nemesis._begin("kill")
+        assert fault is not None
+        nemesis._end(fault)
+    windows = [w for w, _ in targets.sent]
+    # the miss is tried again after the others; then every second kill goes to a window
+    assert windows[:4] == ["checkpoint-write", "lease-renewal", "takeover", "lease-renewal"]
+    assert len(windows) == 6 and targets.healed == 6
+    starts = [v for f, v in events if f == "kill"]
+    assert [v.get("window") for v in starts][:5] == [
+        "checkpoint-write", "lease-renewal", "takeover", "lease-renewal", None]
+    assert [v["landed"] for v in starts[:4]] == [True, False, True, True]
+    assert windows[4:] == ["lease-renewal", "takeover"]  # in turn
+    assert nemesis.windows_hit == {"checkpoint-write": 1, "lease-renewal": 2, "takeover": 2}

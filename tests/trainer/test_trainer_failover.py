@@ -203,3 +203,32 @@ def test_a_blob_orphaned_by_a_coordinator_killed_before_its_head_cas_is_collecte
         collected = [e for e in run.events(new) if e["kind"] == "collected"]
         assert collected and orphans[0] in collected[0]["detail"].split()
         assert orphans[0] not in objects.names()
+
+
+def test_a_successor_paused_between_its_take_and_its_resume_does_not_fence_a_newer_one(
+        kv_cluster, job, tmp_path) -> None:
+    """c1 takes the lease (term 1) and stops itself before reading the head (pause point
+    `after-lease-take`); c2 takes over, resumes, checkpoints; c1 is woken. Its head read
+    shows a record of a newer lease: it must step down, not rewrite the head by CAS on what
+    it read — that would fence c2 with an older term."""
+    config = config_for(job, steps=120)
+    pause = {"TRAINER_PAUSE_AT": "after-lease-take:1", "MAO_ALLOW_UNSAFE": "1"}
+    with TrainerRun(config, standbys=0, kv=kv_cluster.addresses, lease_s=LEASE_S, run_dir=tmp_path,
+                    first_coordinator_env=pause) as run:
+        run.start()
+        old = next(n for n in run.procs if n.startswith("c"))
+        run.wait_until(lambda: process_stopped(run.procs[old].pid), 60, "the pause point")
+        new = run.start_coordinator()
+        run.wait_until(lambda: any(e["kind"] == "checkpoint-ok" for e in run.events(new)),
+                       60, "a checkpoint by the new coordinator")
+        run.resume(old)
+        run.wait_until(lambda: run.procs[old].poll() is not None, 30, "the old coordinator to exit")
+        events = run.events(old)
+        resumes = [e for e in events if e["kind"] == "resume"]
+        assert [e["outcome"] for e in resumes] == ["fail"], resumes
+        assert "newer lease" in resumes[0]["detail"]
+        assert run.procs[old].poll() == EXIT_DEPOSED
+        meta, _, version = run.checkpoint_store_reader().read_head()
+        writers = [e["coordinator_id"] for e in [*meta.history, meta.summary(version)]]
+        assert old not in writers, writers
+        assert meta.coordinator_id == new
