@@ -198,6 +198,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         if faults_all:  # every kind the platform runs; the auto-chosen one is known below
             faults, note = expand_all(args.platform or "local")
+        elif ALL in (t.strip() for t in args.faults.split(",")):
+            raise ValueError("--faults all cannot be combined with other faults")
         else:
             faults = parse_faults(args.faults)
     except ValueError as exc:

@@ -9,6 +9,7 @@ hundreds of round trips, so landing does not depend on spare CPU; every wait has
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,9 @@ def test_a_leader_kill_lands_inside_a_snapshot_transfer(tmp_path: Path) -> None:
             with KVClient(list(platform.client_addresses.values()), timeout_s=5) as kv:
                 i = 0
                 while not stop.is_set():
-                    try:
+                    # A leader change fails a put: the next one finds the new leader.
+                    with contextlib.suppress(Exception):
                         kv.put(f"k{i % 300}", b"v" * 40)
-                    except Exception:  # a leader change: the next put finds the new one
-                        pass
                     i += 1
 
         writers = [threading.Thread(target=write, daemon=True) for _ in range(3)]
@@ -106,3 +106,10 @@ def test_a_leader_kill_lands_inside_a_snapshot_transfer(tmp_path: Path) -> None:
     assert strike["landed"] is True, strike["landed_evidence"]
     assert windows.counts == {"snapshot-transfer": {"aimed": 1, "landed": 1}}
     assert not nemesis.errors
+
+
+def test_all_cannot_be_combined_with_other_faults(capsys) -> None:
+    from nemesis.cli import main
+
+    assert main(["run", "--faults", "all,kill", "--platform", "sim", "--duration", "5"]) == 3
+    assert "--faults all cannot be combined" in capsys.readouterr().err
