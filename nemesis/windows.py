@@ -120,21 +120,36 @@ class Windows:
         if not self.platform.is_running(node):
             self.platform.start_node(node)
         nemesis.expected_down.discard(node)
-        strike = None
+        strike, healer = None, None
         try:
             if node not in voters:
                 aim = nemesis._deal("window:member", ("member-rejoin", "config-pending"))
+                promoting = None
                 if aim == "member-rejoin":
                     strike = self._member_strike(node)
                 else:
-                    strike = self._config_strike(node)
+                    strike, promoting = self._config_strike(node)
+                if strike is not None:
+                    # Healed after its interval whatever the promotion does: with 3 nodes a
+                    # struck leader leaves no majority, and the promotion waits for it.
+                    healer = threading.Thread(target=self._heal_later, args=(strike,),
+                                              name="window-heal", daemon=True)
+                    healer.start()
+                if promoting is not None:
+                    promoting.wait(PROMOTE_WAIT_S)  # it goes on at the next leader
             nemesis._rejoin(node)  # the promotion (if still due), at whichever node leads now
         finally:
-            if strike is not None:  # held its interval (at most), healed before we return
-                left = strike.started + nemesis.interval_s - time.monotonic()
-                nemesis._stop.wait(max(0.0, left))
+            if healer is not None:
+                healer.join()  # at most an interval from the strike
+            elif strike is not None:
                 nemesis._end(strike)
         return {"rejoined": node, "strike": strike.id if strike else None}
+
+    def _heal_later(self, strike: ActiveFault) -> None:
+        """Hold `strike` its interval (less if the run stops), then heal it."""
+        left = strike.started + self.nemesis.interval_s - time.monotonic()
+        self.nemesis._stop.wait(max(0.0, left))
+        self.nemesis._end(strike)
 
     # ----- snapshot transfers -------------------------------------------------------------
 
@@ -262,7 +277,7 @@ class Windows:
         leader, window = seen
         return self._strike(leader, window, lambda: self._still_learner(node, window))
 
-    def _config_strike(self, node: str) -> ActiveFault | None:
+    def _config_strike(self, node: str) -> tuple[ActiveFault | None, threading.Event]:
         """Promote `node` from a thread and strike the leader once it reports the CONFIG
         entry appended and not committed (`config_index` above `commit_index`)."""
         # Wait for the catch-up first: a promotion is refused (and retried) until then, and
@@ -299,19 +314,15 @@ class Windows:
 
         seen = self._wait(pending, OPEN_TIMEOUT_S, CONFIG_POLL_S)
         if not isinstance(seen, tuple):
-            done.wait(PROMOTE_WAIT_S)
             self.nemesis.record("nemesis-skip", {"fault": "member", "description":
                                 f"config-pending: {node}'s promotion committed before a poll "
                                 f"of the leader saw it pending" if seen else
                                 f"config-pending: no leader reported {node}'s promotion "
                                 f"pending within {OPEN_TIMEOUT_S:g} s"})
             self._tally("config-pending", False, aimed=False)
-            return None
+            return None, done
         leader, window = seen
-        try:
-            return self._strike(leader, window, lambda: self._uncommitted(leader, window, done))
-        finally:
-            done.wait(PROMOTE_WAIT_S)  # the promotion goes on at the next leader
+        return self._strike(leader, window, lambda: self._uncommitted(leader, window, done)), done
 
     def _caught_up(self, node: str) -> bool:
         leader = self._leader_fast()
