@@ -433,6 +433,8 @@ class Windows:
                                  "start-partition")
 
     def _tally(self, kind: str, landed: bool, aimed: bool = True) -> None:
+        if not aimed and self.nemesis._stop.is_set():
+            return  # the run ended the wait, not the store
         tally = self.counts.setdefault(kind, {"aimed": 0, "landed": 0, "not_seen": 0})
         if aimed:
             tally["aimed"] += 1

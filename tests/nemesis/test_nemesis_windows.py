@@ -104,7 +104,7 @@ def test_a_leader_kill_lands_inside_a_snapshot_transfer(tmp_path: Path) -> None:
     assert window["leader"] == strike["nodes"][0] != window["follower"]
     assert window["size"] > 10 * 64  # a transfer of many chunks
     assert strike["landed"] is True, strike["landed_evidence"]
-    assert windows.counts == {"snapshot-transfer": {"aimed": 1, "landed": 1}}
+    assert windows.counts == {"snapshot-transfer": {"aimed": 1, "landed": 1, "not_seen": 0}}
     assert not nemesis.errors
 
 
