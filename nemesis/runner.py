@@ -430,6 +430,10 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
     if run_info["crashed_nodes"]:
         _print(out, "nodes that crashed on their own: " + ", ".join(
             f"{c['node']} (exit {c['exit_code']})" for c in run_info["crashed_nodes"]))
+    if run_info.get("windows"):  # leader faults aimed at the store's windows
+        _print(out, "windows: " + "; ".join(
+            f"{kind} aimed {c['aimed']}, landed inside {c['landed']}, not seen {c['not_seen']}"
+            for kind, c in sorted(run_info["windows"].items())))
     if run_info["nemesis_errors"]:
         _print(out, f"nemesis errors ({len(run_info['nemesis_errors'])}): "
                     f"{run_info['nemesis_errors'][0]}")
