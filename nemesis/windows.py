@@ -168,16 +168,13 @@ class Windows:
         compacted = self._wait(lambda: self._compacted_past(last), LAG_TIMEOUT_S, LAG_POLL_S)
         nemesis._end(lag)
         if compacted is None:
-            nemesis.record("nemesis-skip", {"fault": kind, "description":
-                           f"snapshot-transfer: no leader compacted past {follower}'s index "
-                           f"{last} within {LAG_TIMEOUT_S:g} s"})
+            self._skip(kind, "snapshot-transfer", f"no leader compacted past {follower}'s "
+                       f"index {last} within {LAG_TIMEOUT_S:g} s", counted=False)
             return None
         seen = self._wait(lambda: self._sending_to(follower), OPEN_TIMEOUT_S)
         if seen is None:
-            nemesis.record("nemesis-skip", {"fault": kind, "description":
-                           f"snapshot-transfer: no leader reported a snapshot transfer to "
-                           f"{follower} within {OPEN_TIMEOUT_S:g} s of its return"})
-            self._tally("snapshot-transfer", False, aimed=False)
+            self._skip(kind, "snapshot-transfer", f"no leader reported a snapshot transfer "
+                       f"to {follower} within {OPEN_TIMEOUT_S:g} s of its return")
             return None
         leader_now, send = seen
         window = {"kind": "snapshot-transfer", "leader": leader_now, "follower": follower,
@@ -269,10 +266,8 @@ class Windows:
 
         seen = self._wait(catching_up, OPEN_TIMEOUT_S)
         if seen is None:
-            self.nemesis.record("nemesis-skip", {"fault": "member", "description":
-                                f"member-rejoin: no leader reported {node} catching up as a "
-                                f"learner within {OPEN_TIMEOUT_S:g} s"})
-            self._tally("member-rejoin", False, aimed=False)
+            self._skip("member", "member-rejoin", f"no leader reported {node} catching up "
+                       f"as a learner within {OPEN_TIMEOUT_S:g} s")
             return None
         leader, window = seen
         return self._strike(leader, window, lambda: self._still_learner(node, window))
@@ -314,12 +309,10 @@ class Windows:
 
         seen = self._wait(pending, OPEN_TIMEOUT_S, CONFIG_POLL_S)
         if not isinstance(seen, tuple):
-            self.nemesis.record("nemesis-skip", {"fault": "member", "description":
-                                f"config-pending: {node}'s promotion committed before a poll "
-                                f"of the leader saw it pending" if seen else
-                                f"config-pending: no leader reported {node}'s promotion "
-                                f"pending within {OPEN_TIMEOUT_S:g} s"})
-            self._tally("config-pending", False, aimed=False)
+            self._skip("member", "config-pending", f"{node}'s promotion committed before a "
+                       f"poll of the leader saw it pending" if seen else
+                       f"no leader reported {node}'s promotion pending within "
+                       f"{OPEN_TIMEOUT_S:g} s")
             return None, done
         leader, window = seen
         return self._strike(leader, window, lambda: self._uncommitted(leader, window, done)), done
@@ -432,9 +425,17 @@ class Windows:
                                               "cut": [list(link) for link in links]},
                                  "start-partition")
 
+    def _skip(self, fault: str, window: str, why: str, counted: bool = True) -> None:
+        """No strike: a `nemesis-skip` record saying why, and (`counted`) a window not seen.
+        A wait the run's end cut short says so, and is not counted."""
+        if self.nemesis._stop.is_set():
+            why, counted = "the run ended before the window opened", False
+        self.nemesis.record("nemesis-skip", {"fault": fault, "window": window,
+                                             "description": f"{window}: {why}"})
+        if counted:
+            self._tally(window, False, aimed=False)
+
     def _tally(self, kind: str, landed: bool, aimed: bool = True) -> None:
-        if not aimed and self.nemesis._stop.is_set():
-            return  # the run ended the wait, not the store
         tally = self.counts.setdefault(kind, {"aimed": 0, "landed": 0, "not_seen": 0})
         if aimed:
             tally["aimed"] += 1
