@@ -1,6 +1,6 @@
 """`python -m nemesis run|check|clean|report|serve|show`: the harness's command line.
 
-    python -m nemesis run --faults partition,kill --duration 120 [--nodes 5] [--workload kv]
+    python -m nemesis run --faults partition,kill|all --duration 120 [--nodes 5] [--workload kv]
         [--platform docker|local|sim] [--seed N] [--store DIR] [--concurrency N] [--rate N]
         [--interval S] [--read-consistency linearizable|stale] [--unsafe NAME]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
@@ -57,7 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="break a real cluster, record the history, check it")
     run.add_argument("--faults", default="partition,kill",
-                     help=f"comma list of {', '.join(FAULTS)} (default %(default)s)")
+                     help=f"comma list of {', '.join(FAULTS)}; or all: every kind the "
+                          f"platform runs (a note names those left out), dealt in rounds "
+                          f"led by a partition that isolates the leader. With kill, "
+                          f"partition or member (kv, local or docker) leader faults are "
+                          f"also aimed at snapshot transfers and member rejoins "
+                          f"(docs/nemesis.md, Windows) (default %(default)s)")
     run.add_argument("--duration", type=_positive(float), default=60.0, metavar="S",
                      help="seconds of workload under faults (default %(default)s)")
     run.add_argument("--interval", type=_positive(float), default=10.0, metavar="S",
@@ -182,14 +187,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
+    from nemesis.fault_mix import ALL, expand_all
     from nemesis.faults import MIN_NODES, parse_faults, unsupported
     from nemesis.platforms import choose
     from nemesis.platforms.base import PlatformUnavailable
     from nemesis.runner import RunConfig, run
     from nemesis.store import store_problem
 
+    faults_all = args.faults.strip() == ALL
+    note = ""
     try:
-        faults = parse_faults(args.faults)
+        if faults_all:  # every kind the platform runs; the auto-chosen one is known below
+            faults, note = expand_all(args.platform or "local")
+        elif ALL in (t.strip() for t in args.faults.split(",")):
+            raise ValueError("--faults all cannot be combined with other faults")
+        else:
+            faults = parse_faults(args.faults)
     except ValueError as exc:
         return _refuse(str(exc))
     for fault in faults:
@@ -219,6 +232,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return _refuse(str(exc))
     # The first line says where the nodes run and why.
     print(f"platform: {platform} ({reason})", flush=True)
+    if faults_all:
+        faults, note = expand_all(platform)
+    if note:
+        print(note, flush=True)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
     config = RunConfig(
         argv=["python", "-m", "nemesis", *argv], platform=platform, platform_reason=reason,
@@ -226,7 +243,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         workload=args.workload, seed=seed, store=args.store,
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
-        unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit)
+        unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit,
+        faults_all=faults_all)
     return run(config)
 
 

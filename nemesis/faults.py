@@ -210,6 +210,10 @@ class Nemesis:
         self.errors: list[str] = []
         self._next_id = 1
         self._decks: dict[str, list[str]] = {}
+        # Leader faults aimed at the store's windows (nemesis/windows.py), when attached.
+        self.windows: Any = None
+        # Kinds dealt from a deck led by the first (a --faults all run), else drawn uniformly.
+        self.deal_kinds = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -244,7 +248,11 @@ class Nemesis:
 
     def begin_next(self) -> ActiveFault | None:
         """Draw the next kind of fault and start it; None if it could not start."""
-        kind = self.rng.choice(self.faults)
+        kind = self._deal("kind", tuple(self.faults)) if self.deal_kinds else self.rng.choice(self.faults)
+        if self.windows is not None:
+            aimed = self._guarded(kind, lambda: self.windows.begin(kind))
+            if aimed is not False:
+                return aimed
         return self._guarded(kind, lambda: self._begin(kind))
 
     def end(self, fault: ActiveFault) -> None:
@@ -500,6 +508,8 @@ class Nemesis:
         self.platform.wipe(node)
 
         def heal() -> dict[str, Any]:
+            if self.windows is not None:  # a strike at the leader while it catches up
+                return self.windows.rejoin(node)
             self._rejoin(node)
             return {"rejoined": node}
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from histories.write import HistoryWriter
-from nemesis import check, report
+from nemesis import check, report, windows
 from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
@@ -63,9 +63,11 @@ class RunConfig:
     check_budget_s: float
     node_args: list[str] = field(default_factory=list)
     junit: Path | None = None  # --junit FILE: JUnit XML for CI (nemesis/report)
+    faults_all: bool = False  # --faults all: `faults` is its expansion, dealt from a deck
 
     def reproduce(self) -> str:
-        parts = ["python -m nemesis run", f"--faults {','.join(self.faults)}",
+        faults = "all" if self.faults_all else ",".join(self.faults)
+        parts = ["python -m nemesis run", f"--faults {faults}",
                  f"--duration {self.duration_s:g}", f"--interval {self.interval_s:g}",
                  f"--nodes {self.nodes}", f"--workload {self.workload}",
                  f"--platform {self.platform}", f"--seed {self.seed}"]
@@ -88,6 +90,8 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path) -> Platform:
         env[ALLOW_ENV_VAR] = "1"
     if any(f in FILE_FAULTS for f in config.faults) and "--snapshot-entries" not in node_args:
         node_args += ["--snapshot-entries", str(FILE_FAULT_SNAPSHOT_ENTRIES)]
+    # Leader faults aimed at snapshot transfers need transfers that happen, and last.
+    node_args += windows.node_args(config.faults, config.workload, config.platform, node_args)
     # lose-unsynced needs every node's data on a layer that holds writes until fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
                             node_args=tuple(node_args), env=env,
@@ -343,6 +347,9 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
                           interval_s=config.interval_s, record=record,
                           targets=workload if isinstance(workload, ProcessTargets) else None)
+        nemesis.deal_kinds = config.faults_all
+        if windows.aims_at_windows(config.faults, config.workload, config.platform):
+            run_info["windows"] = windows.Windows.attach(nemesis).counts
         workload.start(ctx)
         # The duration counts from a running workload (the trainer's containers take seconds
         # to start on a loaded engine, which ate the faults of a short run).
@@ -426,6 +433,10 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
     if run_info["crashed_nodes"]:
         _print(out, "nodes that crashed on their own: " + ", ".join(
             f"{c['node']} (exit {c['exit_code']})" for c in run_info["crashed_nodes"]))
+    if run_info.get("windows"):  # leader faults aimed at the store's windows
+        _print(out, "windows: " + "; ".join(
+            f"{kind} aimed {c['aimed']}, landed inside {c['landed']}, not seen {c['not_seen']}"
+            for kind, c in sorted(run_info["windows"].items())))
     if run_info["nemesis_errors"]:
         _print(out, f"nemesis errors ({len(run_info['nemesis_errors'])}): "
                     f"{run_info['nemesis_errors'][0]}")

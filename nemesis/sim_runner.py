@@ -353,6 +353,7 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
 
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
                           interval_s=config.interval_s, record=record)
+        nemesis.deal_kinds = config.faults_all
         clients = SimClients(workload, platform, history, config.seed)
         run = SimRun(platform, nemesis, clients, config.interval_s)
         try:

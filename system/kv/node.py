@@ -61,6 +61,7 @@ from system.kv.state_machine import (
     encode_put,
 )
 from system.kv.storage import DurableStorage
+from system.kv.transfers import SnapshotSends
 from system.kv.transport import Transport
 from system.raft.core import (
     MembershipChangeKind,
@@ -231,6 +232,7 @@ class Node:
         self.forwarder = Forwarder(config.node_id)  # requests sent on to the leader
         self.snapshots_installed = 0
         self.last_installed_snapshot_index = 0
+        self.snapshot_sends = SnapshotSends(config.node_id)  # as leader, for Status and logs
         self._write_waiters: dict[int, _WriteWaiter] = {}
         self._read_waiters: list[_ReadWaiter] = []  # heap by index
         # Linearizable reads that arrived since the drive task last ran: they share ONE
@@ -535,6 +537,7 @@ class Node:
                         await persisting
                     self._after_persist(ready, applied_early)
                     self.core.advance(ready)
+                    self.snapshot_sends.observe(self.core.snapshot_transfers())
                     self._sync_peers()
                     await self._maybe_snapshot()
             except Exception:

@@ -312,6 +312,14 @@ class KVService:
             vote_withheld=core.vote_withheld,
             member_addresses=self.node.member_addresses(),
             peer_transports=self.node.transport.describe(),
+            snapshots_sending=[
+                kv_pb2.SnapshotSend(peer=peer, index=index, offset=offset, size=size,
+                                    seconds=self.node.snapshot_sends.seconds(peer))
+                for peer, (index, offset, size) in sorted(core.snapshot_transfers().items())],
+            snapshots_sent=self.node.snapshot_sends.sent,
+            config_index=core.config_index,
+            lead_transferee=core.lead_transferee or "",
+            match_index={peer: p.match for peer, p in core.progress.items()},
         )
 
     async def change_membership(self, request: kv_pb2.ChangeMembershipRequest

@@ -464,6 +464,20 @@ class RaftCore:
         never campaigns and accepts no entries; a shell stops it (docs/raft.md)."""
         return self._diverged
 
+    @property
+    def config_index(self) -> int:
+        """Log index of the latest membership change (CONFIG entry) in our log, 0 if none:
+        the change is pending while it is above the commit index (thesis §4.1)."""
+        return self._config_index
+
+    def snapshot_transfers(self) -> dict[NodeId, tuple[int, int, int]]:
+        """Leader: the followers being sent a snapshot, each as (snapshot index, bytes
+        acknowledged so far, snapshot size); empty on any other node. Read-only, for
+        operators and test harnesses that want to see the transfer windows."""
+        size = len(self._snapshot_data)
+        return {peer: (p.pending_snapshot, p.snapshot_offset, size)
+                for peer, p in self.progress.items() if p.state is ProgressState.SNAPSHOT}
+
     def log_entries(self) -> tuple[Entry, ...]:
         """The entries held in memory after the snapshot point."""
         return tuple(self.log.entries)

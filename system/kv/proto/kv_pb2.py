@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18system/kv/proto/kv.proto\x12\x0cmanyasone.kv\"Q\n\x06Header\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x15\n\rapplied_index\x18\x03 \x01(\x04\x12\x11\n\tleader_id\x18\x04 \x01(\t\"p\n\nPutRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x04 \x01(\tB\x13\n\x11_expected_version\"U\n\x0bPutResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12$\n\x06header\x18\x03 \x01(\x0b\x32\x14.manyasone.kv.Header\"I\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12.\n\x0b\x63onsistency\x18\x02 \x01(\x0e\x32\x19.manyasone.kv.Consistency\"q\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\r\n\x05stale\x18\x04 \x01(\x08\x12$\n\x06header\x18\x05 \x01(\x0b\x32\x14.manyasone.kv.Header\"d\n\rDeleteRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x03 \x01(\tB\x13\n\x11_expected_version\"i\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07\x65xisted\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12$\n\x06header\x18\x04 \x01(\x0b\x32\x14.manyasone.kv.Header\"\x0f\n\rStatusRequest\"\xc5\x05\n\x0eStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\x05 \x01(\x04\x12\x15\n\rapplied_index\x18\x06 \x01(\x04\x12\x12\n\nlast_index\x18\x07 \x01(\x04\x12\x16\n\x0esnapshot_index\x18\x08 \x01(\x04\x12\x36\n\x05peers\x18\t \x03(\x0b\x32\'.manyasone.kv.StatusResponse.PeersEntry\x12\x1b\n\x13snapshots_installed\x18\n \x01(\x04\x12\x13\n\x0bunsafe_mode\x18\x0b \x01(\t\x12\x1b\n\x13last_snapshot_index\x18\x0c \x01(\x04\x12\x12\n\ncluster_id\x18\r \x01(\t\x12\x11\n\tmember_id\x18\x0e \x01(\t\x12\x0e\n\x06voters\x18\x0f \x03(\t\x12\x10\n\x08learners\x18\x10 \x03(\t\x12\x15\n\rvote_withheld\x18\x11 \x01(\t\x12K\n\x10member_addresses\x18\x12 \x03(\x0b\x32\x31.manyasone.kv.StatusResponse.MemberAddressesEntry\x12I\n\x0fpeer_transports\x18\x13 \x03(\x0b\x32\x30.manyasone.kv.StatusResponse.PeerTransportsEntry\x1a,\n\nPeersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x36\n\x14MemberAddressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x35\n\x13PeerTransportsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"a\n\x17\x43hangeMembershipRequest\x12\x0e\n\x06\x63hange\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\"q\n\x18\x43hangeMembershipResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0e\n\x06voters\x18\x02 \x03(\t\x12\x10\n\x08learners\x18\x03 \x03(\t\x12$\n\x06header\x18\x04 \x01(\x0b\x32\x14.manyasone.kv.Header\"J\n\x10IntroduceRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x11\n\tmember_id\x18\x03 \x01(\t\"\x94\x01\n\x11IntroduceResponse\x12\x0f\n\x07verdict\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08is_voter\x18\x03 \x01(\x08\x12\x12\n\nis_learner\x18\x04 \x01(\x08\x12\x12\n\nlast_index\x18\x05 \x01(\x04\x12\x12\n\ncluster_id\x18\x06 \x01(\t\x12\x0f\n\x07node_id\x18\x07 \x01(\t\"\xea\x01\n\x0eSessionRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\'\n\x03put\x18\x03 \x01(\x0b\x32\x18.manyasone.kv.PutRequestH\x00\x12\'\n\x03get\x18\x04 \x01(\x0b\x32\x18.manyasone.kv.GetRequestH\x00\x12-\n\x06\x64\x65lete\x18\x05 \x01(\x0b\x32\x1b.manyasone.kv.DeleteRequestH\x00\x12+\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x1a.manyasone.kv.SessionBatchH\x00\x42\t\n\x07request\"\x1e\n\x0cSessionBatch\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"i\n\x0cSessionError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07outcome\x18\x03 \x01(\t\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x16\n\x0eleader_address\x18\x05 \x01(\t\"\x88\x02\n\x0fSessionResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x03put\x18\x02 \x01(\x0b\x32\x19.manyasone.kv.PutResponseH\x00\x12(\n\x03get\x18\x03 \x01(\x0b\x32\x19.manyasone.kv.GetResponseH\x00\x12.\n\x06\x64\x65lete\x18\x04 \x01(\x0b\x32\x1c.manyasone.kv.DeleteResponseH\x00\x12+\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1a.manyasone.kv.SessionErrorH\x00\x12+\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x1a.manyasone.kv.SessionBatchH\x00\x42\n\n\x08response**\n\x0b\x43onsistency\x12\x10\n\x0cLINEARIZABLE\x10\x00\x12\t\n\x05STALE\x10\x01\x32\x83\x04\n\x02KV\x12:\n\x03Put\x12\x18.manyasone.kv.PutRequest\x1a\x19.manyasone.kv.PutResponse\x12:\n\x03Get\x12\x18.manyasone.kv.GetRequest\x1a\x19.manyasone.kv.GetResponse\x12\x43\n\x06\x44\x65lete\x12\x1b.manyasone.kv.DeleteRequest\x1a\x1c.manyasone.kv.DeleteResponse\x12\x43\n\x06Status\x12\x1b.manyasone.kv.StatusRequest\x1a\x1c.manyasone.kv.StatusResponse\x12\x61\n\x10\x43hangeMembership\x12%.manyasone.kv.ChangeMembershipRequest\x1a&.manyasone.kv.ChangeMembershipResponse\x12L\n\tIntroduce\x12\x1e.manyasone.kv.IntroduceRequest\x1a\x1f.manyasone.kv.IntroduceResponse\x12J\n\x07Session\x12\x1c.manyasone.kv.SessionRequest\x1a\x1d.manyasone.kv.SessionResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18system/kv/proto/kv.proto\x12\x0cmanyasone.kv\"Q\n\x06Header\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x15\n\rapplied_index\x18\x03 \x01(\x04\x12\x11\n\tleader_id\x18\x04 \x01(\t\"p\n\nPutRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x1d\n\x10\x65xpected_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x04 \x01(\tB\x13\n\x11_expected_version\"U\n\x0bPutResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12$\n\x06header\x18\x03 \x01(\x0b\x32\x14.manyasone.kv.Header\"I\n\nGetRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12.\n\x0b\x63onsistency\x18\x02 \x01(\x0e\x32\x19.manyasone.kv.Consistency\"q\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\r\n\x05stale\x18\x04 \x01(\x08\x12$\n\x06header\x18\x05 \x01(\x0b\x32\x14.manyasone.kv.Header\"d\n\rDeleteRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x1d\n\x10\x65xpected_version\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nrequest_id\x18\x03 \x01(\tB\x13\n\x11_expected_version\"i\n\x0e\x44\x65leteResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x0f\n\x07\x65xisted\x18\x02 \x01(\x08\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12$\n\x06header\x18\x04 \x01(\x0b\x32\x14.manyasone.kv.Header\"\x0f\n\rStatusRequest\"\xb9\x07\n\x0eStatusResponse\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x14\n\x0c\x63ommit_index\x18\x05 \x01(\x04\x12\x15\n\rapplied_index\x18\x06 \x01(\x04\x12\x12\n\nlast_index\x18\x07 \x01(\x04\x12\x16\n\x0esnapshot_index\x18\x08 \x01(\x04\x12\x36\n\x05peers\x18\t \x03(\x0b\x32\'.manyasone.kv.StatusResponse.PeersEntry\x12\x1b\n\x13snapshots_installed\x18\n \x01(\x04\x12\x13\n\x0bunsafe_mode\x18\x0b \x01(\t\x12\x1b\n\x13last_snapshot_index\x18\x0c \x01(\x04\x12\x12\n\ncluster_id\x18\r \x01(\t\x12\x11\n\tmember_id\x18\x0e \x01(\t\x12\x0e\n\x06voters\x18\x0f \x03(\t\x12\x10\n\x08learners\x18\x10 \x03(\t\x12\x15\n\rvote_withheld\x18\x11 \x01(\t\x12K\n\x10member_addresses\x18\x12 \x03(\x0b\x32\x31.manyasone.kv.StatusResponse.MemberAddressesEntry\x12I\n\x0fpeer_transports\x18\x13 \x03(\x0b\x32\x30.manyasone.kv.StatusResponse.PeerTransportsEntry\x12\x35\n\x11snapshots_sending\x18\x14 \x03(\x0b\x32\x1a.manyasone.kv.SnapshotSend\x12\x16\n\x0esnapshots_sent\x18\x15 \x01(\x04\x12\x14\n\x0c\x63onfig_index\x18\x16 \x01(\x04\x12\x17\n\x0flead_transferee\x18\x17 \x01(\t\x12\x41\n\x0bmatch_index\x18\x18 \x03(\x0b\x32,.manyasone.kv.StatusResponse.MatchIndexEntry\x1a,\n\nPeersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x36\n\x14MemberAddressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x35\n\x13PeerTransportsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x31\n\x0fMatchIndexEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"Z\n\x0cSnapshotSend\x12\x0c\n\x04peer\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04size\x18\x04 \x01(\x04\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\"a\n\x17\x43hangeMembershipRequest\x12\x0e\n\x06\x63hange\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0cpeer_address\x18\x04 \x01(\t\"q\n\x18\x43hangeMembershipResponse\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0e\n\x06voters\x18\x02 \x03(\t\x12\x10\n\x08learners\x18\x03 \x03(\t\x12$\n\x06header\x18\x04 \x01(\x0b\x32\x14.manyasone.kv.Header\"J\n\x10IntroduceRequest\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x0f\n\x07node_id\x18\x02 \x01(\t\x12\x11\n\tmember_id\x18\x03 \x01(\t\"\x94\x01\n\x11IntroduceResponse\x12\x0f\n\x07verdict\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08is_voter\x18\x03 \x01(\x08\x12\x12\n\nis_learner\x18\x04 \x01(\x08\x12\x12\n\nlast_index\x18\x05 \x01(\x04\x12\x12\n\ncluster_id\x18\x06 \x01(\t\x12\x0f\n\x07node_id\x18\x07 \x01(\t\"\xea\x01\n\x0eSessionRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x12\n\ntimeout_ms\x18\x02 \x01(\r\x12\'\n\x03put\x18\x03 \x01(\x0b\x32\x18.manyasone.kv.PutRequestH\x00\x12\'\n\x03get\x18\x04 \x01(\x0b\x32\x18.manyasone.kv.GetRequestH\x00\x12-\n\x06\x64\x65lete\x18\x05 \x01(\x0b\x32\x1b.manyasone.kv.DeleteRequestH\x00\x12+\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x1a.manyasone.kv.SessionBatchH\x00\x42\t\n\x07request\"\x1e\n\x0cSessionBatch\x12\x0e\n\x06\x66rames\x18\x01 \x03(\x0c\"i\n\x0cSessionError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07outcome\x18\x03 \x01(\t\x12\x11\n\tleader_id\x18\x04 \x01(\t\x12\x16\n\x0eleader_address\x18\x05 \x01(\t\"\x88\x02\n\x0fSessionResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12(\n\x03put\x18\x02 \x01(\x0b\x32\x19.manyasone.kv.PutResponseH\x00\x12(\n\x03get\x18\x03 \x01(\x0b\x32\x19.manyasone.kv.GetResponseH\x00\x12.\n\x06\x64\x65lete\x18\x04 \x01(\x0b\x32\x1c.manyasone.kv.DeleteResponseH\x00\x12+\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x1a.manyasone.kv.SessionErrorH\x00\x12+\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x1a.manyasone.kv.SessionBatchH\x00\x42\n\n\x08response**\n\x0b\x43onsistency\x12\x10\n\x0cLINEARIZABLE\x10\x00\x12\t\n\x05STALE\x10\x01\x32\x83\x04\n\x02KV\x12:\n\x03Put\x12\x18.manyasone.kv.PutRequest\x1a\x19.manyasone.kv.PutResponse\x12:\n\x03Get\x12\x18.manyasone.kv.GetRequest\x1a\x19.manyasone.kv.GetResponse\x12\x43\n\x06\x44\x65lete\x12\x1b.manyasone.kv.DeleteRequest\x1a\x1c.manyasone.kv.DeleteResponse\x12\x43\n\x06Status\x12\x1b.manyasone.kv.StatusRequest\x1a\x1c.manyasone.kv.StatusResponse\x12\x61\n\x10\x43hangeMembership\x12%.manyasone.kv.ChangeMembershipRequest\x1a&.manyasone.kv.ChangeMembershipResponse\x12L\n\tIntroduce\x12\x1e.manyasone.kv.IntroduceRequest\x1a\x1f.manyasone.kv.IntroduceResponse\x12J\n\x07Session\x12\x1c.manyasone.kv.SessionRequest\x1a\x1d.manyasone.kv.SessionResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,8 +37,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSRESPONSE_MEMBERADDRESSESENTRY']._serialized_options = b'8\001'
   _globals['_STATUSRESPONSE_PEERTRANSPORTSENTRY']._loaded_options = None
   _globals['_STATUSRESPONSE_PEERTRANSPORTSENTRY']._serialized_options = b'8\001'
-  _globals['_CONSISTENCY']._serialized_start=2538
-  _globals['_CONSISTENCY']._serialized_end=2580
+  _globals['_STATUSRESPONSE_MATCHINDEXENTRY']._loaded_options = None
+  _globals['_STATUSRESPONSE_MATCHINDEXENTRY']._serialized_options = b'8\001'
+  _globals['_CONSISTENCY']._serialized_start=2874
+  _globals['_CONSISTENCY']._serialized_end=2916
   _globals['_HEADER']._serialized_start=42
   _globals['_HEADER']._serialized_end=123
   _globals['_PUTREQUEST']._serialized_start=125
@@ -56,29 +58,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_start=725
   _globals['_STATUSREQUEST']._serialized_end=740
   _globals['_STATUSRESPONSE']._serialized_start=743
-  _globals['_STATUSRESPONSE']._serialized_end=1452
-  _globals['_STATUSRESPONSE_PEERSENTRY']._serialized_start=1297
-  _globals['_STATUSRESPONSE_PEERSENTRY']._serialized_end=1341
-  _globals['_STATUSRESPONSE_MEMBERADDRESSESENTRY']._serialized_start=1343
-  _globals['_STATUSRESPONSE_MEMBERADDRESSESENTRY']._serialized_end=1397
-  _globals['_STATUSRESPONSE_PEERTRANSPORTSENTRY']._serialized_start=1399
-  _globals['_STATUSRESPONSE_PEERTRANSPORTSENTRY']._serialized_end=1452
-  _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_start=1454
-  _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_end=1551
-  _globals['_CHANGEMEMBERSHIPRESPONSE']._serialized_start=1553
-  _globals['_CHANGEMEMBERSHIPRESPONSE']._serialized_end=1666
-  _globals['_INTRODUCEREQUEST']._serialized_start=1668
-  _globals['_INTRODUCEREQUEST']._serialized_end=1742
-  _globals['_INTRODUCERESPONSE']._serialized_start=1745
-  _globals['_INTRODUCERESPONSE']._serialized_end=1893
-  _globals['_SESSIONREQUEST']._serialized_start=1896
-  _globals['_SESSIONREQUEST']._serialized_end=2130
-  _globals['_SESSIONBATCH']._serialized_start=2132
-  _globals['_SESSIONBATCH']._serialized_end=2162
-  _globals['_SESSIONERROR']._serialized_start=2164
-  _globals['_SESSIONERROR']._serialized_end=2269
-  _globals['_SESSIONRESPONSE']._serialized_start=2272
-  _globals['_SESSIONRESPONSE']._serialized_end=2536
-  _globals['_KV']._serialized_start=2583
-  _globals['_KV']._serialized_end=3098
+  _globals['_STATUSRESPONSE']._serialized_end=1696
+  _globals['_STATUSRESPONSE_PEERSENTRY']._serialized_start=1490
+  _globals['_STATUSRESPONSE_PEERSENTRY']._serialized_end=1534
+  _globals['_STATUSRESPONSE_MEMBERADDRESSESENTRY']._serialized_start=1536
+  _globals['_STATUSRESPONSE_MEMBERADDRESSESENTRY']._serialized_end=1590
+  _globals['_STATUSRESPONSE_PEERTRANSPORTSENTRY']._serialized_start=1592
+  _globals['_STATUSRESPONSE_PEERTRANSPORTSENTRY']._serialized_end=1645
+  _globals['_STATUSRESPONSE_MATCHINDEXENTRY']._serialized_start=1647
+  _globals['_STATUSRESPONSE_MATCHINDEXENTRY']._serialized_end=1696
+  _globals['_SNAPSHOTSEND']._serialized_start=1698
+  _globals['_SNAPSHOTSEND']._serialized_end=1788
+  _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_start=1790
+  _globals['_CHANGEMEMBERSHIPREQUEST']._serialized_end=1887
+  _globals['_CHANGEMEMBERSHIPRESPONSE']._serialized_start=1889
+  _globals['_CHANGEMEMBERSHIPRESPONSE']._serialized_end=2002
+  _globals['_INTRODUCEREQUEST']._serialized_start=2004
+  _globals['_INTRODUCEREQUEST']._serialized_end=2078
+  _globals['_INTRODUCERESPONSE']._serialized_start=2081
+  _globals['_INTRODUCERESPONSE']._serialized_end=2229
+  _globals['_SESSIONREQUEST']._serialized_start=2232
+  _globals['_SESSIONREQUEST']._serialized_end=2466
+  _globals['_SESSIONBATCH']._serialized_start=2468
+  _globals['_SESSIONBATCH']._serialized_end=2498
+  _globals['_SESSIONERROR']._serialized_start=2500
+  _globals['_SESSIONERROR']._serialized_end=2605
+  _globals['_SESSIONRESPONSE']._serialized_start=2608
+  _globals['_SESSIONRESPONSE']._serialized_end=2872
+  _globals['_KV']._serialized_start=2919
+  _globals['_KV']._serialized_end=3434
 # @@protoc_insertion_point(module_scope)

@@ -97,7 +97,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index", "cluster_id", "member_id", "voters", "learners", "vote_withheld", "member_addresses", "peer_transports")
+    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index", "cluster_id", "member_id", "voters", "learners", "vote_withheld", "member_addresses", "peer_transports", "snapshots_sending", "snapshots_sent", "config_index", "lead_transferee", "match_index")
     class PeersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -119,6 +119,13 @@ class StatusResponse(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class MatchIndexEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +145,11 @@ class StatusResponse(_message.Message):
     VOTE_WITHHELD_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     PEER_TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_SENDING_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_SENT_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LEAD_TRANSFEREE_FIELD_NUMBER: _ClassVar[int]
+    MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     term: int
@@ -157,7 +169,26 @@ class StatusResponse(_message.Message):
     vote_withheld: str
     member_addresses: _containers.ScalarMap[str, str]
     peer_transports: _containers.ScalarMap[str, str]
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., member_id: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., vote_withheld: _Optional[str] = ..., member_addresses: _Optional[_Mapping[str, str]] = ..., peer_transports: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    snapshots_sending: _containers.RepeatedCompositeFieldContainer[SnapshotSend]
+    snapshots_sent: int
+    config_index: int
+    lead_transferee: str
+    match_index: _containers.ScalarMap[str, int]
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., member_id: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., vote_withheld: _Optional[str] = ..., member_addresses: _Optional[_Mapping[str, str]] = ..., peer_transports: _Optional[_Mapping[str, str]] = ..., snapshots_sending: _Optional[_Iterable[_Union[SnapshotSend, _Mapping]]] = ..., snapshots_sent: _Optional[int] = ..., config_index: _Optional[int] = ..., lead_transferee: _Optional[str] = ..., match_index: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class SnapshotSend(_message.Message):
+    __slots__ = ("peer", "index", "offset", "size", "seconds")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    index: int
+    offset: int
+    size: int
+    seconds: float
+    def __init__(self, peer: _Optional[str] = ..., index: _Optional[int] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class ChangeMembershipRequest(_message.Message):
     __slots__ = ("change", "node_id", "address", "peer_address")

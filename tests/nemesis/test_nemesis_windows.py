@@ -1,0 +1,115 @@
+"""Leader faults aimed at the store's windows (nemesis/windows.py), and `--faults all`.
+
+The slow test runs three real nodes with a write load, lets the nemesis create a snapshot
+transfer (a follower kept away until the leader compacts past it) and checks that the
+leader fault it fires is recorded as aimed at that transfer and landing inside it, with
+the leader's own report of the transfer. Tiny chunks (64 bytes) make the transfer last
+hundreds of round trips, so landing does not depend on spare CPU; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nemesis.fault_mix import expand_all
+from nemesis.faults import FAULTS, Nemesis
+from nemesis.platforms.base import ClusterConfig
+from tests.nemesis.test_nemesis_schedule import FakePlatform
+from tests.nemesis.waiting import wait_until
+
+
+def test_all_on_sim_leaves_out_what_the_simulator_cannot_run_and_says_why() -> None:
+    kinds, note = expand_all("sim")
+    assert kinds == ["partition", "kill", "pause", "packet", "lose-unsynced", "kill-all"]
+    for left in ("member", "truncate", "bitflip", "wipe-wal"):
+        assert left in note
+    assert "identity" in note and "records, not bytes" in note
+
+
+def test_all_on_docker_is_every_fault_but_none() -> None:
+    kinds, note = expand_all("docker")
+    assert kinds == [f for f in FAULTS if f != "none"] and note == ""
+
+
+def test_dealt_kinds_give_every_kind_once_per_round_led_by_partition() -> None:
+    platform = FakePlatform(5)
+    kinds = ["partition", "kill", "pause", "packet"]
+    nemesis = Nemesis(platform, kinds, seed=7, interval_s=0.01, record=lambda f, v: None)
+    nemesis.deal_kinds = True
+    drawn = []
+    for _ in range(3 * len(kinds)):
+        fault = nemesis.begin_next()
+        assert fault is not None
+        drawn.append(fault.kind)
+        nemesis.end(fault)
+    rounds = [drawn[i:i + len(kinds)] for i in range(0, len(drawn), len(kinds))]
+    assert all(r[0] == "partition" and sorted(r) == sorted(kinds) for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # shuffled, not a fixed order
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_leader_kill_lands_inside_a_snapshot_transfer(tmp_path: Path) -> None:
+    from nemesis.platforms.local import LocalPlatform
+    from nemesis.windows import Windows
+
+    config = ClusterConfig(nodes=3, run_id="windows-test", work_dir=tmp_path,
+                           node_args=("--snapshot-entries", "200", "--snapshot-chunk-bytes", "64"))
+    events: list[tuple[str, dict[str, Any]]] = []
+    stop = threading.Event()
+    with LocalPlatform(config) as platform:
+        platform.start()
+        wait_until(platform.ready, 60, "a leader with every node up", platform.describe)
+        nemesis = Nemesis(platform, ["kill"], seed=1, interval_s=1.0,
+                          record=lambda f, v: events.append((f, v)))
+        windows = Windows.attach(nemesis)
+
+        def write() -> None:  # enough entries for the leader to compact past the follower
+            from system.kv.client import KVClient
+
+            with KVClient(list(platform.client_addresses.values()), timeout_s=5) as kv:
+                i = 0
+                while not stop.is_set():
+                    # A leader change fails a put: the next one finds the new leader.
+                    with contextlib.suppress(Exception):
+                        kv.put(f"k{i % 300}", b"v" * 40)
+                    i += 1
+
+        writers = [threading.Thread(target=write, daemon=True) for _ in range(3)]
+        for w in writers:
+            w.start()
+        try:
+            fault = nemesis.begin_next()  # the first kill of a round aims at a transfer
+            assert fault is not None, f"no strike; nemesis said: {events}"
+            nemesis.end(fault)
+        finally:
+            stop.set()
+            for w in writers:
+                w.join(15)
+            nemesis.heal_everything()
+    lag = [v for f, v in events if v.get("target") == "snapshot-lag"]
+    strikes = [v for f, v in events if "window" in v]
+    assert len(lag) == 1 and len(strikes) == 1, events
+    assert ("restart", lag[0]["id"]) in [(f, v.get("id")) for f, v in events]  # came back
+    strike = strikes[0]
+    window = strike["window"]
+    assert strike["fault"] == "kill" and strike["target"] == "leader"
+    assert window["kind"] == "snapshot-transfer" and window["follower"] == lag[0]["nodes"][0]
+    assert window["lag_fault"] == lag[0]["id"]
+    assert window["leader"] == strike["nodes"][0] != window["follower"]
+    assert window["size"] > 10 * 64  # a transfer of many chunks
+    assert strike["landed"] is True, strike["landed_evidence"]
+    assert windows.counts == {"snapshot-transfer": {"aimed": 1, "landed": 1, "not_seen": 0}}
+    assert not nemesis.errors
+
+
+def test_all_cannot_be_combined_with_other_faults(capsys) -> None:
+    from nemesis.cli import main
+
+    assert main(["run", "--faults", "all,kill", "--platform", "sim", "--duration", "5"]) == 3
+    assert "--faults all cannot be combined" in capsys.readouterr().err
