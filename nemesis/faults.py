@@ -193,8 +193,8 @@ class Nemesis:
         if "coordinator" in roles:
             self.shapes = (*self.shapes, PROCESS_PARTITION, REPLY_LOST)
         windows = getattr(targets, "target_windows", None)
-        self.windows: tuple[str, ...] = tuple(windows()) if windows is not None else ()
-        self.windows_missing = list(self.windows)  # not yet hit, in the order to try them
+        self.process_windows: tuple[str, ...] = tuple(windows()) if windows is not None else ()
+        self.windows_missing = list(self.process_windows)  # not yet hit, in the order to try them
         self._window_turn = 0  # process faults drawn since every window was hit
         self.windows_hit: dict[str, int] = {}
         self.active: dict[int, ActiveFault] = {}
@@ -211,7 +211,7 @@ class Nemesis:
         self._next_id = 1
         self._decks: dict[str, list[str]] = {}
         # Leader faults aimed at the store's windows (nemesis/windows.py), when attached.
-        self.windows: Any = None
+        self.leader_windows: Any = None
         # Kinds dealt from a deck led by the first (a --faults all run), else drawn uniformly.
         self.deal_kinds = False
         self._lock = threading.Lock()
@@ -249,8 +249,8 @@ class Nemesis:
     def begin_next(self) -> ActiveFault | None:
         """Draw the next kind of fault and start it; None if it could not start."""
         kind = self._deal("kind", tuple(self.faults)) if self.deal_kinds else self.rng.choice(self.faults)
-        if self.windows is not None:
-            aimed = self._guarded(kind, lambda: self.windows.begin(kind))
+        if self.leader_windows is not None:
+            aimed = self._guarded(kind, lambda: self.leader_windows.begin(kind))
             if aimed is not False:
                 return aimed
         return self._guarded(kind, lambda: self._begin(kind))
@@ -272,7 +272,7 @@ class Nemesis:
     # ----- faults ----------------------------------------------------------------------
 
     def _begin(self, kind: str) -> ActiveFault | None:
-        if kind in WINDOW_KINDS and self.windows and self._window_due():
+        if kind in WINDOW_KINDS and self.process_windows and self._window_due():
             return self._window_fault(kind)
         if kind == "partition":
             return self._partition()
@@ -329,7 +329,7 @@ class Nemesis:
         if self.windows_missing:
             window = self.windows_missing[0]
         else:
-            window = self.windows[(self._window_turn // 2) % len(self.windows)]
+            window = self.process_windows[(self._window_turn // 2) % len(self.process_windows)]
         found = self.targets.window_fault(window, kind)
         if found is None:
             self.record("nemesis-skip", {"fault": kind, "window": window,
@@ -508,8 +508,8 @@ class Nemesis:
         self.platform.wipe(node)
 
         def heal() -> dict[str, Any]:
-            if self.windows is not None:  # a strike at the leader while it catches up
-                return self.windows.rejoin(node)
+            if self.leader_windows is not None:  # a strike at the leader while it catches up
+                return self.leader_windows.rejoin(node)
             self._rejoin(node)
             return {"rejoined": node}
 

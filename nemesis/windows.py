@@ -90,8 +90,8 @@ class Windows:
 
     @classmethod
     def attach(cls, nemesis: Nemesis) -> Windows:
-        nemesis.windows = cls(nemesis)
-        return nemesis.windows
+        nemesis.leader_windows = cls(nemesis)
+        return nemesis.leader_windows
 
     # ----- called by the Nemesis ----------------------------------------------------------
 
