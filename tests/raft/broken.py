@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from system.kv.state_machine import KVStateMachine
-from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready, Role
+from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Role
 from system.raft.messages import Message, MessageType
 from system.raft.types import SnapshotMeta
 from system.sim.clients import Attempt, ClientOp
@@ -134,8 +134,8 @@ class SkipsFsync(NodeShell):
     sending, so a power loss can take back a vote or an entry already promised to a
     candidate or a leader (Raft Figure 2: respond only after persisting)."""
 
-    def persist(self, ready: Ready) -> None:
-        super().persist(replace(ready, must_sync=False))
+    def skips_fsync(self) -> bool:
+        return True
 
 
 # -- the state machine ------------------------------------------------------------------
