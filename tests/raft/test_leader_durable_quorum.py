@@ -13,21 +13,10 @@ from __future__ import annotations
 
 from system.raft.core import RaftCore, Ready, Role
 from system.raft.messages import MessageType
+from tests.raft.broken import CountsUnsyncedOwnEntries
 from tests.raft.test_core import Pump
 
 MT = MessageType
-
-
-class CountsUnsyncedOwnEntries(RaftCore):
-    """Broken: the leader counts every entry of its log towards the commit quorum, as if
-    it were durable the moment it was appended (the pre-§10.2.1 rule, unsafe once APPENDs
-    leave before the leader's own fsync)."""
-
-    def quorum_match_index(self) -> int:
-        matches = [p.match for p in self.progress.values()]
-        matches.append(self.log.last_index())
-        matches.sort(reverse=True)
-        return matches[self.quorum - 1]
 
 
 def leader_sends_before_its_fsync_and_crashes(core_class: type[RaftCore]) -> tuple[int, int, int]:
