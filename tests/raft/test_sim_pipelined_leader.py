@@ -11,9 +11,15 @@ commit anyway; the safety monitor sees the "committed" entry lost. With the old 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
+
 from system.raft.messages import MessageType
+from system.sim import swarm
 from system.sim.invariants import Rule
 from system.sim.simulation import Simulation
+from system.sim.swarm import run_seed
 from system.sim.unsafe import COUNTS_UNSYNCED_SELF
 from system.sim.variant import SimVariant
 
@@ -87,3 +93,21 @@ def test_persist_then_send_hides_the_canary() -> None:
     """Without the pipelined ordering the window does not exist: the canary passes."""
     sim = power_loss_in_the_window(COUNTS_UNSYNCED_SELF, pipeline=False)
     assert sim.violations == []
+
+
+CAUGHT_SEED = 2309  # the first of 2301-2340 whose randomized run catches the canary
+
+
+@pytest.mark.slow
+def test_the_randomized_run_catches_the_canary_only_in_the_pipelined_ordering(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    canary = run_seed(CAUGHT_SEED, COUNTS_UNSYNCED_SELF, record_trace=False)
+    assert canary.swarm.pipeline
+    assert Rule.LEADER_COMPLETENESS in {v.rule for v in canary.violations}, canary.violations
+    safe = run_seed(CAUGHT_SEED, record_trace=False)
+    assert safe.ok and safe.linearizability == "valid", safe.violations
+    # The same seed with the old order (persist, then send) for every Ready: not caught.
+    drawn = swarm.draw_swarm
+    monkeypatch.setattr(swarm, "draw_swarm", lambda seed: replace(drawn(seed), pipeline=False))
+    old_order = run_seed(CAUGHT_SEED, COUNTS_UNSYNCED_SELF, record_trace=False)
+    assert old_order.ok, old_order.violations
