@@ -10,6 +10,11 @@ Time: one Raft tick is `TICK_S` of simulated time (the real node's default tick)
 `advance()` first delivers what is on the wire — oldest first, replies included, as on a
 loopback network that is fast next to a tick — then ticks every running, unpaused node.
 
+A leader's Ready goes as on the real node (`Simulation(pipeline=True)`, system/sim/shell.py):
+its APPENDs leave before its own fsync, and when that fsync returns is drawn from the seed
+(`FSYNC_CHANCE_PER_DELIVERY` before each delivery, `FSYNC_CHANCE_PER_TICK` at the end of a
+tick), so followers may answer first and a fault may land while it is pending.
+
 The fault vocabulary maps onto the simulator:
 - `cut(src, dst)` / `heal_link`: one direction of a link stops carrying messages (in
   flight ones are lost), as the proxies and iptables rules do;
@@ -41,6 +46,10 @@ TICK_S = 0.02  # simulated seconds per Raft tick (the real node's tick_ms is 20)
 TICK_NS = int(TICK_S * 1e9)
 MAX_DELIVERIES_PER_TICK = 20_000  # a bound: a healthy 9-node cluster needs far fewer
 COMPACT_EVERY_ENTRIES = 500  # snapshots happen in a run of any length, chunks included
+# The chance that a leader's pending fsync returns before the next delivery, and at the end
+# of a tick: most return within a few messages, some outlast a tick (a slow disk).
+FSYNC_CHANCE_PER_DELIVERY = 0.3
+FSYNC_CHANCE_PER_TICK = 0.5
 
 
 class SimPlatform(Platform):
@@ -58,10 +67,11 @@ class SimPlatform(Platform):
         raft_config.setdefault("eager_commit", False)
         self.sim = Simulation(node_count=config.nodes, seed=seed, variant=variant,
                               compact_every_entries=compact_every_entries,
-                              record_trace=record_trace, **raft_config)
+                              record_trace=record_trace, pipeline=True, **raft_config)
         self.paused: set[str] = set()  # membership only; node order comes from node_ids
         self.loss: dict[tuple[str, str], float] = {}
         self.rng = random.Random(f"sim-platform:{seed}:loss")
+        self.fsync_rng = random.Random(f"sim-platform:{seed}:fsync")
         # Nodes whose core refused what their disk holds at a restart (after a power loss,
         # a store that skipped fsync): down, as a real node that exits 3, with the reason.
         self.refused: dict[str, str] = {}
@@ -82,6 +92,7 @@ class SimPlatform(Platform):
     def advance(self) -> None:
         """One tick of simulated time: deliver what is on the wire, then tick the nodes."""
         self.deliver_pending()
+        self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_TICK)
         running = [n for n in self.sim.alive() if n not in self.paused]
         if running:
             self.sim.tick_nodes(running)
@@ -94,6 +105,7 @@ class SimPlatform(Platform):
         sim, paused = self.sim, self.paused
         moved = 0
         while moved < MAX_DELIVERIES_PER_TICK:
+            self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_DELIVERY)
             flight = next((f for f in sim.network.in_flight.values()
                            if f.message.dst not in paused), None)
             if flight is None:
@@ -105,6 +117,13 @@ class SimPlatform(Platform):
             else:
                 sim.deliver_flight(flight)
         return moved
+
+    def maybe_finish_fsyncs(self, chance: float) -> None:
+        """Each running node's pending fsync returns now with this chance (seeded). A
+        paused process cannot act on its fsync's return until resumed."""
+        for node in self.sim.persisting():
+            if node not in self.paused and self.fsync_rng.random() < chance:
+                self.sim.finish_persist(node)
 
     # ----- lifecycle ---------------------------------------------------------------------
 

@@ -15,6 +15,11 @@ Canaries (see docs/kv-node.md):
 - `skips-fsync`: writes each Ready to the WAL but never fsyncs it before acknowledging,
   sending or voting. A process crash keeps the page cache and loses nothing; a power loss
   (the `lose-unsynced` fault) drops what was acknowledged.
+- `counts-unsynced-self`: the leader counts its own copy of an entry towards the commit
+  quorum as soon as the entry is in its log, before its own fsync of it has returned
+  (docs/raft.md, "The leader writes its log in parallel with replicating it"). The node
+  sends its APPENDs before that fsync, so a follower's answer can make the entry
+  "committed" while one node of three holds it durably.
 
 What it must never do: be reachable without both the flag and the environment variable.
 """
@@ -26,13 +31,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from system.kv.state_machine import DeleteCommand, DeleteResult, PutResult, decode_command
+from system.raft.core import RaftCore
 from system.raft.types import Entry, EntryKind
 
 if TYPE_CHECKING:
     from system.kv.node import Node
 
 ALLOW_ENV_VAR = "MAO_ALLOW_UNSAFE"
-CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync")
+CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync",
+            "counts-unsynced-self")
 
 
 class UnsafeRefused(RuntimeError):
@@ -55,6 +62,9 @@ class UnsafeMode:
 
     def skips_fsync(self) -> bool:
         return False
+
+    def core_class(self) -> type[RaftCore]:
+        return RaftCore
 
 
 class AckBeforeCommit(UnsafeMode):
@@ -133,11 +143,37 @@ class SkipsFsync(UnsafeMode):
         return True
 
 
+class _CountsUnsyncedSelfCore(RaftCore):
+    """WRONG: the leader's own log counts towards the commit quorum up to its last entry,
+    not up to `durable_index` (what the shell has reported fsynced with `advance`)."""
+
+    def quorum_match_index(self) -> int:
+        voters = self.membership.voters
+        matches = [p.match for peer, p in self.progress.items() if peer in voters]
+        if self.id in voters:
+            matches.append(self.log.last_index())
+        matches.sort(reverse=True)
+        return matches[self.quorum - 1] if len(matches) >= self.quorum else 0
+
+
+class CountsUnsyncedSelf(UnsafeMode):
+    """WRONG: a leader counts its own copy of an entry towards a commit before its fsync
+    of it returned. Its APPENDs leave before that fsync (thesis §10.2.1), so one
+    follower's answer "commits" an entry only that follower holds durably; a power loss
+    of the leader then loses an entry the leader already counted as committed."""
+
+    name = "counts-unsynced-self"
+
+    def core_class(self) -> type[RaftCore]:
+        return _CountsUnsyncedSelfCore
+
+
 _MODES: dict[str, type[UnsafeMode]] = {
     AckBeforeCommit.name: AckBeforeCommit,
     StaleRead.name: StaleRead,
     NoDedup.name: NoDedup,
     SkipsFsync.name: SkipsFsync,
+    CountsUnsyncedSelf.name: CountsUnsyncedSelf,
 }
 
 

@@ -3,7 +3,7 @@
 What it is for: a randomized run (system/sim/swarm.py) or a harness run on the simulator
 (nemesis/sim_runner.py) records, with `Simulation.schedule = []`, each action it took:
 deliver, drop or duplicate a message, tick some nodes, cut, partition or heal links, crash
-or restart a node, invoke a client operation, submit it to a node, time it out, give it
+or restart a node, complete a leader's pending fsync (the pipelined ordering), invoke a client operation, submit it to a node, time it out, give it
 up, change the membership. `play` replays a list of `Step`s on a fresh simulation, so a
 failing run can be shrunk (system/sim/shrink.py) by replaying fewer steps; `to_code`
 writes a schedule as the named calls on `Simulation` that a test in the style of
@@ -74,6 +74,8 @@ class Step:
             return "partition " + " | ".join(",".join(g) for g in a[0])
         if self.kind == "heal_link":
             return f"heal {a[0]}->{a[1]}"
+        if self.kind == "fsync":
+            return f"{a[0]}'s pending fsync completes"
         if self.kind == "crash":
             return f"crash {a[0]}{' losing unsynced writes' if a[1] else ''}"
         if self.kind == "invoke":
@@ -182,6 +184,13 @@ class Replay:
         self.sim.crash(node, lose_unsynced=lose_unsynced)
         return True
 
+    def fsync(self, node: str) -> bool:
+        """`node`'s pending fsync completes, if it has one."""
+        if self.sim.nodes[node].persisting is None:
+            return False
+        self.sim.finish_persist(node)
+        return True
+
     def restart(self, node: str) -> bool:
         if self.sim.nodes[node].alive:
             return False
@@ -258,8 +267,8 @@ def play_step(replay: Replay, step: Step) -> bool:
         op, f, key, value, expected, process, request_id, stale, retry = a
         return replay.invoke(op, f, key, value, expected, process=process,
                              request_id=request_id, stale=stale, retry=retry)
-    if step.kind in ("cut", "heal", "heal_link", "crash", "restart", "membership", "submit",
-                     "time_out", "give_up"):
+    if step.kind in ("cut", "heal", "heal_link", "crash", "restart", "fsync", "membership",
+                     "submit", "time_out", "give_up"):
         return getattr(replay, step.kind)(*a)
     raise ValueError(f"unknown step kind {step.kind!r}")
 

@@ -3,8 +3,21 @@
 What it is for: it carries out each Ready in order (persist to its `FakeDisk`, send into
 the network, restore snapshots, apply committed entries to the replicated state machine),
 serves ReadIndex reads once applied, answers waiting clients, compacts, then calls
-`advance`, and reports everything to the simulation's `SafetyMonitor`. What it must never
-do: acknowledge a write before its entry is committed and applied.
+`advance`, and reports everything to the simulation's `SafetyMonitor`.
+
+Two orderings, as the real node (system/kv/node.py `_drive_forever`) has them:
+- persist, then send (always for followers and candidates, and for every Ready when the
+  simulation's `pipeline` is off): the Ready is written and fsynced before anything leaves;
+- pipelined (`pipeline` on, a leader's Ready with `messages_before_persist` that must be
+  fsynced): the leader's APPENDs leave at once, the Ready is written to the disk's page
+  cache, and its fsync completes later, when the schedule says so (`finish_persist`,
+  `Simulation.finish_persist`). Meanwhile the core takes messages, ticks and proposals,
+  but no further Ready is taken, exactly as the node awaits its storage thread; a crash
+  in between loses the pending Ready (a power loss also loses what it wrote). Committed
+  entries already durable here may be applied while the fsync runs, as the node does.
+
+What it must never do: acknowledge a write before its entry is committed and applied, or
+send a vote or an answer before what it promises is fsynced.
 """
 
 from __future__ import annotations
@@ -42,6 +55,9 @@ class NodeShell:
         self.write_waiters: dict[int, list[tuple[int, ClientOp, Attempt]]] = {}
         self.read_waiters: dict[bytes, tuple[ClientOp, Attempt]] = {}  # ReadIndex pending
         self.reads_to_serve: list[tuple[int, ClientOp, Attempt]] = []  # confirmed, by index
+        # A leader's Ready whose APPENDs left before its fsync, which has not completed yet
+        # (pipelined ordering), and whether its committed entries were applied already.
+        self.persisting: tuple[Ready, bool] | None = None
 
     @property
     def alive(self) -> bool:
@@ -70,6 +86,7 @@ class NodeShell:
 
     def crash(self, lose_unsynced: bool) -> None:
         self.core = None
+        self.persisting = None  # its fsync never completes; the write stays in the page cache
         self.disk.crash(lose_unsynced)
         for waiters in self.write_waiters.values():
             for _, op, attempt in waiters:
@@ -84,28 +101,83 @@ class NodeShell:
     # -- carrying out Readies ----------------------------------------------------------------
 
     def after_input(self) -> None:
-        """Called after every input to the core: drain its Readies, then report to the
-        monitor."""
+        """Called after every input to the core: drain its Readies (none while a pipelined
+        Ready's fsync is pending: the node takes Readies one at a time), then report to
+        the monitor."""
         core = self.core
         assert core is not None
-        while core.has_ready():
+        while self.persisting is None and core.has_ready():
             ready = core.ready()
+            if self.sim.pipeline and ready.messages_before_persist and ready.must_sync:
+                self.start_pipelined(ready)
+                break
             self.handle_ready(ready)
-            core.advance(ready)
-            self.serve_reads()
-            self.maybe_compact()
+            self.finish_ready(ready)
         self.sim.monitor.observe(
             self.node_id, core.role.value, core.term, core.commit_index, core.status().last_index
         )
 
+    def finish_ready(self, ready: Ready) -> None:
+        core = self.core
+        assert core is not None
+        core.advance(ready)
+        self.serve_reads()
+        self.maybe_compact()
+
     def handle_ready(self, ready: Ready) -> None:
+        """Persist, then send: the whole Ready, in the contract's order."""
         self.persist(ready)
+        self.after_persist(ready)
+        self.report(ready)
+        for message in ready.messages:
+            self.sim.send(message)
+        self.apply_ready(ready)
+
+    def start_pipelined(self, ready: Ready) -> None:
+        """The node's order for a leader's Ready: apply what is already durable and
+        committed, send the APPENDs, write the Ready; its fsync completes later."""
+        applied_early = self.may_apply_before_persist(ready)
+        if applied_early:
+            self.apply_ready(ready)
+            self.serve_reads()
+        for message in ready.messages_before_persist:
+            self.sim.send(message)
+        self.write(ready)
+        self.persisting = (ready, applied_early)
+        self.sim.record(f"{self.node_id} fsync of {len(ready.entries)} entries pending")
+
+    def finish_persist(self) -> None:
+        """The pending fsync returned: the rest of the Ready, `advance`, then the next."""
+        assert self.persisting is not None
+        ready, applied_early = self.persisting
+        self.persisting = None
+        self.sync(ready)
+        self.after_persist(ready)
+        self.report(ready)
+        for message in ready.messages_after_persist:
+            self.sim.send(message)
+        if not applied_early:
+            self.apply_ready(ready)
+        self.finish_ready(ready)
+        self.after_input()
+
+    def may_apply_before_persist(self, ready: Ready) -> bool:
+        """The node's `_may_apply_before_persist`: no snapshot, and every committed entry
+        at or below the core's durable index (committed on a majority and durable here)."""
+        core = self.core
+        assert core is not None
+        committed = ready.committed_entries
+        return ready.snapshot is None and (
+            not committed or committed[-1].index <= core.durable_index)
+
+    def report(self, ready: Ready) -> None:
         for warning in ready.warnings:
             self.sim.record(f"warning {self.node_id}: {warning}")
         for error in ready.errors:
             self.sim.record(f"error {self.node_id}: {error}")
-        for message in ready.messages:
-            self.sim.send(message)
+
+    def apply_ready(self, ready: Ready) -> None:
+        """Steps 3-4 of a Ready: restore a received snapshot, apply, hand out reads."""
         if ready.snapshot is not None:
             self.restore_snapshot(ready.snapshot, ready.snapshot_data)
         for entry in ready.committed_entries:
@@ -120,6 +192,15 @@ class NodeShell:
                 self.sim.attempt_refused(waiter[0], waiter[1], f"{self.node_id} lost leadership")
 
     def persist(self, ready: Ready) -> None:
+        self.write(ready)
+        self.sync(ready)
+
+    def after_persist(self, ready: Ready) -> None:
+        """Once the Ready is persisted, before anything else of it (a canary's seam, where
+        the node calls its unsafe `after_persist` hook)."""
+
+    def write(self, ready: Ready) -> None:
+        """Step 1 without its fsync: what the OS's page cache holds once written."""
         disk, monitor = self.disk, self.sim.monitor
         if ready.hard_state is not None:
             disk.write_hard_state(ready.hard_state)
@@ -132,8 +213,10 @@ class NodeShell:
             except ValueError as error:
                 monitor.violate(Rule.STORAGE, f"{self.node_id}: {error}")
             monitor.persisted_entries(self.node_id, ready.entries)
+
+    def sync(self, ready: Ready) -> None:
         if ready.must_sync and not self.skips_fsync():
-            disk.sync()
+            self.disk.sync()
 
     def skips_fsync(self) -> bool:
         """Whether this node's persist leaves the Ready unsynced (the skips-fsync canary)."""

@@ -18,7 +18,9 @@ Each node runs a shell like the real one: it takes the core's `Ready`, writes it
 with `lose_unsynced=True` loses), fsyncs when told, sends the messages into the
 `FakeNetwork`, applies committed entries to its `Replica` (the store's own state
 machine, system/kv/state_machine.py), serves ReadIndex reads once applied, answers
-waiting clients, then calls `advance`. Every event is one line of `trace`; `trace_hash()` fingerprints a run, and
+waiting clients, then calls `advance`. With `pipeline=True` a leader's Ready goes as the
+real node's does: its APPENDs leave before its own fsync, which completes only when the
+caller (or `step`) says `finish_persist(node)`; a crash before that loses it. Every event is one line of `trace`; `trace_hash()` fingerprints a run, and
 the same seed always gives the same hash. A `SafetyMonitor` sees every persisted and
 applied entry and the core's role/term/commit after every input, and records violations
 of Raft's safety properties; the clients' operations form a Jepsen-style history that
@@ -93,6 +95,7 @@ class Simulation:
         compact_every_entries: int = 0,
         record_trace: bool = True,
         spare_nodes: int = 0,
+        pipeline: bool = False,
         **config: object,
     ) -> None:
         if node_count < 1:
@@ -103,8 +106,12 @@ class Simulation:
         self.settings: dict[str, object] = {
             "node_count": node_count, "seed": seed,
             "compact_every_entries": compact_every_entries, "spare_nodes": spare_nodes,
-            **config,
+            **({"pipeline": True} if pipeline else {}), **config,
         }
+        # The real node's ordering for a leader (docs/raft.md, thesis §10.2.1): its APPENDs
+        # leave before its own fsync, which completes at `finish_persist` (system/sim/shell.py).
+        # Off: every Ready is fsynced before its messages leave.
+        self.pipeline = pipeline
         # When a list: every action taken on the simulation from outside is appended as a
         # `Step`, so a run can be replayed and shrunk (system/sim/schedule.py, shrink.py).
         self.schedule: list[Step] | None = None
@@ -507,6 +514,22 @@ class Simulation:
         self.count_fault("restart")
         shell.start()
 
+    def persisting(self) -> list[NodeId]:
+        """Nodes whose pipelined Ready's fsync has not completed yet, in node order."""
+        return [n for n in self.node_ids if self.nodes[n].persisting is not None]
+
+    def finish_persist(self, node: NodeId) -> None:
+        """`node`'s pending fsync completes (the pipelined ordering, system/sim/shell.py):
+        it sends the rest of that Ready, applies, `advance`s, and takes its next Ready."""
+        self._check_nodes([node])
+        shell = self.nodes[node]
+        if shell.persisting is None:
+            raise ValueError(f"{node} has no fsync pending")
+        self._note("fsync", node)
+        self._begin_step()
+        self.record(f"fsync done {node}")
+        shell.finish_persist()
+
     def tick(self, node: NodeId | None = None, times: int = 1) -> None:
         """Advance logical time by `times` ticks on `node`, or on every live node."""
         for _ in range(times):
@@ -538,6 +561,10 @@ class Simulation:
                 self._begin_step()
                 self._deliver(flight)
                 return
+        persisting = self.persisting()
+        if persisting:
+            self.finish_persist(persisting[0])
+            return
         self.tick()
 
     def run_until(
@@ -578,7 +605,11 @@ class Simulation:
                 return delivered
             flight = next((f for f in self.network.in_flight.values() if f.id not in held), None)
             if flight is None:
-                return delivered
+                persisting = self.persisting()
+                if not persisting:
+                    return delivered
+                self.finish_persist(persisting[0])  # an fsync is not time passing
+                continue
             self._begin_step()
             self._deliver(flight)
         raise SimulationStuck(f"messages still flowing after {max_messages} deliveries")

@@ -7,7 +7,8 @@ never crash, others crash and partition often with a perfect network (swarm test
 diverse runs find more bugs than one "average" mix). `run_seed` then plays:
 
 1. a safety phase of `safety_steps` random steps: deliver a random (or the oldest)
-   message, lose or duplicate it, tick, partition / cut one way / heal, crash (with or
+   message, lose or duplicate it, complete a leader's pending fsync (when the seed
+   pipelines a leader's Readies as the real node does), tick, partition / cut one way / heal, crash (with or
    without losing unsynced writes), restart, and let clients put / cas / get (stale or
    linearizable), retrying with the same request id, timing out into `info`;
 2. a liveness phase: heal everything, restart every crashed node, stop injecting faults;
@@ -103,6 +104,14 @@ class Swarm:
     # deliverable, so rules about stale messages from older terms get exercised.
     hold_probability: float = 0.0
     hold_steps: int = 0
+    # The real node's ordering for a leader's Ready (system/sim/shell.py): its APPENDs
+    # leave before its own fsync, which completes with this chance per step; off, every
+    # Ready is fsynced before anything leaves (own rng: the other settings are unchanged).
+    pipeline: bool = False
+    fsync_probability: float = 0.0
+    # Per step while a leader's fsync is pending: it crashes in that window (mostly a power
+    # loss), the moment its APPENDs are out and its own copy is not yet on disk.
+    window_crash_probability: float = 0.0
 
     def line(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.__dict__.items())
@@ -121,7 +130,12 @@ def draw_swarm(seed: int) -> Swarm:
     hold_rng = random.Random(f"raft-sim:{seed}:hold")
     hold_on = hold_rng.random() < 0.4
     commit_rng = random.Random(f"raft-sim:{seed}:commit")
+    pipeline_rng = random.Random(f"raft-sim:{seed}:pipeline")
+    pipeline_on = pipeline_rng.random() < 0.7
     return Swarm(
+        pipeline=pipeline_on,
+        fsync_probability=pipeline_rng.choice((0.05, 0.2, 0.6)) if pipeline_on else 0.0,
+        window_crash_probability=pipeline_rng.choice((0.0, 0.02, 0.1)) if pipeline_on else 0.0,
         eager_commit=commit_rng.random() < 0.5,
         pre_vote=config_rng.random() < 0.7,
         check_quorum=config_rng.random() < 0.7,
@@ -202,6 +216,9 @@ class SwarmRun:
         self.safety_steps = safety_steps
         self.liveness_steps = liveness_steps
         self.rng = random.Random(f"raft-sim:{seed}:schedule")
+        # When pending fsyncs complete: its own rng, so a seed without pipelining plays
+        # the schedule it played before pipelining existed.
+        self.fsync_rng = random.Random(f"raft-sim:{seed}:fsync")
         self.sim = Simulation(
             node_count=swarm.node_count,
             seed=seed,
@@ -216,6 +233,7 @@ class SwarmRun:
             pre_vote=swarm.pre_vote,
             check_quorum=swarm.check_quorum,
             eager_commit=swarm.eager_commit,
+            pipeline=swarm.pipeline,
         )
         self.sim.record(f"swarm {swarm.line()}")
         self.clients = [_Client(self.sim.new_process()) for _ in range(swarm.clients)]
@@ -236,6 +254,8 @@ class SwarmRun:
             self.liveness_phase()
             if not sim.violations:
                 self.final_reads()
+            while sim.persisting():  # the end checks compare each disk with its core
+                sim.finish_persist(sim.persisting()[0])
         except Exception as error:  # noqa: BLE001 -- any escape is a finding, with its seed
             last = "\n".join(sim.trace[-5:])
             sim.monitor.violate(
@@ -333,6 +353,16 @@ class SwarmRun:
     def random_step(self) -> None:
         sim, swarm, rng = self.sim, self.swarm, self.rng
         self.drive_clients()
+        persisting = sim.persisting() if swarm.pipeline else []
+        if persisting:
+            roll = self.fsync_rng.random()
+            if roll < swarm.fsync_probability:
+                sim.finish_persist(self.fsync_rng.choice(persisting))
+                return
+            if self.faults_on and roll < swarm.fsync_probability + swarm.window_crash_probability:
+                sim.crash(self.fsync_rng.choice(persisting),
+                          lose_unsynced=self.fsync_rng.random() < 0.7)
+                return
         roll = rng.random()
         if self.faults_on:
             fault_budget = (

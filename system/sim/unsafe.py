@@ -5,7 +5,10 @@ simulated store the way `--unsafe NAME` breaks a real node, so the harness's can
 holds on the simulator too. Two canaries are the store's own hooks, called where the real
 node calls them: `no-dedup` (`request_id_for_proposal` drops the request id) and
 `stale-read` (`skips_read_barrier`: linearizable reads served from local state), and
-`skips-fsync` (`skips_fsync`: a Ready persisted without its fsync). The fourth,
+`skips-fsync` (`skips_fsync`: a Ready persisted without its fsync), and
+`counts-unsynced-self` (`core_class`: a leader's core that counts its own unsynced entries
+towards a commit; caught only where a Ready is pipelined, `Simulation(pipeline=True)`). The
+other,
 `ack-before-commit`, needs the node's internals in the store, so it is written again here
 for the simulator's shell: a write is answered once the leader's own log holds it, with the
 result its entry will have if the log commits as it stands.
@@ -17,7 +20,15 @@ of deliberately wrong simulator code for the store's canaries is in this module.
 from __future__ import annotations
 
 from system.kv.state_machine import PutCommand, decode_command
-from system.kv.unsafe import CANARIES, AckBeforeCommit, NoDedup, SkipsFsync, StaleRead, UnsafeMode
+from system.kv.unsafe import (
+    CANARIES,
+    AckBeforeCommit,
+    CountsUnsyncedSelf,
+    NoDedup,
+    SkipsFsync,
+    StaleRead,
+    UnsafeMode,
+)
 from system.raft.core import Ready
 from system.raft.types import EntryKind
 from system.sim.clients import ClientOp
@@ -39,6 +50,9 @@ class _CanaryShell(NodeShell):
 
     def skips_fsync(self) -> bool:
         return self.mode.skips_fsync()
+
+    def may_apply_before_persist(self, ready: Ready) -> bool:
+        return False  # the node never applies early in an unsafe mode
 
 
 class NoDedupShell(_CanaryShell):
@@ -71,13 +85,22 @@ class StaleReadShell(_CanaryShell):
     mode = StaleRead()
 
 
+class CountsUnsyncedSelfShell(_CanaryShell):
+    """WRONG (counts-unsynced-self): the leader counts its own entry towards a commit
+    before its fsync returns (the variant's core); the shell is the node's."""
+
+    mode = CountsUnsyncedSelf()
+
+
 class AckBeforeCommitShell(NodeShell):
     """WRONG (ack-before-commit): answers a write once the leader persisted it to its own
     log, before a majority holds it. The answer replays the unapplied entries on the keys'
     versions, so without faults it is right; a deposed or crashed leader loses it."""
 
-    def persist(self, ready: Ready) -> None:
-        super().persist(ready)
+    def may_apply_before_persist(self, ready: Ready) -> bool:
+        return False  # the node never applies early in an unsafe mode
+
+    def after_persist(self, ready: Ready) -> None:
         core = self.core
         if core is None or not ready.entries:
             return
@@ -118,6 +141,9 @@ _VARIANTS = {
                              description=NoDedupShell.__doc__ or ""),
     SkipsFsync.name: SimVariant("skips-fsync", shell_class=SkipsFsyncShell,
                                 description=SkipsFsyncShell.__doc__ or ""),
+    CountsUnsyncedSelf.name: SimVariant(
+        "counts-unsynced-self", core_class=CountsUnsyncedSelf().core_class(),
+        shell_class=CountsUnsyncedSelfShell, description=CountsUnsyncedSelf.__doc__ or ""),
 }
 assert tuple(_VARIANTS) == CANARIES, "every store canary has a simulator variant"
 # By name, for `python -m system.sim --variant system.sim.unsafe:NO_DEDUP`.
@@ -125,6 +151,7 @@ ACK_BEFORE_COMMIT = _VARIANTS[AckBeforeCommit.name]
 STALE_READ = _VARIANTS[StaleRead.name]
 NO_DEDUP = _VARIANTS[NoDedup.name]
 SKIPS_FSYNC = _VARIANTS[SkipsFsync.name]
+COUNTS_UNSYNCED_SELF = _VARIANTS[CountsUnsyncedSelf.name]
 
 
 def variant_for(canary: str) -> SimVariant:

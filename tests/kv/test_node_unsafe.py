@@ -20,7 +20,8 @@ pytestmark = pytest.mark.integration
 UNSAFE_ENV = {"MAO_ALLOW_UNSAFE": "1"}
 
 
-@pytest.mark.parametrize("name", ["ack-before-commit", "stale-read", "no-dedup", "skips-fsync"])
+@pytest.mark.parametrize("name", ["ack-before-commit", "stale-read", "no-dedup", "skips-fsync",
+                                  "counts-unsynced-self"])
 def test_unsafe_mode_is_refused_without_the_environment_variable(tmp_path, name: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "MAO_ALLOW_UNSAFE"}
     env["PYTHONPATH"] = str(REPO_ROOT)

@@ -48,12 +48,14 @@ def test_same_seed_same_history_byte_for_byte_and_a_valid_complete_run_folder(
 @pytest.mark.slow
 @pytest.mark.parametrize("canary", ["ack-before-commit", "stale-read", "no-dedup"])
 def test_every_store_canary_is_caught_on_the_simulator(tmp_path: Path, canary: str) -> None:
+    # Seed 4: since a leader's fsync runs in the background (issue 21) seed 5 no longer
+    # catches no-dedup (VALID); seeds 2, 3, 4, 6 and 7 do, seed 1 does not.
     out = io.StringIO()
     from nemesis.runner import RunConfig, run
 
     config = RunConfig(argv=[], platform="sim", platform_reason="test",
                        faults=["partition", "kill", "pause", "packet"], duration_s=40,
-                       interval_s=2, nodes=5, workload="kv", seed=5, store=tmp_path / "store",
+                       interval_s=2, nodes=5, workload="kv", seed=4, store=tmp_path / "store",
                        concurrency=10, rate=100, op_timeout_s=3, read_consistency="linearizable",
                        unsafe=canary, check_budget_s=30)
     assert run(config, out=out) == 1, out.getvalue()

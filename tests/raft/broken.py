@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from system.kv.state_machine import KVStateMachine
-from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Ready, Role
+from system.raft.core import CampaignKind, NotLeader, ProposalDropped, RaftCore, Role
 from system.raft.messages import Message, MessageType
 from system.raft.types import SnapshotMeta
 from system.sim.clients import Attempt, ClientOp
@@ -105,6 +105,19 @@ class InstallsSnapshotByIndexOnly(_WithoutLocalAssertions):
         super().install_snapshot(meta, data)
 
 
+class CountsUnsyncedOwnEntries(RaftCore):
+    """Broken: the leader counts every entry of its log towards the commit quorum, as if
+    it were durable the moment it was appended (the pre-§10.2.1 rule, unsafe once APPENDs
+    leave before the leader's own fsync). The simulator sees it only in its pipelined
+    ordering (`Simulation(pipeline=True)`), where a leader's APPENDs do leave first."""
+
+    def quorum_match_index(self) -> int:
+        matches = [p.match for p in self.progress.values()]
+        matches.append(self.log.last_index())
+        matches.sort(reverse=True)
+        return matches[self.quorum - 1]
+
+
 # -- the shell --------------------------------------------------------------------------
 
 
@@ -134,8 +147,8 @@ class SkipsFsync(NodeShell):
     sending, so a power loss can take back a vote or an entry already promised to a
     candidate or a leader (Raft Figure 2: respond only after persisting)."""
 
-    def persist(self, ready: Ready) -> None:
-        super().persist(replace(ready, must_sync=False))
+    def skips_fsync(self) -> bool:
+        return True
 
 
 # -- the state machine ------------------------------------------------------------------
@@ -180,6 +193,10 @@ ACKNOWLEDGES_AT_APPEND = SimVariant(
 SKIPS_FSYNC = SimVariant(
     "skips-fsync", shell_class=SkipsFsync, description=SkipsFsync.__doc__ or ""
 )
+COUNTS_UNSYNCED_OWN_ENTRIES = SimVariant(
+    "counts-unsynced-own-entries", core_class=CountsUnsyncedOwnEntries,
+    description=CountsUnsyncedOwnEntries.__doc__ or "",
+)
 IGNORES_REQUEST_IDS = SimVariant(
     "ignores-request-ids", state_machine_class=IgnoresRequestIds,
     description=IgnoresRequestIds.__doc__ or "",
@@ -196,6 +213,7 @@ ALL = {
     "ACKNOWLEDGES_AT_APPEND": ACKNOWLEDGES_AT_APPEND,
     "SKIPS_FSYNC": SKIPS_FSYNC,
     "IGNORES_REQUEST_IDS": IGNORES_REQUEST_IDS,
+    "COUNTS_UNSYNCED_OWN_ENTRIES": COUNTS_UNSYNCED_OWN_ENTRIES,
 }
 
 

@@ -13,21 +13,10 @@ from __future__ import annotations
 
 from system.raft.core import RaftCore, Ready, Role
 from system.raft.messages import MessageType
+from tests.raft.broken import CountsUnsyncedOwnEntries
 from tests.raft.test_core import Pump
 
 MT = MessageType
-
-
-class CountsUnsyncedOwnEntries(RaftCore):
-    """Broken: the leader counts every entry of its log towards the commit quorum, as if
-    it were durable the moment it was appended (the pre-§10.2.1 rule, unsafe once APPENDs
-    leave before the leader's own fsync)."""
-
-    def quorum_match_index(self) -> int:
-        matches = [p.match for p in self.progress.values()]
-        matches.append(self.log.last_index())
-        matches.sort(reverse=True)
-        return matches[self.quorum - 1]
 
 
 def leader_sends_before_its_fsync_and_crashes(core_class: type[RaftCore]) -> tuple[int, int, int]:
@@ -108,3 +97,17 @@ def test_votes_and_responses_wait_for_persistence_only_leader_replication_goes_e
         assert sorted(map(id, r.messages)) == sorted(
             map(id, r.messages_before_persist + r.messages_after_persist)
         )
+
+
+def test_the_store_canary_counts_unsynced_self_is_this_broken_rule() -> None:
+    """`--unsafe counts-unsynced-self` (system/kv/unsafe.py) runs a core that breaks
+    exactly this rule: the same exchange declares the lost write committed."""
+    from system.kv.unsafe import unsafe_mode
+
+    mode = unsafe_mode("counts-unsynced-self", {"MAO_ALLOW_UNSAFE": "1"})
+    assert mode is not None
+    index, commit_before_crash, term_at_index = leader_sends_before_its_fsync_and_crashes(
+        mode.core_class()
+    )
+    assert commit_before_crash >= index
+    assert term_at_index > 1
