@@ -215,7 +215,9 @@ class Node:
         )
         # The core's only randomness (election timeouts) comes from this seeded instance.
         seed = int.from_bytes(os.urandom(8), "big")
-        self.core = RaftCore(raft_config, random.Random(seed), restored)
+        # A canary may name a broken core (system/raft/unsafe.py); else the real one.
+        core_class = unsafe.core_class if unsafe is not None else RaftCore
+        self.core = core_class(raft_config, random.Random(seed), restored)
         if identity is not None and identity.state != STATE_MEMBER:
             # A new data directory: until the peers confirm that this node id is not a
             # voter they know under another incarnation, it must not vote (it may have

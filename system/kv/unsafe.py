@@ -15,6 +15,9 @@ Canaries (see docs/kv-node.md):
 - `skips-fsync`: writes each Ready to the WAL but never fsyncs it before acknowledging,
   sending or voting. A process crash keeps the page cache and loses nothing; a power loss
   (the `lose-unsynced` fault) drops what was acknowledged.
+- every broken Raft core of system/raft/unsafe.py (`votes-twice`, `commits-old-term-entries`,
+  ...): the node builds its core from that class (`UnsafeMode.core_class`) and runs the
+  real shell around it.
 
 What it must never do: be reachable without both the flag and the environment variable.
 """
@@ -26,13 +29,17 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from system.kv.state_machine import DeleteCommand, DeleteResult, PutResult, decode_command
+from system.raft.core import RaftCore
 from system.raft.types import Entry, EntryKind
+from system.raft.unsafe import VARIANTS as CORE_VARIANTS
 
 if TYPE_CHECKING:
     from system.kv.node import Node
 
 ALLOW_ENV_VAR = "MAO_ALLOW_UNSAFE"
-CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync")
+STORE_CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync")
+# Every name `--unsafe` takes, for the node and for `python -m nemesis run`: one list.
+CANARIES = (*STORE_CANARIES, *CORE_VARIANTS)
 
 
 class UnsafeRefused(RuntimeError):
@@ -43,6 +50,7 @@ class UnsafeMode:
     """Hooks a node calls when an unsafe mode is on; each canary overrides one."""
 
     name = ""
+    core_class: type[RaftCore] = RaftCore  # the Raft core the node builds
 
     def request_id_for_proposal(self, request_id: str) -> str:
         return request_id
@@ -133,6 +141,15 @@ class SkipsFsync(UnsafeMode):
         return True
 
 
+class BrokenCore(UnsafeMode):
+    """WRONG: the node's Raft core is a broken variant (system/raft/unsafe.py); the rest of
+    the node is the real one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.core_class = CORE_VARIANTS[name]
+
+
 _MODES: dict[str, type[UnsafeMode]] = {
     AckBeforeCommit.name: AckBeforeCommit,
     StaleRead.name: StaleRead,
@@ -150,11 +167,11 @@ def unsafe_mode(name: str | None, environ: dict[str, str] | None = None) -> Unsa
     if not name:
         return None
     env = os.environ if environ is None else environ
-    if name not in _MODES:
+    if name not in CANARIES:
         raise ValueError(f"unknown unsafe mode {name!r}; known canaries: {', '.join(CANARIES)}")
     if env.get(ALLOW_ENV_VAR) != "1":
         raise UnsafeRefused(
             f"refusing to start with --unsafe {name}: this mode deliberately breaks safety "
             f"and exists only to test the test harness. Set {ALLOW_ENV_VAR}=1 in the "
             f"environment if that is really what you want.")
-    return _MODES[name]()
+    return _MODES[name]() if name in _MODES else BrokenCore(name)
