@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         for faults in mixes:
             runs = []
             for seed in _seeds(args.seeds):
-                r = one_run(args.platform, faults, seed, args.duration, args.nodes, unsafe,
-                            args.store, log, interval=args.interval)
+                try:
+                    r = one_run(args.platform, faults, seed, args.duration, args.nodes, unsafe,
+                                args.store, log, interval=args.interval)
+                except subprocess.TimeoutExpired as exc:  # a starved machine: say so, go on
+                    r = {"code": "timeout", "wall_s": exc.timeout, "first_violation_s": None}
                 runs.append(r)
                 print(f"[{time.monotonic() - started:6.0f}s] {unsafe or 'safe'} {faults} seed "
                       f"{seed}: exit {r['code']} ({r['wall_s']:.0f} s)"
