@@ -38,7 +38,6 @@ from system.raft.unsafe import (  # noqa: F401 - re-exported for the tests
     TruncatesWithoutAConflict,
     VotesAfterLosingEntries,
     VotesTwice,
-    _WithoutLocalAssertions,
 )
 from system.sim import unsafe as sim_unsafe
 from system.sim.clients import Attempt, ClientOp
