@@ -17,6 +17,7 @@ refused with one line before anything starts).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from collections.abc import Sequence
@@ -85,8 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="deadline of one operation (default %(default)s)")
     run.add_argument("--read-consistency", choices=("linearizable", "stale"), default="linearizable")
     run.add_argument("--unsafe", choices=(*CANARIES, *TRAINER_CANARIES), default=None,
-                     help="TEST THE HARNESS: run every node (store canaries) or every trainer "
-                          "coordinator (trainer canaries, --workload trainer) deliberately broken")
+                     metavar="NAME",
+                     help="TEST THE HARNESS: run every node (store canaries and broken Raft "
+                          "cores; a broken core needs MAO_ALLOW_UNSAFE=1) or every trainer "
+                          "coordinator (trainer canaries, --workload trainer) deliberately "
+                          "broken; one of: " + ", ".join((*CANARIES, *TRAINER_CANARIES)))
     run.add_argument("--check-budget-s", type=_positive(float), default=60.0, metavar="S",
                      help="linearizability search budget per key (default %(default)s)")
     run.add_argument("--junit", type=Path, default=None, metavar="FILE",
@@ -209,8 +213,16 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.nodes < MIN_NODES[fault]:
             return _refuse(f"--faults {fault} needs at least {MIN_NODES[fault]} nodes "
                            f"(a majority must be able to survive it); --nodes is {args.nodes}")
+    from system.kv.unsafe import ALLOW_ENV_VAR
+    from system.raft.unsafe import VARIANTS as CORE_VARIANTS
     from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
 
+    # A broken Raft core (system/raft/unsafe.py) runs only when the person asks twice: by
+    # name and in the environment, as `serve --unsafe` demands of a node.
+    if args.unsafe in CORE_VARIANTS and os.environ.get(ALLOW_ENV_VAR) != "1":
+        return _refuse(f"refusing --unsafe {args.unsafe}: it runs a deliberately broken Raft "
+                       f"core to test the harness; set {ALLOW_ENV_VAR}=1 if that is really "
+                       f"what you want")
     if args.unsafe in TRAINER_CANARIES and args.workload != "trainer":
         return _refuse(f"--unsafe {args.unsafe} is a trainer canary; it needs --workload trainer")
     if args.platform is not None and (problem := unsupported(faults, args.platform)):

@@ -29,6 +29,7 @@ from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
 from system.kv.unsafe import ALLOW_ENV_VAR
 from system.kv.unsafe import CANARIES as STORE_CANARIES
+from system.raft.unsafe import VARIANTS as CORE_VARIANTS
 from workloads.base import ProcessTargets, RunContext, Workload, WorkloadError
 from workloads.kv import KVWorkload
 
@@ -306,7 +307,9 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     test = test_map(config, run_id, workload)
     _print(out, f"run folder: {run_dir}")
     if config.unsafe:
-        who = "every node runs" if config.unsafe in STORE_CANARIES else "every trainer coordinator runs"
+        who = ("every trainer coordinator runs" if config.unsafe not in STORE_CANARIES
+               else "every node runs a Raft core" if config.unsafe in CORE_VARIANTS
+               else "every node runs")
         _print(out, f"canary: {who} deliberately broken (--unsafe {config.unsafe})")
     if config.platform == "sim":
         from nemesis.sim_runner import run_sim

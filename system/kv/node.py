@@ -216,7 +216,8 @@ class Node:
         )
         # The core's only randomness (election timeouts) comes from this seeded instance.
         seed = int.from_bytes(os.urandom(8), "big")
-        core_class = RaftCore if unsafe is None else unsafe.core_class()
+        # A canary may name a broken core (system/raft/unsafe.py); else the real one.
+        core_class = unsafe.core_class if unsafe is not None else RaftCore
         self.core = core_class(raft_config, random.Random(seed), restored)
         if identity is not None and identity.state != STATE_MEMBER:
             # A new data directory: until the peers confirm that this node id is not a

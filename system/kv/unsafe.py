@@ -20,6 +20,9 @@ Canaries (see docs/kv-node.md):
   (docs/raft.md, "The leader writes its log in parallel with replicating it"). The node
   sends its APPENDs before that fsync, so a follower's answer can make the entry
   "committed" while one node of three holds it durably.
+- every broken Raft core of system/raft/unsafe.py (`votes-twice`, `commits-old-term-entries`,
+  ...): the node builds its core from that class (`UnsafeMode.core_class`) and runs the
+  real shell around it.
 
 What it must never do: be reachable without both the flag and the environment variable.
 """
@@ -33,13 +36,16 @@ from typing import TYPE_CHECKING
 from system.kv.state_machine import DeleteCommand, DeleteResult, PutResult, decode_command
 from system.raft.core import RaftCore
 from system.raft.types import Entry, EntryKind
+from system.raft.unsafe import VARIANTS as CORE_VARIANTS
 
 if TYPE_CHECKING:
     from system.kv.node import Node
 
 ALLOW_ENV_VAR = "MAO_ALLOW_UNSAFE"
-CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync",
-            "counts-unsynced-self")
+STORE_CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync",
+                  "counts-unsynced-self")
+# Every name `--unsafe` takes, for the node and for `python -m nemesis run`: one list.
+CANARIES = (*STORE_CANARIES, *CORE_VARIANTS)
 
 
 class UnsafeRefused(RuntimeError):
@@ -50,6 +56,7 @@ class UnsafeMode:
     """Hooks a node calls when an unsafe mode is on; each canary overrides one."""
 
     name = ""
+    core_class: type[RaftCore] = RaftCore  # the Raft core the node builds
 
     def request_id_for_proposal(self, request_id: str) -> str:
         return request_id
@@ -62,9 +69,6 @@ class UnsafeMode:
 
     def skips_fsync(self) -> bool:
         return False
-
-    def core_class(self) -> type[RaftCore]:
-        return RaftCore
 
 
 class AckBeforeCommit(UnsafeMode):
@@ -164,8 +168,16 @@ class CountsUnsyncedSelf(UnsafeMode):
 
     name = "counts-unsynced-self"
 
-    def core_class(self) -> type[RaftCore]:
-        return _CountsUnsyncedSelfCore
+    core_class = _CountsUnsyncedSelfCore
+
+
+class BrokenCore(UnsafeMode):
+    """WRONG: the node's Raft core is a broken variant (system/raft/unsafe.py); the rest of
+    the node is the real one."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.core_class = CORE_VARIANTS[name]
 
 
 _MODES: dict[str, type[UnsafeMode]] = {
@@ -186,11 +198,11 @@ def unsafe_mode(name: str | None, environ: dict[str, str] | None = None) -> Unsa
     if not name:
         return None
     env = os.environ if environ is None else environ
-    if name not in _MODES:
+    if name not in CANARIES:
         raise ValueError(f"unknown unsafe mode {name!r}; known canaries: {', '.join(CANARIES)}")
     if env.get(ALLOW_ENV_VAR) != "1":
         raise UnsafeRefused(
             f"refusing to start with --unsafe {name}: this mode deliberately breaks safety "
             f"and exists only to test the test harness. Set {ALLOW_ENV_VAR}=1 in the "
             f"environment if that is really what you want.")
-    return _MODES[name]()
+    return _MODES[name]() if name in _MODES else BrokenCore(name)

@@ -1,4 +1,4 @@
-"""The store's canaries (`--unsafe NAME`, system/kv/unsafe.py) as simulator variants.
+"""The store's canaries and broken Raft cores (`--unsafe NAME`) as simulator variants.
 
 What it is for: `python -m nemesis run --platform sim --unsafe NAME` must break the
 simulated store the way `--unsafe NAME` breaks a real node, so the harness's canary matrix
@@ -13,6 +13,10 @@ other,
 for the simulator's shell: a write is answered once the leader's own log holds it, with the
 result its entry will have if the log commits as it stands.
 
+The broken Raft cores (system/raft/unsafe.py, e.g. `votes-twice`) need nothing of their
+own here: their variant is the real shell and state machine around the broken core, the
+same core class a real node builds with `--unsafe NAME`.
+
 What it must never do: be reachable except by naming a canary (`variant_for`); every line
 of deliberately wrong simulator code for the store's canaries is in this module.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 from system.kv.state_machine import PutCommand, decode_command
 from system.kv.unsafe import (
     CANARIES,
+    STORE_CANARIES,
     AckBeforeCommit,
     CountsUnsyncedSelf,
     NoDedup,
@@ -31,6 +36,7 @@ from system.kv.unsafe import (
 )
 from system.raft.core import Ready
 from system.raft.types import EntryKind
+from system.raft.unsafe import VARIANTS as CORE_VARIANTS
 from system.sim.clients import ClientOp
 from system.sim.shell import NodeShell
 from system.sim.variant import SimVariant
@@ -142,16 +148,29 @@ _VARIANTS = {
     SkipsFsync.name: SimVariant("skips-fsync", shell_class=SkipsFsyncShell,
                                 description=SkipsFsyncShell.__doc__ or ""),
     CountsUnsyncedSelf.name: SimVariant(
-        "counts-unsynced-self", core_class=CountsUnsyncedSelf().core_class(),
+        "counts-unsynced-self", core_class=CountsUnsyncedSelf.core_class,
         shell_class=CountsUnsyncedSelfShell, description=CountsUnsyncedSelf.__doc__ or ""),
 }
-assert tuple(_VARIANTS) == CANARIES, "every store canary has a simulator variant"
+assert tuple(_VARIANTS) == STORE_CANARIES, "every store canary has a simulator variant"
+_VARIANTS.update({name: SimVariant(name, core_class=core, description=core.__doc__ or "")
+                  for name, core in CORE_VARIANTS.items()})
+assert tuple(_VARIANTS) == CANARIES, "every canary has a simulator variant"
 # By name, for `python -m system.sim --variant system.sim.unsafe:NO_DEDUP`.
 ACK_BEFORE_COMMIT = _VARIANTS[AckBeforeCommit.name]
 STALE_READ = _VARIANTS[StaleRead.name]
 NO_DEDUP = _VARIANTS[NoDedup.name]
 SKIPS_FSYNC = _VARIANTS[SkipsFsync.name]
 COUNTS_UNSYNCED_SELF = _VARIANTS[CountsUnsyncedSelf.name]
+
+
+def __getattr__(attribute: str) -> SimVariant:
+    """A broken core's variant by its constant-style name (VOTES_TWICE for votes-twice), as
+    `python -m system.sim --variant system.sim.unsafe:VOTES_TWICE` and the tests written by
+    `python -m nemesis shrink` import it."""
+    variant = _VARIANTS.get(attribute.lower().replace("_", "-"))
+    if variant is None or not attribute.isupper():
+        raise AttributeError(f"module {__name__!r} has no attribute {attribute!r}")
+    return variant
 
 
 def variant_for(canary: str) -> SimVariant:

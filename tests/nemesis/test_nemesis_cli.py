@@ -32,6 +32,11 @@ def _run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     (["--nodes", "0"], "must be positive"),
     (["--platform", "vmware"], "invalid choice"),
     (["--unsafe", "no-such-canary"], "invalid choice"),
+    # A broken Raft core needs MAO_ALLOW_UNSAFE=1 as well as its name (_run_cli's
+    # environment has none).
+    (["--unsafe", "votes-twice"], "refusing --unsafe votes-twice"),
+    (["--platform", "sim", "--unsafe", "commits-old-term-entries"],
+     "set MAO_ALLOW_UNSAFE=1"),
     (["--rate", "-1"], "--rate must be >= 0"),
     (["--workload", "bank"], "invalid choice"),
     (["--store", "/proc/no-such-store"], "cannot keep runs under --store /proc/no-such-store"),

@@ -72,3 +72,26 @@ def test_the_trainer_workload_is_refused_on_the_simulator(
                  "--store", str(tmp_path / "store")]) == 3
     assert "runs the kv workload only" in capsys.readouterr().err
     assert not (tmp_path / "store").exists()
+
+
+# Broken Raft cores (system/raft/unsafe.py) that a harness run catches at this seed and
+# faults, each with the real core valid in the same run (benchmarks/core_variants.py has
+# the whole matrix). votes-twice: two candidates of one term both win at the first
+# election, and each acknowledges writes the other's log never gets. reads-without-quorum-
+# check: a paused leader wakes and serves reads its successor's writes have made stale.
+CORE_VARIANT_RUNS = [
+    ("votes-twice", ["--faults", "none", "--duration", "6"]),
+    ("reads-without-quorum-check", ["--faults", "pause", "--interval", "3", "--duration", "10"]),
+]
+
+
+@pytest.mark.parametrize("variant, args", CORE_VARIANT_RUNS)
+def test_a_broken_raft_core_is_caught_and_the_real_core_is_valid_in_the_same_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str, args: list[str]) -> None:
+    monkeypatch.setenv("MAO_ALLOW_UNSAFE", "1")
+    fixed = [*args, "--seed", "2401", "--nodes", "5"]
+    code, broken = _run(tmp_path, *fixed, "--unsafe", variant, store="broken")
+    results = json.loads((broken / "results.json").read_text())
+    assert code == 1 and results["verdict"] == "INVALID", results
+    safe_code, safe = _run(tmp_path, *fixed, store="safe")
+    assert safe_code == 0, json.loads((safe / "results.json").read_text())

@@ -107,7 +107,7 @@ def test_the_store_canary_counts_unsynced_self_is_this_broken_rule() -> None:
     mode = unsafe_mode("counts-unsynced-self", {"MAO_ALLOW_UNSAFE": "1"})
     assert mode is not None
     index, commit_before_crash, term_at_index = leader_sends_before_its_fsync_and_crashes(
-        mode.core_class()
+        mode.core_class
     )
     assert commit_before_crash >= index
     assert term_at_index > 1
