@@ -126,7 +126,7 @@ class SimClients:
                 client.retry_at_s = now_s + RETRY_BACKOFF_S
             if now_s >= client.retry_at_s:
                 client.retry_at_s = 0.0
-                self.sim.submit(op, self._next_node(client, op))
+                self.platform.submit(op, self._next_node(client, op))
                 if op.done:
                     self._record(client, op)
 
@@ -159,7 +159,7 @@ class SimClients:
             client.invoke_index = self.history.invoke(process, "put", key, value,
                                                       request_id=client.op.request_id, **fields)
         client.kind, client.started_s, client.retry_at_s = op, now_s, 0.0
-        self.sim.submit(client.op, self._home(client) if op == "get"
+        self.platform.submit(client.op, self._home(client) if op == "get"
                         else client.leader_hint or self._home(client))
         if client.op.done:
             self._record(client, client.op)
@@ -227,7 +227,7 @@ class SimClients:
                 index = self.history.invoke(process, "get", key, None,
                                             consistency="linearizable")
                 op = self.sim.invoke(Function.GET, key, process=process, retry_on_refusal=False)
-                self.sim.submit(op, self.platform.leader() or self.platform.node_ids[0])
+                self.platform.submit(op, self.platform.leader() or self.platform.node_ids[0])
                 run.advance_until(lambda op=op: op.done, ATTEMPT_TIMEOUT_S * 4)
                 if not op.done:
                     self.sim.give_up(op, "final read timed out")

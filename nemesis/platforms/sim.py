@@ -180,6 +180,13 @@ class SimPlatform(Platform):
         if node_id in self.paused:
             self.sim.record(f"resume {node_id}")
             self.paused.discard(node_id)
+            self.sim.deliver_held(node_id)
+
+    def submit(self, op, node_id: str):  # noqa: ANN001, ANN201 - ClientOp -> Attempt
+        """A client's request to `node_id`. A paused node does not read it until it resumes:
+        before, the simulator served it at once, so a paused old leader answered reads it
+        could never have answered (and a broken read barrier looked caught on sim only)."""
+        return self.sim.submit(op, node_id, held=node_id in self.paused)
 
     def wipe(self, node_id: str) -> None:
         raise PlatformError("the sim platform does not run the member fault (its nodes have "

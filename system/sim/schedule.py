@@ -35,7 +35,8 @@ MessageKey = tuple[str, str, str, int]  # (type, src, dst, place among those in 
 
 FAULT_KINDS = frozenset({"drop", "duplicate", "cut", "partition", "heal", "heal_link", "crash",
                          "restart", "membership"})
-CLIENT_KINDS = frozenset({"invoke", "submit", "time_out", "give_up"})
+CLIENT_KINDS = frozenset({"invoke", "submit", "submit_held", "deliver_held", "time_out",
+                          "give_up"})
 
 
 def message_key(flight: InFlight, in_flight: Iterable[InFlight]) -> MessageKey:
@@ -88,6 +89,10 @@ class Step:
             return text + (" (stale)" if a[7] else "")
         if self.kind == "submit":
             return f"op{a[0]} sent to {a[1]}"
+        if self.kind == "submit_held":
+            return f"op{a[0]} sent to {a[1]}, which is paused: it waits in the socket"
+        if self.kind == "deliver_held":
+            return f"{a[0]} resumed and reads the requests that waited"
         if self.kind in ("time_out", "give_up"):
             return f"op{a[0]} {self.kind.replace('_', ' ')}"
         if self.kind == "membership":
@@ -238,6 +243,16 @@ class Replay:
             self.sim.submit(found, node)
         return found is not None
 
+    def submit_held(self, op: int, node: str) -> bool:
+        found = self._open(op)
+        if found is not None and self.sim.nodes[node].alive:
+            self.sim.submit(found, node, held=True)
+            return True
+        return False
+
+    def deliver_held(self, node: str) -> bool:
+        return self.sim.deliver_held(node) > 0
+
     def time_out(self, op: int, reason: str = "client timed out") -> bool:
         from system.sim.clients import AttemptState
 
@@ -268,7 +283,7 @@ def play_step(replay: Replay, step: Step) -> bool:
         return replay.invoke(op, f, key, value, expected, process=process,
                              request_id=request_id, stale=stale, retry=retry)
     if step.kind in ("cut", "heal", "heal_link", "crash", "restart", "fsync", "membership",
-                     "submit", "time_out", "give_up"):
+                     "submit", "submit_held", "deliver_held", "time_out", "give_up"):
         return getattr(replay, step.kind)(*a)
     raise ValueError(f"unknown step kind {step.kind!r}")
 

@@ -128,6 +128,9 @@ class Simulation:
         self.trace: list[str] = []
         self.history: list[HistoryEvent] = []
         self.ops: list[ClientOp] = []
+        # Requests sent to a paused node: they wait in its socket until it resumes
+        # (`deliver_held`) or crashes, as a real SIGSTOPped process's requests do.
+        self.held: list[tuple[ClientOp, Attempt]] = []
         self.network = FakeNetwork()
         self.entries_applied = 0
         self.faults: dict[str, int] = {}
@@ -479,6 +482,9 @@ class Simulation:
         self.record(f"crash {node}{' losing unsynced writes' if lose_unsynced else ''}")
         self.count_fault("crash losing unsynced writes" if lose_unsynced else "crash")
         shell.crash(lose_unsynced)
+        for op, attempt in [h for h in self.held if h[1].node == node]:
+            self.held.remove((op, attempt))
+            self.attempt_unknown(op, attempt, f"{node} crashed with the request unread")
 
     def shorten_log(self, node: NodeId, keep_through: int) -> None:
         """The crashed `node`'s disk comes back holding only its entries up to
@@ -708,24 +714,49 @@ class Simulation:
         self.history.append(event)
         self.record(f"history {event.line()}")
 
-    def submit(self, op: ClientOp, node: NodeId) -> Attempt:
-        """Send (or resend, with the same request id) `op` to `node`."""
+    def submit(self, op: ClientOp, node: NodeId, *, held: bool = False) -> Attempt:
+        """Send (or resend, with the same request id) `op` to `node`. `held`: the node is
+        paused, so the request waits unread in its socket until `deliver_held`."""
         if op.done:
             raise ValueError(f"operation {op.id} already completed ({op.status.value})")
         self._check_nodes([node])
-        self._note("submit", op.id, node)
+        self._note("submit_held" if held else "submit", op.id, node)
         self._begin_step()
         attempt = Attempt(node=node, step=self.step_count)
         op.attempts.append(attempt)
-        self.record(f"client p{op.process} op{op.id} -> {node} (attempt {len(op.attempts)})")
+        self.record(f"client p{op.process} op{op.id} -> {node} (attempt {len(op.attempts)})"
+                    + (" waits: the node is paused" if held else ""))
         shell = self.nodes[node]
         if not shell.alive:
             self.attempt_refused(op, attempt, f"{node} is down (connection refused)")
+        elif held:
+            self.held.append((op, attempt))
         elif op.f is Function.GET:
             shell.submit_read(op, attempt)
         else:
             shell.submit_write(op, attempt)
         return attempt
+
+    def deliver_held(self, node: NodeId) -> int:
+        """`node` resumed: the requests that waited in its socket reach it, oldest first,
+        whether or not their clients still wait (a write then still applies, as a real
+        node's would; a read nobody waits for any more is dropped). Returns how many."""
+        self._check_nodes([node])
+        waiting = [h for h in self.held if h[1].node == node]
+        if not waiting:
+            return 0
+        self._note("deliver_held", node)
+        self.held = [h for h in self.held if h[1].node != node]
+        shell = self.nodes[node]
+        for op, attempt in waiting:
+            self._begin_step()
+            self.record(f"{node} reads op{op.id}'s request, held while it was paused")
+            if op.f is Function.GET:
+                if not op.done and attempt.state is AttemptState.WAITING:
+                    shell.submit_read(op, attempt)
+            else:
+                shell.submit_write(op, attempt)
+        return len(waiting)
 
     def put(self, node: NodeId, key: str, value: str, process: int | None = None,
             request_id: str | None = None) -> ClientOp:
