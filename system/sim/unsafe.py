@@ -8,7 +8,11 @@ node calls them: `no-dedup` (`request_id_for_proposal` drops the request id) and
 `skips-fsync` (`skips_fsync`: a Ready persisted without its fsync). The fourth,
 `ack-before-commit`, needs the node's internals in the store, so it is written again here
 for the simulator's shell: a write is answered once the leader's own log holds it, with the
-result its entry will have if the log commits as it stands.
+result its entry will have if the log commits as it stands. `cas-skips-check-when-absent`
+and `delete-keeps-version` break a rule of the state machine: every simulated node applies
+with the store's canary subclass (`UnsafeMode.state_machine_class`), as a real node does.
+The client-library canary (`client-new-request-id`) is no variant of the store: the
+simulated clients run it (nemesis/sim_runner.py), as the real ones do.
 
 What it must never do: be reachable except by naming a canary (`variant_for`); every line
 of deliberately wrong simulator code for the store's canaries is in this module.
@@ -16,8 +20,17 @@ of deliberately wrong simulator code for the store's canaries is in this module.
 
 from __future__ import annotations
 
-from system.kv.state_machine import PutCommand, decode_command
-from system.kv.unsafe import CANARIES, AckBeforeCommit, NoDedup, SkipsFsync, StaleRead, UnsafeMode
+from system.kv.state_machine import DeleteCommand, decode_command
+from system.kv.unsafe import (
+    CANARIES,
+    AckBeforeCommit,
+    CasSkipsCheckWhenAbsent,
+    DeleteKeepsVersion,
+    NoDedup,
+    SkipsFsync,
+    StaleRead,
+    UnsafeMode,
+)
 from system.raft.core import Ready
 from system.raft.types import EntryKind
 from system.sim.clients import ClientOp
@@ -96,7 +109,11 @@ class AckBeforeCommitShell(NodeShell):
                 versions[command.key] = self.replica.read(command.key).version
             version = versions[command.key]
             matches = command.expected_version in (None, version)
-            assert isinstance(command, PutCommand), "the simulator proposes puts only"
+            if isinstance(command, DeleteCommand):  # answers the version the key had
+                results[entry.index] = (matches, version)
+                if matches:
+                    versions[command.key] = 0
+                continue
             results[entry.index] = (matches, version + 1 if matches else version)
             if matches:
                 versions[command.key] = version + 1
@@ -118,6 +135,14 @@ _VARIANTS = {
                              description=NoDedupShell.__doc__ or ""),
     SkipsFsync.name: SimVariant("skips-fsync", shell_class=SkipsFsyncShell,
                                 description=SkipsFsyncShell.__doc__ or ""),
+    # The store's own wrong state machines, applied by every simulated node.
+    CasSkipsCheckWhenAbsent.name: SimVariant(
+        CasSkipsCheckWhenAbsent.name,
+        state_machine_class=CasSkipsCheckWhenAbsent.state_machine_class,
+        description=CasSkipsCheckWhenAbsent.__doc__ or ""),
+    DeleteKeepsVersion.name: SimVariant(
+        DeleteKeepsVersion.name, state_machine_class=DeleteKeepsVersion.state_machine_class,
+        description=DeleteKeepsVersion.__doc__ or ""),
 }
 assert tuple(_VARIANTS) == CANARIES, "every store canary has a simulator variant"
 # By name, for `python -m system.sim --variant system.sim.unsafe:NO_DEDUP`.
@@ -125,6 +150,8 @@ ACK_BEFORE_COMMIT = _VARIANTS[AckBeforeCommit.name]
 STALE_READ = _VARIANTS[StaleRead.name]
 NO_DEDUP = _VARIANTS[NoDedup.name]
 SKIPS_FSYNC = _VARIANTS[SkipsFsync.name]
+CAS_SKIPS_CHECK_WHEN_ABSENT = _VARIANTS[CasSkipsCheckWhenAbsent.name]
+DELETE_KEEPS_VERSION = _VARIANTS[DeleteKeepsVersion.name]
 
 
 def variant_for(canary: str) -> SimVariant:
