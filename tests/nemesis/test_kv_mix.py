@@ -150,3 +150,25 @@ def test_the_mix_is_in_the_run_config_and_the_reproduce_line_and_the_sim_drives_
             ("put", None, True), ("delete", None, False), ("delete", None, True)} <= seen, seen
     classes = {r.get("version_class") for r in invokes} - {None}
     assert classes == set(VERSION_CLASSES), classes
+
+
+def test_read_consistency_stale_still_makes_every_get_stale() -> None:
+    from workloads.kv import KVWorkload
+
+    stale = KVWorkload(concurrency=1, rate=1, op_timeout_s=1, read_consistency="stale")
+    linearizable = KVWorkload(concurrency=1, rate=1, op_timeout_s=1)
+    assert stale.consistency_of("get") == stale.consistency_of("stale-get") == "stale"
+    assert linearizable.consistency_of("get") == "linearizable"
+    assert linearizable.consistency_of("stale-get") == "stale"
+
+
+def test_the_client_canary_needs_the_permission() -> None:
+    from system.kv.unsafe import UnsafeRefused, client_canary
+
+    assert client_canary(None) is None
+    with pytest.raises(UnsafeRefused, match="MAO_ALLOW_UNSAFE=1"):
+        client_canary("client-new-request-id", {})
+    with pytest.raises(ValueError, match="unknown client canary"):
+        client_canary("no-dedup", {"MAO_ALLOW_UNSAFE": "1"})
+    canary = client_canary("client-new-request-id", {"MAO_ALLOW_UNSAFE": "1"})
+    assert canary is not None and canary.retry_request_id(lambda: "fresh", "old") == "fresh"
