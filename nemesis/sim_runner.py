@@ -198,10 +198,10 @@ class SimClients:
                 client.seen[op.key] = op.result_version or 0
                 history.complete(index, "ok", op.result_value, version=op.result_version,
                                  node=op.answered_by)
-                counts.add("get", "ok")
+                counts.add(kind, "ok")
             else:  # a read changes nothing: not served is certainly not applied
                 history.complete(index, "fail", None, error=op.error or "not served")
-                counts.add("get", "fail")
+                counts.add(kind, "fail")
             return
         if op.status is OpStatus.OK:
             # A delete reports the version it removed; the process now sees the key absent.
