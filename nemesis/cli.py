@@ -2,7 +2,8 @@
 
     python -m nemesis run --faults partition,kill|all --duration 120 [--nodes 5] [--workload kv]
         [--platform docker|local|sim] [--seed N] [--store DIR] [--concurrency N] [--rate N]
-        [--interval S] [--read-consistency linearizable|stale] [--unsafe NAME]
+        [--interval S] [--read-consistency linearizable|stale] [--mix get=20,put=15,...]
+        [--unsafe NAME]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
     python -m nemesis shrink RUN_DIR [--test-out FILE]   minimise a failing --platform sim run
     python -m nemesis clean [--run ID]    remove what a crashed run left behind
@@ -49,10 +50,20 @@ def _positive(kind: type) -> object:
     return parse
 
 
+def _mix(text: str) -> dict[str, int]:
+    from workloads.kv import parse_mix
+
+    try:
+        return parse_mix(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from nemesis.faults import FAULTS
-    from system.kv.unsafe import CANARIES
+    from system.kv.unsafe import CANARIES, CLIENT_CANARIES
     from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
+    from workloads.kv import DEFAULT_MIX, OPS, format_mix
 
     parser = _Parser(prog="python -m nemesis", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -85,12 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--op-timeout", type=_positive(float), default=3.0, metavar="S",
                      help="deadline of one operation (default %(default)s)")
     run.add_argument("--read-consistency", choices=("linearizable", "stale"), default="linearizable")
-    run.add_argument("--unsafe", choices=(*CANARIES, *TRAINER_CANARIES), default=None,
-                     metavar="NAME",
+    run.add_argument("--mix", type=_mix, default=None, metavar="KIND=W,...",
+                     help=f"kv workload: weights of {', '.join(OPS)} (default "
+                          f"{format_mix(DEFAULT_MIX)})")
+    run.add_argument("--unsafe", choices=(*CANARIES, *CLIENT_CANARIES, *TRAINER_CANARIES),
+                     default=None, metavar="NAME",
                      help="TEST THE HARNESS: run every node (store canaries and broken Raft "
-                          "cores; a broken core needs MAO_ALLOW_UNSAFE=1) or every trainer "
-                          "coordinator (trainer canaries, --workload trainer) deliberately "
-                          "broken; one of: " + ", ".join((*CANARIES, *TRAINER_CANARIES)))
+                          "cores; a broken core needs MAO_ALLOW_UNSAFE=1), every kv client "
+                          "(client canaries) or every trainer coordinator (trainer canaries, "
+                          "--workload trainer) deliberately broken; one of: "
+                          + ", ".join((*CANARIES, *CLIENT_CANARIES, *TRAINER_CANARIES)))
     run.add_argument("--check-budget-s", type=_positive(float), default=60.0, metavar="S",
                      help="linearizability search budget per key (default %(default)s)")
     run.add_argument("--junit", type=Path, default=None, metavar="FILE",
@@ -213,7 +228,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.nodes < MIN_NODES[fault]:
             return _refuse(f"--faults {fault} needs at least {MIN_NODES[fault]} nodes "
                            f"(a majority must be able to survive it); --nodes is {args.nodes}")
-    from system.kv.unsafe import ALLOW_ENV_VAR
+    from system.kv.unsafe import ALLOW_ENV_VAR, CLIENT_CANARIES
     from system.raft.unsafe import VARIANTS as CORE_VARIANTS
     from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
 
@@ -225,6 +240,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"what you want")
     if args.unsafe in TRAINER_CANARIES and args.workload != "trainer":
         return _refuse(f"--unsafe {args.unsafe} is a trainer canary; it needs --workload trainer")
+    if args.workload != "kv" and (args.mix is not None or args.unsafe in CLIENT_CANARIES):
+        what = "--mix" if args.mix is not None else f"--unsafe {args.unsafe}"
+        return _refuse(f"{what} is for the kv workload; got --workload {args.workload}")
     if args.platform is not None and (problem := unsupported(faults, args.platform)):
         return _refuse(problem)
     if args.platform == "sim" and args.workload != "kv":
@@ -256,7 +274,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
         unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit,
-        faults_all=faults_all)
+        faults_all=faults_all, mix=args.mix)
     return run(config)
 
 

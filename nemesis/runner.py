@@ -27,11 +27,11 @@ from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
-from system.kv.unsafe import ALLOW_ENV_VAR
+from system.kv.unsafe import ALLOW_ENV_VAR, CLIENT_CANARIES
 from system.kv.unsafe import CANARIES as STORE_CANARIES
 from system.raft.unsafe import VARIANTS as CORE_VARIANTS
 from workloads.base import ProcessTargets, RunContext, Workload, WorkloadError
-from workloads.kv import KVWorkload
+from workloads.kv import DEFAULT_MIX, KVWorkload, format_mix
 
 log = logging.getLogger("nemesis")
 
@@ -65,6 +65,7 @@ class RunConfig:
     node_args: list[str] = field(default_factory=list)
     junit: Path | None = None  # --junit FILE: JUnit XML for CI (nemesis/report)
     faults_all: bool = False  # --faults all: `faults` is its expansion, dealt from a deck
+    mix: dict[str, int] | None = None  # --mix: the kv workload's operation weights (None: default)
 
     def reproduce(self) -> str:
         faults = "all" if self.faults_all else ",".join(self.faults)
@@ -76,6 +77,8 @@ class RunConfig:
             parts += [f"--concurrency {self.concurrency}", f"--rate {self.rate:g}"]
         if self.read_consistency != "linearizable":
             parts.append(f"--read-consistency {self.read_consistency}")
+        if self.workload == "kv":
+            parts.append(f"--mix {format_mix(self.mix or DEFAULT_MIX)}")
         if self.unsafe:
             # A canary runs only with the environment's permission: the line must carry it.
             parts.insert(0, f"{ALLOW_ENV_VAR}=1")
@@ -121,12 +124,15 @@ def make_workload(config: RunConfig) -> Workload:
     if config.workload == "kv":
         return KVWorkload(concurrency=config.concurrency, rate=config.rate,
                           op_timeout_s=config.op_timeout_s,
-                          read_consistency=config.read_consistency)
+                          read_consistency=config.read_consistency, mix=config.mix,
+                          client_unsafe=config.unsafe if config.unsafe in CLIENT_CANARIES else None,
+                          # --unsafe is the permission, as make_platform gives it to nodes.
+                          unsafe_environ={ALLOW_ENV_VAR: "1"})
     if config.workload == "trainer":
-        from system.kv.unsafe import CANARIES
         from workloads.trainer import TrainerWorkload
 
-        trainer_unsafe = config.unsafe if config.unsafe and config.unsafe not in CANARIES else None
+        trainer_unsafe = (config.unsafe if config.unsafe and config.unsafe not in STORE_CANARIES
+                          and config.unsafe not in CLIENT_CANARIES else None)
         return TrainerWorkload(unsafe=trainer_unsafe, seed=config.seed)
     raise HarnessError(f"unknown workload {config.workload!r}")
 
@@ -307,9 +313,10 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     test = test_map(config, run_id, workload)
     _print(out, f"run folder: {run_dir}")
     if config.unsafe:
-        who = ("every trainer coordinator runs" if config.unsafe not in STORE_CANARIES
-               else "every node runs a Raft core" if config.unsafe in CORE_VARIANTS
-               else "every node runs")
+        who = ("every node runs a Raft core" if config.unsafe in CORE_VARIANTS
+               else "every node runs" if config.unsafe in STORE_CANARIES
+               else "every client runs" if config.unsafe in CLIENT_CANARIES
+               else "every trainer coordinator runs")
         _print(out, f"canary: {who} deliberately broken (--unsafe {config.unsafe})")
     if config.platform == "sim":
         from nemesis.sim_runner import run_sim

@@ -39,7 +39,7 @@ from nemesis.platforms.sim import TICK_S, SimPlatform
 from nemesis.store import write_json
 from system.sim.clients import AttemptState, ClientOp, OpStatus
 from system.sim.history import Function
-from workloads.kv import ClientPlan, KeyPool, KVWorkload, expected_version
+from workloads.kv import READS, ClientPlan, KeyPool, KVWorkload, PlannedOp, expected_version
 
 log = logging.getLogger("nemesis")
 
@@ -60,7 +60,7 @@ class _Client:
     next_at_s: float
     seen: dict[str, int] = field(default_factory=dict)  # key -> last version seen
     op: ClientOp | None = None
-    kind: str = ""  # get / put / cas, as the workload counts it
+    kind: str = ""  # the mix's kind (get, stale-get, put, cas, delete, cas-delete)
     invoke_index: int = -1  # the invoke's index in the history
     started_s: float = 0.0
     retry_at_s: float = 0.0
@@ -80,10 +80,12 @@ class SimClients:
         self.pool: KeyPool = workload.pool
         self.clients = [
             _Client(t, plan := ClientPlan(seed, t, self.pool, workload.concurrency,
-                                           workload.rate), process=t,
+                                           workload.rate, workload.mix), process=t,
                     next_at_s=plan.first_delay_s)
             for t in range(workload.concurrency)
         ]
+        # A client-library canary runs in these clients, as in the real ones.
+        self.canary = workload.client_canary
 
     # ----- the loop's two moves ------------------------------------------------------------
 
@@ -94,8 +96,7 @@ class SimClients:
                 continue
             period = client.plan.period_s
             client.next_at_s = max(client.next_at_s + period, now_s - period)
-            key, op, value = client.plan.next_op(client.process)
-            self._start(client, key, op, value, now_s)
+            self._start(client, client.plan.next_op(client.process), now_s)
         self.collect(now_s)
 
     def collect(self, now_s: float) -> None:
@@ -126,6 +127,10 @@ class SimClients:
                 client.retry_at_s = now_s + RETRY_BACKOFF_S
             if now_s >= client.retry_at_s:
                 client.retry_at_s = 0.0
+                if self.canary is not None and op.f is not Function.GET and op.maybe_applied():
+                    fresh = f"{op.request_id}~{len(op.attempts)}"
+                    op.request_id = self.canary.retry_request_id(lambda f=fresh: f,
+                                                                 op.request_id)
                 self.platform.submit(op, self._next_node(client, op))
                 if op.done:
                     self._record(client, op)
@@ -139,27 +144,34 @@ class SimClients:
 
     # ----- one operation ---------------------------------------------------------------------
 
-    def _start(self, client: _Client, key: str, op: str, value: str, now_s: float) -> None:
-        process = client.process
-        if op == "get":
-            consistency = self.workload.read_consistency
+    def _start(self, client: _Client, planned: PlannedOp, now_s: float) -> None:
+        process, key, kind = client.process, planned.key, planned.kind
+        if kind in READS:
+            consistency = self.workload.consistency_of(kind)
             client.invoke_index = self.history.invoke(process, "get", key, None,
                                                       consistency=consistency)
             client.op = self.sim.invoke(Function.GET, key, process=process,
                                         stale=consistency == "stale", retry_on_refusal=True)
         else:
-            expected = expected_version(op, key, client.seen)
+            expected, version_class = expected_version(planned, client.seen)
             fields: dict[str, Any] = {}
             if expected is not None:
                 fields["expected_version"] = expected
-            f = Function.CAS if expected is not None else Function.PUT
+                fields["version_class"] = version_class
+            deleting = kind in ("delete", "cas-delete")
+            value = None if deleting else planned.value
+            if deleting:
+                f = Function.DELETE
+            else:
+                f = Function.CAS if expected is not None else Function.PUT
             client.op = self.sim.invoke(f, key, value, expected, process=process,
-                                        request_id=f"p{process}-{value}",
+                                        request_id=f"p{process}-{planned.value}",
                                         retry_on_refusal=True)
-            client.invoke_index = self.history.invoke(process, "put", key, value,
+            client.invoke_index = self.history.invoke(process, f.value if deleting else "put",
+                                                      key, value,
                                                       request_id=client.op.request_id, **fields)
-        client.kind, client.started_s, client.retry_at_s = op, now_s, 0.0
-        self.platform.submit(client.op, self._home(client) if op == "get"
+        client.kind, client.started_s, client.retry_at_s = kind, now_s, 0.0
+        self.platform.submit(client.op, self._home(client) if kind in READS
                         else client.leader_hint or self._home(client))
         if client.op.done:
             self._record(client, client.op)
@@ -186,13 +198,14 @@ class SimClients:
                 client.seen[op.key] = op.result_version or 0
                 history.complete(index, "ok", op.result_value, version=op.result_version,
                                  node=op.answered_by)
-                counts.add("get", "ok")
+                counts.add(kind, "ok")
             else:  # a read changes nothing: not served is certainly not applied
                 history.complete(index, "fail", None, error=op.error or "not served")
-                counts.add("get", "fail")
+                counts.add(kind, "fail")
             return
         if op.status is OpStatus.OK:
-            client.seen[op.key] = op.result_version or 0
+            # A delete reports the version it removed; the process now sees the key absent.
+            client.seen[op.key] = 0 if op.f is Function.DELETE else op.result_version or 0
             if op.answered_by:
                 client.leader_hint = op.answered_by
             term = next((a.term for a in op.attempts if a.state is AttemptState.ANSWERED), None)
@@ -312,8 +325,9 @@ def run_sim(config, run_dir: Path, run_id: str, out, test: dict[str, Any]) -> in
 
     workload = make_workload(config)
     test["workload"] = workload.describe()
+    variant = variant_for_run(config.unsafe)
     test["sim"] = {"tick_s": TICK_S, "attempt_timeout_s": ATTEMPT_TIMEOUT_S,
-                   "variant": variant_for_run(config.unsafe).name if config.unsafe else "correct"}
+                   "variant": variant.name if variant is not None else "correct"}
     write_json(run_dir / "test.json", test)
     run_info: dict[str, Any] = {"run_id": run_id, "platform": "sim", "crashed_nodes": [],
                                 "nemesis_errors": [], "harness_error": None}
@@ -326,8 +340,11 @@ def run_sim(config, run_dir: Path, run_id: str, out, test: dict[str, Any]) -> in
 
 
 def make_workload(config) -> KVWorkload:  # noqa: ANN001 - a RunConfig
-    return KVWorkload(concurrency=config.concurrency, rate=config.rate,
-                      op_timeout_s=config.op_timeout_s, read_consistency=config.read_consistency)
+    from nemesis.runner import make_workload as make_real_workload
+
+    workload = make_real_workload(config)
+    assert isinstance(workload, KVWorkload), "the simulator runs the kv workload only"
+    return workload
 
 
 def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any],  # noqa: ANN001
@@ -392,8 +409,11 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
 
 
 def variant_for_run(unsafe: str | None):  # noqa: ANN201 - SimVariant | None
-    """The simulator's variant of the store for `--unsafe` (None: the real store)."""
-    if not unsafe:
+    """The simulator's variant of the store for `--unsafe` (None: the real store, also
+    for a client-library canary, which the clients run)."""
+    from system.kv.unsafe import CLIENT_CANARIES
+
+    if not unsafe or unsafe in CLIENT_CANARIES:
         return None
     from system.sim.unsafe import variant_for
 

@@ -1,10 +1,25 @@
 """Workload `kv`: Jepsen's independent compare-and-swap registers, on the store's versions.
 
-`concurrency` client processes each run a loop: pick one of the active keys, then a
-linearizable read (`get`), a write of a unique value (`put`), or a compare-and-swap (`put`
-with `expected_version` = the version this process last saw for the key, 0 if none). Each
-key takes at most `ops_per_key` operations, then a fresh key replaces it, so no single key's
-history grows past what the checker searches quickly (Jepsen's `independent`).
+`concurrency` client processes each run a loop: pick one of the active keys, then one
+operation drawn from the mix (`--mix`, `parse_mix`; default `DEFAULT_MIX`):
+
+- `get`: a read at the run's `--read-consistency` (linearizable unless told otherwise);
+- `stale-get`: a read served without the ReadIndex barrier (checked for how stale it was,
+  checker/staleness.py, not for linearizability: it promises no recency);
+- `put`: an unconditional write of a unique value;
+- `cas`: a put with an expected version; `delete`: an unconditional delete;
+  `cas-delete`: a delete with an expected version.
+
+A conditional operation draws its version class (`VERSION_CLASSES`) from the version this
+process last saw of the key (0 if none, or after it saw the key deleted): `right` (that
+version), `stale` (older than it, still >= 1), `future` (above it), `absent` (0 on a key
+seen to exist; a non-zero version on a key seen absent). The wrong classes are there on
+purpose: a store that skips a version check shows it only when some request should have
+been refused. Keys are reused after deletes (a key retires only after `ops_per_key`
+operations), so re-creation at version 1 is exercised too.
+
+Each key takes at most `ops_per_key` operations, then a fresh key replaces it, so no single
+key's history grows past what the checker searches quickly (Jepsen's `independent`).
 
 Outcomes, as the client library reports them (system/kv/client.py):
 - a result: `ok` (a compare that did not match is `ok` with `applied: false`);
@@ -22,11 +37,13 @@ import itertools
 import random
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from histories.write import HistoryWriter
 from system.kv.client import (
     CasMismatch,
+    DeleteResult,
     GetResult,
     Indeterminate,
     InvalidArgument,
@@ -35,9 +52,58 @@ from system.kv.client import (
     Unavailable,
     WriteResult,
 )
+from system.kv.unsafe import client_canary
 from workloads.base import RunContext, Workload
 
-OPS = ("get", "put", "cas")
+OPS = ("get", "stale-get", "put", "cas", "delete", "cas-delete")
+CONDITIONAL = ("cas", "cas-delete")
+READS = ("get", "stale-get")
+# Every kind and every version class within a few dozen operations of any seed.
+DEFAULT_MIX = {"get": 20, "stale-get": 10, "put": 15, "cas": 30, "delete": 10, "cas-delete": 15}
+VERSION_CLASSES = ("right", "stale", "future", "absent")
+VERSION_WEIGHTS = (40, 20, 20, 20)
+MAX_VERSION_OFFSET = 3  # how far a stale or future version is from the one seen
+
+
+def parse_mix(text: str) -> dict[str, int]:
+    """`get=30,put=20,...` as {kind: weight}; ValueError with one line saying what is wrong.
+    Kinds left out weigh 0; at least one weight must be positive."""
+    mix: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, weight = part.strip().partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"want KIND=WEIGHT pairs separated by commas, got {part.strip()!r}")
+        if name not in OPS:
+            raise ValueError(f"unknown operation {name!r}; known: {', '.join(OPS)}")
+        if name in mix:
+            raise ValueError(f"{name!r} is named twice")
+        try:
+            mix[name] = int(weight)
+        except ValueError:
+            raise ValueError(f"weight of {name} must be a whole number, got {weight.strip()!r}") from None
+        if mix[name] < 0:
+            raise ValueError(f"weight of {name} must be >= 0, got {mix[name]}")
+    if not any(mix.values()):
+        raise ValueError("at least one weight must be positive")
+    return {kind: mix.get(kind, 0) for kind in OPS}
+
+
+def format_mix(mix: dict[str, int]) -> str:
+    """The mix as `--mix` takes it (kinds with weight 0 left out)."""
+    return ",".join(f"{kind}={mix[kind]}" for kind in OPS if mix.get(kind))
+
+
+@dataclass(frozen=True)
+class PlannedOp:
+    """One operation a client thread will invoke; `version_class` and `offset` only for
+    conditional ones (the expected version itself depends on what the process saw)."""
+
+    key: str
+    kind: str
+    value: str
+    version_class: str | None = None
+    offset: int = 0
 
 
 class KeyPool:
@@ -74,25 +140,46 @@ class ClientPlan:
     means the same mix of operations on every platform."""
 
     def __init__(self, seed: int, thread_no: int, pool: KeyPool, concurrency: int,
-                 rate: float) -> None:
+                 rate: float, mix: dict[str, int] | None = None) -> None:
         self.rng = random.Random(f"kv:{seed}:{thread_no}")
         self.pool = pool
         # Seconds between two invocations of this thread (0: as fast as it goes).
         self.period_s = concurrency / rate if rate > 0 else 0.0
         self.first_delay_s = self.rng.uniform(0, self.period_s)  # spreads the threads
         self._counter = itertools.count(1)
+        mix = mix or DEFAULT_MIX
+        self._kinds = [kind for kind in OPS if mix.get(kind)]
+        self._weights = [mix[kind] for kind in self._kinds]
 
-    def next_op(self, process: int) -> tuple[str, str, str]:
-        """(key, op, value) of the next operation: op is get, put or cas; the value is
-        unique in the run (process and a counter)."""
+    def next_op(self, process: int) -> PlannedOp:
+        """The next operation; a put's value is unique in the run (process and a counter)."""
         key = self.pool.pick(self.rng)
-        op = self.rng.choice(OPS)
-        return key, op, f"{process}-{next(self._counter)}"
+        kind = self.rng.choices(self._kinds, self._weights)[0]
+        value = f"{process}-{next(self._counter)}"
+        if kind not in CONDITIONAL:
+            return PlannedOp(key, kind, value)
+        version_class = self.rng.choices(VERSION_CLASSES, VERSION_WEIGHTS)[0]
+        offset = self.rng.randint(1, MAX_VERSION_OFFSET)
+        return PlannedOp(key, kind, value, version_class, offset)
 
 
-def expected_version(op: str, key: str, seen: dict[str, int]) -> int | None:
-    """A cas expects the version this process last saw of the key (0 if none)."""
-    return seen.get(key, 0) if op == "cas" else None
+def expected_version(op: PlannedOp, seen: dict[str, int]) -> tuple[int | None, str | None]:
+    """(expected version, its class as sent) of `op`, from the version this process last
+    saw of the key (0: none, or seen absent). A stale version needs one seen above 1 to
+    be older than; below that the operation expects a future version instead."""
+    if op.version_class is None:
+        return None, None
+    saw = seen.get(op.key, 0)
+    version_class = op.version_class
+    if version_class == "stale" and saw < 2:
+        version_class = "future"
+    if version_class == "right":
+        return saw, version_class
+    if version_class == "stale":
+        return max(1, saw - op.offset), version_class
+    if version_class == "future":
+        return saw + op.offset, version_class
+    return (0 if saw > 0 else op.offset), version_class
 
 
 class KVWorkload(Workload):
@@ -101,7 +188,9 @@ class KVWorkload(Workload):
 
     def __init__(self, *, concurrency: int, rate: float, op_timeout_s: float,
                  read_consistency: str = "linearizable", keys: int = 3,
-                 ops_per_key: int = 300) -> None:
+                 ops_per_key: int = 300, mix: dict[str, int] | None = None,
+                 client_unsafe: str | None = None,
+                 unsafe_environ: dict[str, str] | None = None) -> None:
         super().__init__()
         if read_consistency not in ("linearizable", "stale"):
             raise ValueError(f"read consistency must be linearizable or stale, got {read_consistency!r}")
@@ -109,6 +198,11 @@ class KVWorkload(Workload):
         self.rate = rate
         self.op_timeout_s = op_timeout_s
         self.read_consistency = read_consistency
+        self.mix = dict(mix or DEFAULT_MIX)
+        # A client-library canary (system/kv/unsafe.py CLIENT_CANARIES) every client runs;
+        # refused (UnsafeRefused) unless `unsafe_environ` (default: ours) allows it.
+        self.client_unsafe = client_unsafe
+        self.client_canary = client_canary(client_unsafe, unsafe_environ)
         self.pool = KeyPool(keys, ops_per_key)
         self.keys = keys
         self._threads: list[threading.Thread] = []
@@ -117,9 +211,17 @@ class KVWorkload(Workload):
         self.harness_errors: list[str] = []
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "concurrency": self.concurrency, "rate": self.rate,
-                "op_timeout_s": self.op_timeout_s, "read_consistency": self.read_consistency,
-                "active_keys": self.keys, "ops_per_key": self.pool.ops_per_key}
+        described = {**super().describe(), "concurrency": self.concurrency, "rate": self.rate,
+                     "op_timeout_s": self.op_timeout_s, "read_consistency": self.read_consistency,
+                     "mix": format_mix(self.mix), "active_keys": self.keys,
+                     "ops_per_key": self.pool.ops_per_key}
+        if self.client_unsafe:
+            described["client_unsafe"] = self.client_unsafe
+        return described
+
+    def consistency_of(self, kind: str) -> str:
+        """A `get` reads at the run's consistency; a `stale-get` always stale."""
+        return "stale" if kind == "stale-get" else self.read_consistency
 
     # ----- clients ---------------------------------------------------------------------
 
@@ -129,7 +231,8 @@ class KVWorkload(Workload):
         ordered = {n: ctx.addresses[n] for n in nodes[home:] + nodes[:home]}
         # The client's own attempt timeout (short, doubling) gives up on a silent (paused,
         # cut) node well before the op's deadline and tries the next node, same request id.
-        return KVClient(ordered, timeout_s=self.op_timeout_s, client_id=f"p{process}")
+        return KVClient(ordered, timeout_s=self.op_timeout_s, client_id=f"p{process}",
+                        unsafe=self.client_canary)
 
     def start(self, ctx: RunContext) -> None:
         for thread_no in range(self.concurrency):
@@ -145,7 +248,7 @@ class KVWorkload(Workload):
         return not any(t.is_alive() for t in self._threads)
 
     def _loop(self, ctx: RunContext, thread_no: int) -> None:
-        plan = ClientPlan(ctx.seed, thread_no, self.pool, self.concurrency, self.rate)
+        plan = ClientPlan(ctx.seed, thread_no, self.pool, self.concurrency, self.rate, self.mix)
         period = plan.period_s
         process = thread_no
         client = self._client(ctx, process)
@@ -161,8 +264,8 @@ class KVWorkload(Workload):
                 if time.monotonic() >= ctx.deadline:
                     return
                 next_at = max(next_at + period, time.monotonic() - period)
-                key, op, value = plan.next_op(process)
-                retired = self._one(ctx.history, client, process, op, key, value, seen)
+                planned = plan.next_op(process)
+                retired = self._one(ctx.history, client, process, planned, seen)
                 if retired:
                     client.close()
                     process += self.concurrency
@@ -171,68 +274,82 @@ class KVWorkload(Workload):
         finally:
             client.close()
 
-    def _one(self, history: HistoryWriter, client: KVClient, process: int, op: str, key: str,
-             value: str, seen: dict[str, int]) -> bool:
+    def _one(self, history: HistoryWriter, client: KVClient, process: int, planned: PlannedOp,
+             seen: dict[str, int]) -> bool:
         """One operation, recorded; returns True when the process must retire (info).
         Reads go to the process's home node first (then wherever it points), as a Jepsen
         client bound to one node; writes go to the leader the client last found."""
-        home = next(iter(client.node_addresses))
-        if op == "get":
-            i = history.invoke(process, "get", key, None, consistency=self.read_consistency)
-            try:
-                r = client.get(key, consistency=self.read_consistency, via=home)
-            except NotFound as exc:
-                seen[key] = 0
-                history.complete(i, "ok", None, version=0, node=exc.node_id or None)
-                self.counts.add("get", "ok")
-                return False
-            except (Unavailable, Indeterminate, InvalidArgument) as exc:
-                history.complete(i, "fail", None, error=_error(exc))
-                self.counts.add("get", "fail")
-                return False
-            except Exception as exc:  # a read changes nothing: certainly-not-applied is safe
-                self.harness_errors.append(f"get: {type(exc).__name__}: {exc}")
-                history.complete(i, "fail", None, error=f"{type(exc).__name__}: {exc}")
-                self.counts.add("get", "fail")
-                return False
-            seen[key] = r.version
-            history.complete(i, "ok", _text(r), version=r.version, node=r.node_id,
-                             applied_index=r.applied_index)
-            self.counts.add("get", "ok")
+        key, kind = planned.key, planned.kind
+        if kind in READS:
+            self._read(history, client, process, kind, key, seen)
             return False
-        expected = expected_version(op, key, seen)
+        expected, version_class = expected_version(planned, seen)
         fields: dict[str, Any] = {}
         if expected is not None:
             fields["expected_version"] = expected
+            fields["version_class"] = version_class
+        deleting = kind in ("delete", "cas-delete")
+        value = None if deleting else planned.value
         rid = client.new_request_id()
-        i = history.invoke(process, "put", key, value, request_id=rid, **fields)
+        i = history.invoke(process, "delete" if deleting else "put", key, value,
+                           request_id=rid, **fields)
         try:
-            w: WriteResult = client.put(key, value.encode(), expected_version=expected,
-                                        request_id=rid)
-        except CasMismatch as exc:
+            w: WriteResult | DeleteResult
+            if deleting:
+                w = client.delete(key, expected_version=expected, request_id=rid)
+            else:
+                w = client.put(key, value.encode(), expected_version=expected,  # type: ignore[union-attr]
+                               request_id=rid)
+        except CasMismatch as exc:  # (a delete's DeleteVersionMismatch too)
             seen[key] = exc.current_version
             history.complete(i, "ok", value, version=exc.current_version, applied=False,
                              node=exc.node_id or None)
-            self.counts.add(op, "ok")
+            self.counts.add(kind, "ok")
             return False
         except (Unavailable, InvalidArgument) as exc:
             history.complete(i, "fail", value, error=_error(exc))
-            self.counts.add(op, "fail")
+            self.counts.add(kind, "fail")
             return False
         except Indeterminate as exc:
             history.complete(i, "info", value, error=_error(exc))
-            self.counts.add(op, "info")
+            self.counts.add(kind, "info")
             return True
         except Exception as exc:  # unknown failure of a write: it may have applied
-            self.harness_errors.append(f"put: {type(exc).__name__}: {exc}")
+            self.harness_errors.append(f"{kind}: {type(exc).__name__}: {exc}")
             history.complete(i, "info", value, error=f"{type(exc).__name__}: {exc}")
-            self.counts.add(op, "info")
+            self.counts.add(kind, "info")
             return True
-        seen[key] = w.version
+        seen[key] = 0 if deleting else w.version  # a delete reports the version it removed
         history.complete(i, "ok", value, version=w.version, applied=True, node=w.node_id,
                          term=w.term)
-        self.counts.add(op, "ok")
+        self.counts.add(kind, "ok")
         return False
+
+    def _read(self, history: HistoryWriter, client: KVClient, process: int, kind: str,
+              key: str, seen: dict[str, int]) -> None:
+        consistency = self.consistency_of(kind)
+        home = next(iter(client.node_addresses))
+        i = history.invoke(process, "get", key, None, consistency=consistency)
+        try:
+            r = client.get(key, consistency=consistency, via=home)
+        except NotFound as exc:
+            seen[key] = 0
+            history.complete(i, "ok", None, version=0, node=exc.node_id or None)
+            self.counts.add(kind, "ok")
+            return
+        except (Unavailable, Indeterminate, InvalidArgument) as exc:
+            history.complete(i, "fail", None, error=_error(exc))
+            self.counts.add(kind, "fail")
+            return
+        except Exception as exc:  # a read changes nothing: certainly-not-applied is safe
+            self.harness_errors.append(f"get: {type(exc).__name__}: {exc}")
+            history.complete(i, "fail", None, error=f"{type(exc).__name__}: {exc}")
+            self.counts.add(kind, "fail")
+            return
+        seen[key] = r.version
+        history.complete(i, "ok", _text(r), version=r.version, node=r.node_id,
+                         applied_index=r.applied_index)
+        self.counts.add(kind, "ok")
 
     # ----- the end ---------------------------------------------------------------------
 

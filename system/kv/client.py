@@ -30,13 +30,16 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 from system.kv.session import Session, error_of
 from system.kv.transport import CHANNEL_OPTIONS
+
+if TYPE_CHECKING:
+    from system.kv.unsafe import ClientNewRequestId
 
 # One attempt's default timeout: short enough that a paused leader costs about an election
 # timeout, not the whole deadline; plus transfer time for large values.
@@ -221,7 +224,7 @@ class KVClient:
     def __init__(self, addresses: Sequence[str] | Mapping[str, str], *, timeout_s: float = 5.0,
                  retries: int = 100, attempt_timeout_s: float | None = None,
                  client_id: str | None = None, max_key_bytes: int = 1024,
-                 session: bool = True) -> None:
+                 session: bool = True, unsafe: ClientNewRequestId | None = None) -> None:
         if not addresses:
             raise ValueError("KVClient needs at least one node address")
         _check_timeout("timeout_s", timeout_s)
@@ -245,6 +248,8 @@ class KVClient:
         self._unary_only: set[str] = set()  # nodes that answered UNIMPLEMENTED to Session
         self._leader: str | None = None
         self._next = 0
+        # Test-only: a client-library canary (system/kv/unsafe.py); None in every real use.
+        self.unsafe = unsafe
 
     # ----- public API ------------------------------------------------------------------
 
@@ -436,6 +441,9 @@ class KVClient:
                 break
             address = self._pick(hint, avoid)
             hint = None
+            if self.unsafe is not None and maybe_applied:
+                request.request_id = self.unsafe.retry_request_id(self.new_request_id,
+                                                                request.request_id)
             try:
                 response = self._invoke(address, kind, request, min(remaining, per_attempt_s),
                                         payload_bytes)

@@ -191,13 +191,17 @@ class Node:
         self.identity = identity
         self.known_members = KnownMembers(config.data_dir)
         self.identity_problem = ""  # why the vote is withheld, for the operator
+        # A canary that breaks a rule of the state machine runs a subclass of it (the
+        # store's own class otherwise; system/kv/unsafe.py).
+        self._machine_class: type[KVStateMachine] = (
+            KVStateMachine if unsafe is None else unsafe.state_machine_class)
         restored = storage.load()
         if restored.snapshot is not None:
-            self.state_machine = KVStateMachine.restore(restored.snapshot_data)
+            self.state_machine = self._machine_class.restore(restored.snapshot_data)
             self._last_snapshot_index = restored.snapshot.index
             self._applied_term = restored.snapshot.term
         else:
-            self.state_machine = KVStateMachine()
+            self.state_machine = self._machine_class()
             self._last_snapshot_index = 0
             self._applied_term = 0
         self._hard_state = restored.hard_state
@@ -726,7 +730,7 @@ class Node:
                 f"apply; retry"))
 
     def _restore_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
-        self.state_machine = KVStateMachine.restore(data)
+        self.state_machine = self._machine_class.restore(data)
         self._applied_term = meta.term
         self._last_snapshot_index = meta.index
         self._applied_bytes_since_snapshot = 0

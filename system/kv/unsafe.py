@@ -20,9 +20,19 @@ Canaries (see docs/kv-node.md):
   (docs/raft.md, "The leader writes its log in parallel with replicating it"). The node
   sends its APPENDs before that fsync, so a follower's answer can make the entry
   "committed" while one node of three holds it durably.
+- `cas-skips-check-when-absent`: a compare-and-swap on an absent key (never written, or
+  deleted) applies whatever version it expected, as if unconditional.
+- `delete-keeps-version`: a delete leaves the key's version behind (a tombstone reads do
+  not see); a re-created key continues from it instead of restarting at 1, and a
+  compare-and-swap against the deleted key's last version succeeds over the delete.
 - every broken Raft core of system/raft/unsafe.py (`votes-twice`, `commits-old-term-entries`,
   ...): the node builds its core from that class (`UnsafeMode.core_class`) and runs the
   real shell around it.
+
+A client-library canary, run by the workload's clients rather than by the nodes
+(`client_canary`, KVClient(unsafe=...)):
+- `client-new-request-id`: retries a write whose outcome is unknown under a fresh request
+  id, so the store cannot tell the retry from a new write and may apply it twice.
 
 What it must never do: be reachable without both the flag and the environment variable.
 """
@@ -30,10 +40,17 @@ What it must never do: be reachable without both the flag and the environment va
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from system.kv.state_machine import DeleteCommand, DeleteResult, PutResult, decode_command
+from system.kv.state_machine import (
+    DeleteCommand,
+    DeleteResult,
+    KVStateMachine,
+    PutCommand,
+    PutResult,
+    decode_command,
+)
 from system.raft.core import RaftCore
 from system.raft.types import Entry, EntryKind
 from system.raft.unsafe import VARIANTS as CORE_VARIANTS
@@ -43,9 +60,10 @@ if TYPE_CHECKING:
 
 ALLOW_ENV_VAR = "MAO_ALLOW_UNSAFE"
 STORE_CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync",
-                  "counts-unsynced-self")
-# Every name `--unsafe` takes, for the node and for `python -m nemesis run`: one list.
+                  "counts-unsynced-self", "cas-skips-check-when-absent", "delete-keeps-version")
+# Every name `--unsafe` takes for a node and for `python -m nemesis run`: one list.
 CANARIES = (*STORE_CANARIES, *CORE_VARIANTS)
+CLIENT_CANARIES = ("client-new-request-id",)
 
 
 class UnsafeRefused(RuntimeError):
@@ -57,6 +75,9 @@ class UnsafeMode:
 
     name = ""
     core_class: type[RaftCore] = RaftCore  # the Raft core the node builds
+    # The state machine the node applies committed entries with (a canary that breaks one
+    # of its rules names a subclass; the store's own pure machine is not touched).
+    state_machine_class: type[KVStateMachine] = KVStateMachine
 
     def request_id_for_proposal(self, request_id: str) -> str:
         return request_id
@@ -171,6 +192,55 @@ class CountsUnsyncedSelf(UnsafeMode):
     core_class = _CountsUnsyncedSelfCore
 
 
+class CasSkipsCheckWhenAbsentMachine(KVStateMachine):
+    """WRONG: a put with an expected version on an absent key applies whatever it expected."""
+
+    def _put(self, command: PutCommand) -> PutResult:
+        if command.expected_version is not None and self.get(command.key) is None:
+            command = PutCommand(command.key, command.value, None, command.request_id)
+        return super()._put(command)
+
+
+class CasSkipsCheckWhenAbsent(UnsafeMode):
+    """WRONG: the version check of a compare-and-swap is skipped when the key is absent."""
+
+    name = "cas-skips-check-when-absent"
+    state_machine_class = CasSkipsCheckWhenAbsentMachine
+
+
+class DeleteKeepsVersionMachine(KVStateMachine):
+    """WRONG: a delete remembers the version it removed (a tombstone, in memory only: not in
+    snapshots), and the next put of the key continues from it. Reads still see the key
+    absent, so the bug shows only to a write after a delete."""
+
+    def __init__(self, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self._tombstones: dict[str, int] = {}
+
+    def _delete(self, command: DeleteCommand) -> DeleteResult:
+        result = super()._delete(command)
+        if result.applied and result.existed:
+            self._tombstones[command.key] = result.version
+        return result
+
+    def _put(self, command: PutCommand) -> PutResult:
+        kept = self._tombstones.get(command.key) if self.get(command.key) is None else None
+        if kept is None:
+            return super()._put(command)
+        if command.expected_version is not None and command.expected_version != kept:
+            return PutResult(applied=False, version=kept)
+        del self._tombstones[command.key]
+        self._data[command.key] = (command.value, kept + 1)
+        return PutResult(applied=True, version=kept + 1)
+
+
+class DeleteKeepsVersion(UnsafeMode):
+    """WRONG: a re-created key continues from its deleted version instead of 1."""
+
+    name = "delete-keeps-version"
+    state_machine_class = DeleteKeepsVersionMachine
+
+
 class BrokenCore(UnsafeMode):
     """WRONG: the node's Raft core is a broken variant (system/raft/unsafe.py); the rest of
     the node is the real one."""
@@ -186,7 +256,10 @@ _MODES: dict[str, type[UnsafeMode]] = {
     NoDedup.name: NoDedup,
     SkipsFsync.name: SkipsFsync,
     CountsUnsyncedSelf.name: CountsUnsyncedSelf,
+    CasSkipsCheckWhenAbsent.name: CasSkipsCheckWhenAbsent,
+    DeleteKeepsVersion.name: DeleteKeepsVersion,
 }
+assert tuple(_MODES) == STORE_CANARIES, "every store canary has a mode"
 
 
 def unsafe_mode(name: str | None, environ: dict[str, str] | None = None) -> UnsafeMode | None:
@@ -206,3 +279,31 @@ def unsafe_mode(name: str | None, environ: dict[str, str] | None = None) -> Unsa
             f"and exists only to test the test harness. Set {ALLOW_ENV_VAR}=1 in the "
             f"environment if that is really what you want.")
     return _MODES[name]() if name in _MODES else BrokenCore(name)
+
+
+
+class ClientNewRequestId:
+    """WRONG (client library): a write retried after an attempt that may have applied goes
+    out under a fresh request id, so the store applies it again if the first one did."""
+
+    name = "client-new-request-id"
+
+    def retry_request_id(self, fresh: Callable[[], str], request_id: str) -> str:
+        return fresh()
+
+
+def client_canary(name: str | None, environ: dict[str, str] | None = None
+                  ) -> ClientNewRequestId | None:
+    """The client-library canary called `name` (None: the safe client). Raises
+    UnsafeRefused unless MAO_ALLOW_UNSAFE=1, and ValueError for a name that is not one."""
+    if not name:
+        return None
+    if name not in CLIENT_CANARIES:
+        raise ValueError(f"unknown client canary {name!r}; known: {', '.join(CLIENT_CANARIES)}")
+    env = os.environ if environ is None else environ
+    if env.get(ALLOW_ENV_VAR) != "1":
+        raise UnsafeRefused(
+            f"refusing to run clients with --unsafe {name}: this mode deliberately breaks "
+            f"safety and exists only to test the test harness. Set {ALLOW_ENV_VAR}=1 in the "
+            f"environment if that is really what you want.")
+    return ClientNewRequestId()

@@ -52,8 +52,8 @@ class ClientOp:
     process: int
     f: Function
     key: str
-    value: str | None  # put/cas: the value to write
-    expected_version: int | None  # cas only
+    value: str | None  # put/cas: the value to write (None for get and delete)
+    expected_version: int | None  # cas and conditional delete only
     request_id: str
     stale: bool  # get only: serve from local state, no ReadIndex barrier
     retry_on_refusal: bool  # driven clients retry; hand-driven ops fail at once

@@ -9,7 +9,9 @@ register the store's state machine keeps (`system.sim.state_machine`); the proje
 
 How the store's keys map onto `versioned-kv` (both: a key is (value, version), version 0 =
 never written, +1 per applied write):
-- `put` -> `put` without `expected_version`; `cas` -> `put` with `expected_version`.
+- `put` -> `put` without `expected_version`; `cas` -> `put` with `expected_version`;
+  `delete` -> `delete`, with `expected_version` when conditional (the reported version is
+  the one the key had: 0 when absent).
 - a CAS whose expected version did not match completes `fail` here with the key's current
   version (`applied=False`); it becomes `fail` with `error: "cas-mismatch"` and that version,
   which the model reads as "at some instant in the interval the version was this one, and
@@ -44,6 +46,7 @@ class Function(Enum):
     PUT = "put"
     CAS = "cas"
     GET = "get"
+    DELETE = "delete"  # with expected_version: a conditional delete
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,7 @@ def to_records(history: list[HistoryEvent]) -> list[Op]:
     """The history as `histories.Op` records for `checker` (see the module docstring)."""
     records = []
     for event in history:
-        f = "get" if event.f is Function.GET else "put"
+        f = {Function.GET: "get", Function.DELETE: "delete"}.get(event.f, "put")
         invoke = event.type is EventType.INVOKE
         extra: list[tuple[str, object]] = [("step", event.step)]
         if event.request_id:

@@ -29,6 +29,7 @@ from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, R
 from system.raft.types import Entry, NodeId, SnapshotMeta
 from system.sim.clients import Attempt, ClientOp
 from system.sim.disk import FakeDisk
+from system.sim.history import Function
 from system.sim.invariants import Rule
 from system.sim.state_machine import CorruptSnapshot, Replica, encode_write
 
@@ -335,9 +336,10 @@ class NodeShell:
     def submit_write(self, op: ClientOp, attempt: Attempt) -> None:
         core = self.core
         assert core is not None
-        assert op.value is not None
-        command = encode_write(self.proposal_request_id(op), op.key, op.value,
-                               op.expected_version)
+        deleting = op.f is Function.DELETE
+        assert deleting or op.value is not None, "a put carries a value"
+        command = encode_write(self.proposal_request_id(op), op.key,
+                               None if deleting else op.value, op.expected_version)
         try:
             index, term = core.propose(command)
         except NotLeader as error:

@@ -4,7 +4,7 @@ What it is for: what the simulator proves about applying, deduplicating, snapsho
 restoring must be about the code production runs, so there is one register with request-id
 dedup in the project, `KVStateMachine`, and this module only adapts it to the simulator's
 vocabulary: client values are text (UTF-8 in the store), a compare-and-swap is a put with
-an expected version, and a write's outcome is a `WriteResult` the shell hands to the
+an expected version, a delete is a write without a value, and a write's outcome is a `WriteResult` the shell hands to the
 client. `Replica` wraps one node's machine; a broken variant of the store
 (tests/raft/broken.py) is a `KVStateMachine` subclass passed in through `SimVariant`.
 
@@ -19,9 +19,11 @@ from dataclasses import dataclass
 
 from system.kv.state_machine import (
     CommandRejected,
+    DeleteResult,
     InvalidSnapshot,
     KVStateMachine,
     PutResult,
+    encode_delete,
     encode_put,
 )
 from system.raft.types import Entry, EntryKind
@@ -37,7 +39,8 @@ class WriteResult:
     """A write's outcome. A duplicate request id gets the first result again."""
 
     ok: bool  # False: CAS version mismatch or a rejected command; nothing changed
-    version: int  # the key's version after the write (the current one when not ok)
+    version: int  # the key's version after the write (the current one when not ok);
+    # a delete: the version the key had (0: absent)
     error: str = ""  # why not ok, for the person reading the history
 
     @property
@@ -53,13 +56,17 @@ class ReadResult:
     version: int  # 0: never written
 
 
-def encode_write(request_id: str, key: str, value: str, expected_version: int | None) -> bytes:
-    """The bytes a node proposes for a client's put (or CAS, with `expected_version`)."""
+def encode_write(request_id: str, key: str, value: str | None,
+                 expected_version: int | None) -> bytes:
+    """The bytes a node proposes for a client's put (or CAS, with `expected_version`);
+    `value` None: a delete (conditional with `expected_version`)."""
+    if value is None:
+        return encode_delete(key, expected_version=expected_version, request_id=request_id)
     return encode_put(key, value.encode(), expected_version=expected_version,
                       request_id=request_id)
 
 
-def _write_result(result: PutResult) -> WriteResult:
+def _write_result(result: PutResult | DeleteResult) -> WriteResult:
     if result.applied:
         return WriteResult(True, result.version)
     return WriteResult(False, result.version,
@@ -85,7 +92,6 @@ class Replica:
         result = self.machine.apply(entry.index, entry.data)
         if isinstance(result, CommandRejected):
             return WriteResult(False, 0, f"rejected: {result.reason}")
-        assert isinstance(result, PutResult), "the simulator proposes puts only"
         return _write_result(result)
 
     def read(self, key: str) -> ReadResult:
@@ -97,7 +103,7 @@ class Replica:
     def result_of(self, request_id: str) -> WriteResult | None:
         """The first result recorded for `request_id`, None if never applied."""
         first = self.machine.first_result(request_id)
-        return _write_result(first) if isinstance(first, PutResult) else None
+        return _write_result(first) if first is not None else None
 
     def keys(self) -> list[str]:
         return list(self.machine.keys())

@@ -11,7 +11,11 @@ towards a commit; caught only where a Ready is pipelined, `Simulation(pipeline=T
 other,
 `ack-before-commit`, needs the node's internals in the store, so it is written again here
 for the simulator's shell: a write is answered once the leader's own log holds it, with the
-result its entry will have if the log commits as it stands.
+result its entry will have if the log commits as it stands. `cas-skips-check-when-absent`
+and `delete-keeps-version` break a rule of the state machine: every simulated node applies
+with the store's canary subclass (`UnsafeMode.state_machine_class`), as a real node does.
+The client-library canary (`client-new-request-id`) is no variant of the store: the
+simulated clients run it (nemesis/sim_runner.py), as the real ones do.
 
 The broken Raft cores (system/raft/unsafe.py, e.g. `votes-twice`) need nothing of their
 own here: their variant is the real shell and state machine around the broken core, the
@@ -23,12 +27,14 @@ of deliberately wrong simulator code for the store's canaries is in this module.
 
 from __future__ import annotations
 
-from system.kv.state_machine import PutCommand, decode_command
+from system.kv.state_machine import DeleteCommand, decode_command
 from system.kv.unsafe import (
     CANARIES,
     STORE_CANARIES,
     AckBeforeCommit,
+    CasSkipsCheckWhenAbsent,
     CountsUnsyncedSelf,
+    DeleteKeepsVersion,
     NoDedup,
     SkipsFsync,
     StaleRead,
@@ -125,7 +131,11 @@ class AckBeforeCommitShell(NodeShell):
                 versions[command.key] = self.replica.read(command.key).version
             version = versions[command.key]
             matches = command.expected_version in (None, version)
-            assert isinstance(command, PutCommand), "the simulator proposes puts only"
+            if isinstance(command, DeleteCommand):  # answers the version the key had
+                results[entry.index] = (matches, version)
+                if matches:
+                    versions[command.key] = 0
+                continue
             results[entry.index] = (matches, version + 1 if matches else version)
             if matches:
                 versions[command.key] = version + 1
@@ -150,6 +160,14 @@ _VARIANTS = {
     CountsUnsyncedSelf.name: SimVariant(
         "counts-unsynced-self", core_class=CountsUnsyncedSelf.core_class,
         shell_class=CountsUnsyncedSelfShell, description=CountsUnsyncedSelf.__doc__ or ""),
+    # The store's own wrong state machines, applied by every simulated node.
+    CasSkipsCheckWhenAbsent.name: SimVariant(
+        CasSkipsCheckWhenAbsent.name,
+        state_machine_class=CasSkipsCheckWhenAbsent.state_machine_class,
+        description=CasSkipsCheckWhenAbsent.__doc__ or ""),
+    DeleteKeepsVersion.name: SimVariant(
+        DeleteKeepsVersion.name, state_machine_class=DeleteKeepsVersion.state_machine_class,
+        description=DeleteKeepsVersion.__doc__ or ""),
 }
 assert tuple(_VARIANTS) == STORE_CANARIES, "every store canary has a simulator variant"
 _VARIANTS.update({name: SimVariant(name, core_class=core, description=core.__doc__ or "")
@@ -160,6 +178,8 @@ ACK_BEFORE_COMMIT = _VARIANTS[AckBeforeCommit.name]
 STALE_READ = _VARIANTS[StaleRead.name]
 NO_DEDUP = _VARIANTS[NoDedup.name]
 SKIPS_FSYNC = _VARIANTS[SkipsFsync.name]
+CAS_SKIPS_CHECK_WHEN_ABSENT = _VARIANTS[CasSkipsCheckWhenAbsent.name]
+DELETE_KEEPS_VERSION = _VARIANTS[DeleteKeepsVersion.name]
 COUNTS_UNSYNCED_SELF = _VARIANTS[CountsUnsyncedSelf.name]
 
 

@@ -46,7 +46,8 @@ def test_same_seed_same_history_byte_for_byte_and_a_valid_complete_run_folder(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("canary", ["ack-before-commit", "stale-read", "no-dedup"])
+@pytest.mark.parametrize("canary", ["ack-before-commit", "stale-read", "no-dedup",
+                                    "cas-skips-check-when-absent", "delete-keeps-version"])
 def test_every_store_canary_is_caught_on_the_simulator(tmp_path: Path, canary: str) -> None:
     # Seed 4: since a leader's fsync runs in the background (issue 21) seed 5 no longer
     # catches no-dedup (VALID); seeds 2, 3, 4, 6 and 7 do, seed 1 does not.
@@ -60,6 +61,30 @@ def test_every_store_canary_is_caught_on_the_simulator(tmp_path: Path, canary: s
                        unsafe=canary, check_budget_s=30)
     assert run(config, out=out) == 1, out.getvalue()
     assert "INVALID" in out.getvalue()
+
+
+@pytest.mark.parametrize("canary", ["cas-skips-check-when-absent", "delete-keeps-version"])
+def test_the_mix_catches_a_version_rule_canary_without_faults_and_the_safe_store_passes(
+        tmp_path: Path, canary: str) -> None:
+    """The old mix (get, put, cas against the version seen; no delete) passed both; the
+    mix's deletes and wrong expected versions must show them, with no fault needed."""
+    args = ["--faults", "none", "--duration", "10", "--seed", "2201"]
+    code, run = _run(tmp_path, *args, "--unsafe", canary, store="canary")
+    results = json.loads((run / "results.json").read_text())
+    assert code == 1, results["linearizable"]
+    assert results["linearizable"]["valid"] is False
+    assert _run(tmp_path, *args, store="safe")[0] == 0
+
+
+@pytest.mark.slow
+def test_the_client_canary_is_caught_on_the_simulator(tmp_path: Path) -> None:
+    """client-new-request-id: the simulated clients retry a write that may have applied
+    under a fresh id; with every client's write in flight when a leader freezes or dies."""
+    code, run = _run(tmp_path, "--faults", "pause,kill", "--rate", "0", "--duration", "60",
+                     "--seed", "2201", "--unsafe", "client-new-request-id")
+    assert code == 1
+    assert json.loads((run / "test.json").read_text())["workload"]["client_unsafe"] == (
+        "client-new-request-id")
 
 
 def test_the_trainer_workload_is_refused_on_the_simulator(
