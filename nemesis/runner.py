@@ -70,6 +70,8 @@ class RunConfig:
                  f"--nodes {self.nodes}", f"--workload {self.workload}",
                  f"--platform {self.platform}", f"--seed {self.seed}",
                  f"--concurrency {self.concurrency}", f"--rate {self.rate:g}"]
+        if self.op_timeout_s != 3.0:  # the flag's default
+            parts.append(f"--op-timeout {self.op_timeout_s:g}")
         if self.read_consistency != "linearizable":
             parts.append(f"--read-consistency {self.read_consistency}")
         if self.unsafe:
