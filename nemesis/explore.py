@@ -347,7 +347,7 @@ def summary_lines(outcomes: list[Outcome], findings: dict[str, Finding], wall: f
     lines = ["", tabulate(totals, tablefmt="simple")]
     if findings:
         rows = [[f.signature, f.runs, f.first.seed, mix_text(f.first.settings),
-                 os.path.relpath(f.test) if f.test else f"- ({f.shrink_note})"]
+                 _short(f.test) if f.test else f"- ({f.shrink_note})"]
                 for f in findings.values()]
         lines += ["", tabulate(rows, headers=["signature", "runs", "first seed", "its settings",
                                               "shrunk test"], tablefmt="simple"), ""]
@@ -357,6 +357,12 @@ def summary_lines(outcomes: list[Outcome], findings: dict[str, Finding], wall: f
         lines += ["", f"harness errors in {len(errors)} run(s); first: seed {errors[0].seed}: "
                       f"{errors[0].note}; reproduce: {errors[0].reproduce}"]
     return lines
+
+
+def _short(path: str) -> str:
+    """`path` relative to the working directory when it is inside it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def refuse_unsafe(unsafe: str | None, environ: dict[str, str] | None = None) -> str | None:
