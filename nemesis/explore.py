@@ -226,12 +226,19 @@ def explore(plan: Exploration, out=None) -> int:  # noqa: ANN001 - a text stream
     started = time.monotonic()
     outcomes: list[Outcome] = []
     findings: dict[str, Finding] = {}
+    interrupted = False
     for index in range(plan.runs):
         if plan.budget_s is not None and time.monotonic() - started >= plan.budget_s:
             print(f"budget of {plan.budget_s:g} s reached after {index} runs", file=out,
                   flush=True)
             break
-        outcome = _one_run(plan, folder, index)
+        try:
+            outcome = _one_run(plan, folder, index)
+        except KeyboardInterrupt:
+            print(f"interrupted during run {index + 1}; the summary covers the runs before it",
+                  file=out, flush=True)
+            interrupted = True
+            break
         outcomes.append(outcome)
         print(_progress_line(outcome, plan.runs, time.monotonic() - started), file=out,
               flush=True)
@@ -256,7 +263,8 @@ def explore(plan: Exploration, out=None) -> int:  # noqa: ANN001 - a text stream
     print(f"explore folder: {folder}", file=out, flush=True)
     if findings:
         return EXIT_INVALID
-    return EXIT_HARNESS if any(o.code == EXIT_HARNESS for o in outcomes) else EXIT_VALID
+    harness_errors = interrupted or any(o.code == EXIT_HARNESS for o in outcomes)
+    return EXIT_HARNESS if harness_errors else EXIT_VALID
 
 
 def _one_run(plan: Exploration, folder: Path, index: int) -> Outcome:
@@ -266,7 +274,7 @@ def _one_run(plan: Exploration, folder: Path, index: int) -> Outcome:
     settings = draw(seed, plan.pinned)
     config = RunConfig(argv=[], platform="sim", platform_reason=f"explore run {index + 1}",
                        workload="kv", seed=seed, store=folder / "runs", unsafe=plan.unsafe,
-                       check_budget_s=plan.check_budget_s, **settings)
+                       check_budget_s=plan.check_budget_s, write_report=False, **settings)
     config.argv = config.reproduce().split()
     began = time.monotonic()
     console = io.StringIO()
@@ -276,6 +284,12 @@ def _one_run(plan: Exploration, folder: Path, index: int) -> Outcome:
     results = read_json(results_path) if results_path.exists() else {}
     sim = results.get("sim") or {}
     note = ""
+    if code != EXIT_VALID:  # what a person opens first (a valid run's folder is removed)
+        from nemesis.report import after_run
+
+        after_run(run_dir)
+    if results.get("harness_error") == "interrupted":
+        raise KeyboardInterrupt  # Ctrl-C or SIGTERM during the run: the exploration stops
     if code == EXIT_HARNESS:
         note = next((line for line in console.getvalue().splitlines()
                      if line.startswith("harness error")), "harness error (see harness.log)")

@@ -63,6 +63,9 @@ class RunConfig:
     check_budget_s: float
     node_args: list[str] = field(default_factory=list)
     junit: Path | None = None  # --junit FILE: JUnit XML for CI (nemesis/report)
+    # False: no report.html (`explore` writes it only for failing runs: the plots cost
+    # about as much CPU as a short simulated run)
+    write_report: bool = True
 
     def reproduce(self) -> str:
         parts = ["python -m nemesis run", f"--faults {','.join(self.faults)}",
@@ -419,7 +422,8 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
         _print(out, f"interrupted during the check; the run is stored, re-check it with: "
                     f"python -m nemesis check {run_dir}")
         return check.EXIT_HARNESS
-    report_line = report.after_run(run_dir, config.junit)  # nemesis/report; never raises
+    report_line = (report.after_run(run_dir, config.junit)  # nemesis/report; never raises
+                   if config.write_report else "report: not written (python -m nemesis report)")
     for line in check.summary_lines(results):
         _print(out, line)
     if run_info["crashed_nodes"]:
