@@ -120,50 +120,53 @@ def parse_pins(items: list[str]) -> dict[str, Any]:
 
 
 def signature(results: dict[str, Any], run_dir: Path) -> str:
-    """What failed, as a short stable name: the checkers that failed with their anomaly kind
-    (`linearizability:stale-read`, `lost-writes:lost-write`), and each safety rule the
-    simulator's monitor saw (`invariant:applied-exactly-once`), joined by `+`; "" if none."""
+    """What failed, as a short stable name: each checker that failed with the kind of its
+    earliest anomaly (`linearizability:stale-read`, `lost-writes:lost-write`), and the
+    first safety rule the simulator's monitor saw (`invariant:exactly-once`: the rules it
+    saw after the first mostly follow from it), joined by `+`; "" if nothing failed.
+    One kind per checker keeps the count of distinct signatures meaningful: a run of a
+    canary breaks many keys, each in its own way."""
     from system.sim.invariants import Rule
 
-    parts: set[str] = set()
+    parts = []
+    monitor = (results.get("sim") or {}).get("monitor_violations") or []
+    if monitor:
+        text = monitor[0].partition("] ")[2]
+        rule = next((r for r in Rule if text.startswith(r.value + ":")), None)
+        parts.append(f"invariant:{(rule.name if rule else 'unknown').lower().replace('_', '-')}")
     lin = results.get("linearizable") or {}
     if lin.get("valid") is False:
-        parts |= {f"linearizability:{kind}" for kind in _lin_kinds(lin, run_dir)}
+        parts.append(f"linearizability:{_lin_kind(lin, run_dir)}")
     lost = results.get("lost_writes") or {}
     if lost.get("valid") is False:
-        parts |= {f"lost-writes:{a['kind']}" for a in lost.get("anomalies", [])} or {"lost-writes"}
-    for line in (results.get("sim") or {}).get("monitor_violations", []):
-        text = line.partition("] ")[2]
-        rule = next((r for r in Rule if text.startswith(r.value + ":")), None)
-        parts.add(f"invariant:{(rule.name if rule else 'unknown').lower().replace('_', '-')}")
+        anomalies = sorted(lost.get("anomalies") or [], key=lambda a: min(
+            (op["invoke_index"] for op in a.get("operations") or []), default=0))
+        parts.append(f"lost-writes:{anomalies[0]['kind']}" if anomalies else "lost-writes")
     return "+".join(sorted(parts))
 
 
-def _lin_kinds(lin: dict[str, Any], run_dir: Path) -> set[str]:
-    """The kind of each invalid key's counterexample, from the operation it cannot place:
-    a read older than the write before it (stale-read), another bad read (read), a write
-    or a compare-and-swap whose version does not follow (write, cas)."""
+def _lin_kind(lin: dict[str, Any], run_dir: Path) -> str:
+    """The kind of the earliest counterexample, from the operation it cannot place: a read
+    older than the write before it (stale-read), another bad read (read), a write or a
+    compare-and-swap whose version does not follow (write, cas)."""
     from histories.read import read_operations
 
     blocked = [k["counterexample"] for k in lin.get("keys", [])
                if k.get("valid") is False and k.get("counterexample")]
     if not blocked:
-        return {"invalid"}
+        return "invalid"  # a budget or a malformed history: no counterexample to classify
+    example = min(blocked, key=lambda c: c["blocking"]["op"]["invoke_index"])
     ops = {op.id: op for op in read_operations(run_dir / "history.jsonl",
                                                allow_truncated_tail=True)}
-    kinds = set()
-    for example in blocked:
-        op = ops.get(example["blocking"]["op"]["id"])
-        last = example.get("last_write")
-        if op is None:
-            kinds.add("invalid")
-        elif op.f == "get":
-            before = ops.get(last["id"]) if last else None
-            older = before is not None and (op.version or 0) < (before.version or 0)
-            kinds.add("stale-read" if older else "read")
-        else:
-            kinds.add("cas" if op.expected_version is not None else "write")
-    return kinds
+    op = ops.get(example["blocking"]["op"]["id"])
+    if op is None:
+        return "invalid"
+    if op.f != "get":
+        return "cas" if op.expected_version is not None else "write"
+    last = example.get("last_write")
+    before = ops.get(last["id"]) if last else None
+    return "stale-read" if before is not None and (op.version or 0) < (before.version or 0) \
+        else "read"
 
 
 # ----- the exploration ---------------------------------------------------------------------
@@ -216,6 +219,8 @@ WORD = {EXIT_VALID: "valid", EXIT_INVALID: "INVALID", EXIT_UNKNOWN: "unknown",
 def explore(plan: Exploration, out=None) -> int:  # noqa: ANN001 - a text stream
     """Every run, then the summary; returns 1 if any run found a violation, else 3 if any
     run was a harness error, else 0 (unknown verdicts are counted, not failed)."""
+    from nemesis.runner import _Terminate as Terminated  # SIGTERM during a run
+
     out = out if out is not None else sys.stdout
     folder = new_run_dir(plan.store, "explore", point_latest=False)
     what = f"--unsafe {plan.unsafe}" if plan.unsafe else "the safe store"
@@ -234,7 +239,7 @@ def explore(plan: Exploration, out=None) -> int:  # noqa: ANN001 - a text stream
             break
         try:
             outcome = _one_run(plan, folder, index)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated):
             print(f"interrupted during run {index + 1}; the summary covers the runs before it",
                   file=out, flush=True)
             interrupted = True
