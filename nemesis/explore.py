@@ -344,8 +344,9 @@ def _shrink(finding: Finding, plan: Exploration, folder: Path, out) -> None:  # 
             plan.tests_out.mkdir(parents=True, exist_ok=True)
             finding.test = str(shutil.copy(tests / name, plan.tests_out / name))
     if code != EXIT_SHRUNK and not finding.shrink_note:
-        last = [line.strip() for line in text.getvalue().splitlines() if line.strip()]
-        finding.shrink_note = last[-1] if last else f"shrink exited {code}"
+        lines = [line.strip() for line in text.getvalue().splitlines() if line.strip()]
+        notes = [line for line in lines if line.startswith("note:")]  # why not verified
+        finding.shrink_note = (notes or lines or [f"shrink exited {code}"])[-1]
     took = time.monotonic() - began
     print(f"  {'test: ' + finding.test if finding.test else 'no test'} ({took:.0f} s"
           + (f"; {finding.shrink_note}" if finding.shrink_note else "") + f"; log {log_path})",
@@ -366,7 +367,8 @@ def summary_lines(outcomes: list[Outcome], findings: dict[str, Finding], wall: f
     lines = ["", tabulate(totals, tablefmt="simple")]
     if findings:
         rows = [[f.signature, f.runs, f.first.seed, mix_text(f.first.settings),
-                 _short(f.test) if f.test else f"- ({f.shrink_note})"]
+                 _short(f.test) if f.test else "-" + (f" ({f.shrink_note})" if f.shrink_note
+                                                      else "")]
                 for f in findings.values()]
         lines += ["", tabulate(rows, headers=["signature", "runs", "first seed", "its settings",
                                               "shrunk test"], tablefmt="simple"), ""]
