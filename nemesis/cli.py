@@ -6,6 +6,8 @@
         [--unsafe NAME]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
     python -m nemesis shrink RUN_DIR [--test-out FILE]   minimise a failing --platform sim run
+    python -m nemesis explore --platform sim --runs N [--seed S] [--unsafe NAME]
+        [--budget-s S] [--tests-out DIR] [--set FLAG=VALUE]   many runs, settings drawn
     python -m nemesis clean [--run ID]    remove what a crashed run left behind
     python -m nemesis report RUN_DIR [--junit FILE]   regenerate report.html (and JUnit XML)
     python -m nemesis serve [--store DIR] [--port 8080] [--host 127.0.0.1]   browse the store
@@ -121,12 +123,56 @@ def build_parser() -> argparse.ArgumentParser:
     shrink.add_argument("--test-out", type=Path, default=None, metavar="FILE",
                         help="write the minimal schedule as a pytest test")
 
+    _add_explore_command(sub, CANARIES)
     clean = sub.add_parser("clean", help="remove containers, networks, volumes and processes "
                                          "a crashed run left")
     clean.add_argument("--run", default=None, metavar="RUN_ID", help="only this run's")
     clean.add_argument("--images", action="store_true", help="also remove the cached node images")
     _add_report_commands(sub)
     return parser
+
+
+def _add_explore_command(sub, canaries: tuple[str, ...]) -> None:  # noqa: ANN001
+    from nemesis.explore import KNOB_BY_FLAG
+
+    explore = sub.add_parser("explore", help="many --platform sim runs, each with its own "
+                                             "drawn faults and settings; failures grouped, "
+                                             "shrunk into tests")
+    explore.add_argument("--platform", choices=("sim",), required=True,
+                         help="only the simulator: runs in simulated time, replayable")
+    explore.add_argument("--runs", type=_positive(int), required=True, metavar="N")
+    explore.add_argument("--seed", type=int, default=None,
+                         help="run i has seed S+i (default: a random S, printed)")
+    explore.add_argument("--unsafe", choices=canaries, default=None,
+                         help="TEST THE HARNESS: explore a deliberately broken store "
+                              "(needs MAO_ALLOW_UNSAFE=1)")
+    explore.add_argument("--budget-s", type=_positive(float), default=None, metavar="S",
+                         help="start no run after S wall-clock seconds")
+    explore.add_argument("--tests-out", type=Path, default=None, metavar="DIR",
+                         help="also copy each shrunk test here")
+    explore.add_argument("--set", action="append", default=[], metavar="FLAG=VALUE",
+                         dest="pins", help=f"fix a drawn setting for every run; FLAG one of "
+                                           f"{', '.join(KNOB_BY_FLAG)}")
+    explore.add_argument("--no-shrink", action="store_true", help="do not shrink findings")
+    explore.add_argument("--keep-valid", action="store_true",
+                         help="keep the folders of valid runs (a few MB each)")
+    explore.add_argument("--store", type=Path, default=Path("store"), help="default %(default)s/")
+
+
+def _explore(args: argparse.Namespace) -> int:
+    from nemesis.explore import Exploration, explore, parse_pins, refuse_unsafe
+
+    if problem := refuse_unsafe(args.unsafe):
+        return _refuse(problem)
+    try:
+        pins = parse_pins(args.pins)
+    except ValueError as exc:
+        return _refuse(str(exc))
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
+    return explore(Exploration(runs=args.runs, seed=seed, unsafe=args.unsafe, store=args.store,
+                               budget_s=args.budget_s, tests_out=args.tests_out,
+                               keep_valid=args.keep_valid, shrink=not args.no_shrink,
+                               pinned=pins))
 
 
 # --- report, serve, show (nemesis/report) ---------------------------------------------------
@@ -193,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args, argv)
     if args.command == "check":
         return _check(args)
+    if args.command == "explore":
+        return _explore(args)
     if args.command in ("report", "serve", "show"):
         return _report_commands(args)
     if args.command == "shrink":

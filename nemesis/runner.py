@@ -66,6 +66,9 @@ class RunConfig:
     junit: Path | None = None  # --junit FILE: JUnit XML for CI (nemesis/report)
     faults_all: bool = False  # --faults all: `faults` is its expansion, dealt from a deck
     mix: dict[str, int] | None = None  # --mix: the kv workload's operation weights (None: default)
+    # False: no report.html (`explore` writes it only for failing runs: the plots cost
+    # about as much CPU as a short simulated run)
+    write_report: bool = True
 
     def reproduce(self) -> str:
         faults = "all" if self.faults_all else ",".join(self.faults)
@@ -75,6 +78,8 @@ class RunConfig:
                  f"--platform {self.platform}", f"--seed {self.seed}"]
         if self.workload == "kv":  # the trainer's clients are its workers: no rate, no concurrency
             parts += [f"--concurrency {self.concurrency}", f"--rate {self.rate:g}"]
+        if self.op_timeout_s != 3.0:  # the flag's default
+            parts.append(f"--op-timeout {self.op_timeout_s:g}")
         if self.read_consistency != "linearizable":
             parts.append(f"--read-consistency {self.read_consistency}")
         if self.workload == "kv":
@@ -437,7 +442,8 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
         _print(out, f"interrupted during the check; the run is stored, re-check it with: "
                     f"python -m nemesis check {run_dir}")
         return check.EXIT_HARNESS
-    report_line = report.after_run(run_dir, config.junit)  # nemesis/report; never raises
+    report_line = (report.after_run(run_dir, config.junit)  # nemesis/report; never raises
+                   if config.write_report else "report: not written (python -m nemesis report)")
     for line in check.summary_lines(results):
         _print(out, line)
     if run_info["crashed_nodes"]:

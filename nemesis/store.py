@@ -26,7 +26,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def new_run_dir(store: Path, workload: str) -> Path:
+def new_run_dir(store: Path, workload: str, point_latest: bool = True) -> Path:
     stamp = dt.datetime.now().strftime("%Y%m%dT%H%M%S")
     base = store / workload
     base.mkdir(parents=True, exist_ok=True)
@@ -36,7 +36,8 @@ def new_run_dir(store: Path, workload: str) -> Path:
             path.mkdir()
         except FileExistsError:
             continue
-        _point_latest(store, path)
+        if point_latest:
+            _point_latest(store, path)
         return path
     raise RuntimeError(f"could not create a unique run folder under {base}")
 
