@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     shrink.add_argument("--test-out", type=Path, default=None, metavar="FILE",
                         help="write the minimal schedule as a pytest test")
 
-    _add_explore_command(sub, CANARIES)
+    _add_explore_command(sub, (*CANARIES, *CLIENT_CANARIES))
     clean = sub.add_parser("clean", help="remove containers, networks, volumes and processes "
                                          "a crashed run left")
     clean.add_argument("--run", default=None, metavar="RUN_ID", help="only this run's")

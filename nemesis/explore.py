@@ -68,6 +68,27 @@ def _fault_mix(rng: random.Random) -> list[str]:
     return [f for f in faults if rng.random() < 0.5] or [rng.choice(faults)]
 
 
+# Workload mixes a run draws from (`--mix`): the default (every kind, every version
+# class), reads against few writes, compare-and-swap and delete churn (keys deleted and
+# re-created often), and plain puts and gets (Jepsen's register).
+MIXES = ("get=20,stale-get=10,put=15,cas=30,delete=10,cas-delete=15",
+         "get=50,stale-get=20,put=10,cas=10,delete=5,cas-delete=5",
+         "get=10,put=5,cas=40,delete=15,cas-delete=30",
+         "get=50,put=50")
+
+
+def _mix(rng: random.Random) -> dict[str, int]:
+    from workloads.kv import parse_mix
+
+    return parse_mix(rng.choice(MIXES))
+
+
+def _parse_mix(text: str) -> dict[str, int]:
+    from workloads.kv import parse_mix
+
+    return parse_mix(text)
+
+
 # A new knob is one line here (and the `run` flag it names).
 KNOBS: tuple[Knob, ...] = (
     Knob("faults", "faults", _fault_mix, lambda text: text.split(",")),
@@ -82,6 +103,7 @@ KNOBS: tuple[Knob, ...] = (
     # Short runs, many of them: a simulated second costs up to a wall second on a loaded
     # machine (more clients, more nodes and rate 0 cost most).
     Knob("duration", "duration_s", lambda r: r.choice((5.0, 10.0, 20.0))),
+    Knob("mix", "mix", _mix, _parse_mix),
 )
 KNOB_BY_FLAG = {k.flag: k for k in KNOBS}
 
