@@ -46,11 +46,15 @@ def test_same_seed_same_history_byte_for_byte_and_a_valid_complete_run_folder(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("canary", ["ack-before-commit", "stale-read", "no-dedup",
+@pytest.mark.parametrize("canary", ["ack-before-commit", "stale-read",
                                     "cas-skips-check-when-absent", "delete-keeps-version"])
 def test_every_store_canary_is_caught_on_the_simulator(tmp_path: Path, canary: str) -> None:
-    # Seed 4: since a leader's fsync runs in the background (issue 21) seed 5 no longer
-    # catches no-dedup (VALID); seeds 2, 3, 4, 6 and 7 do, seed 1 does not.
+    # Not no-dedup, nor the client canary client-new-request-id: both need a write retried
+    # after it applied, which on the simulator came from a paused leader that still took
+    # requests and replicated them (a simulator bug, fixed: requests to a paused node wait
+    # in its socket). Faults land between ticks, when no write is in flight, so no seed of
+    # 1-8 under partition,kill,pause,packet (nor pause,kill or kill at --rate 0) catches
+    # them there now; local and docker do (benchmarks/results/canaries.md).
     out = io.StringIO()
     from nemesis.runner import RunConfig, run
 
@@ -76,17 +80,6 @@ def test_the_mix_catches_a_version_rule_canary_without_faults_and_the_safe_store
     assert _run(tmp_path, *args, store="safe")[0] == 0
 
 
-@pytest.mark.slow
-def test_the_client_canary_is_caught_on_the_simulator(tmp_path: Path) -> None:
-    """client-new-request-id: the simulated clients retry a write that may have applied
-    under a fresh id; with every client's write in flight when a leader freezes or dies."""
-    code, run = _run(tmp_path, "--faults", "pause,kill", "--rate", "0", "--duration", "60",
-                     "--seed", "2201", "--unsafe", "client-new-request-id")
-    assert code == 1
-    assert json.loads((run / "test.json").read_text())["workload"]["client_unsafe"] == (
-        "client-new-request-id")
-
-
 def test_the_trainer_workload_is_refused_on_the_simulator(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
@@ -102,11 +95,11 @@ def test_the_trainer_workload_is_refused_on_the_simulator(
 # Broken Raft cores (system/raft/unsafe.py) that a harness run catches at this seed and
 # faults, each with the real core valid in the same run (benchmarks/core_variants.py has
 # the whole matrix). votes-twice: two candidates of one term both win at the first
-# election, and each acknowledges writes the other's log never gets. reads-without-quorum-
-# check: a paused leader wakes and serves reads its successor's writes have made stale.
+# election, and each acknowledges writes the other's log never gets. (reads-without-quorum-
+# check was caught here under pause only because a paused simulated node still served
+# requests; since it does not, no sim run catches it, as no local one did.)
 CORE_VARIANT_RUNS = [
     ("votes-twice", ["--faults", "none", "--duration", "6"]),
-    ("reads-without-quorum-check", ["--faults", "pause", "--interval", "3", "--duration", "10"]),
 ]
 
 
