@@ -140,6 +140,8 @@ class AckBeforeCommitShell(NodeShell):
             if matches:
                 versions[command.key] = version + 1
         for entry in waiting:
+            if entry.index not in results:
+                continue  # applied already (its fsync returned after it committed): answered then
             applied, version = results[entry.index]
             for term, op, attempt in self.write_waiters[entry.index]:
                 if term == entry.term and not op.done:

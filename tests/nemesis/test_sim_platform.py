@@ -113,3 +113,14 @@ def test_a_broken_raft_core_is_caught_and_the_real_core_is_valid_in_the_same_run
     assert code == 1 and results["verdict"] == "INVALID", results
     safe_code, safe = _run(tmp_path, *fixed, store="safe")
     assert safe_code == 0, json.loads((safe / "results.json").read_text())
+
+
+def test_the_ack_before_commit_shell_survives_a_leader_fsync_that_returns_after_the_commit(
+        tmp_path: Path) -> None:
+    # Found by `nemesis explore` (seed 3013): with the leader's fsync in the background, an
+    # entry can commit and apply before that fsync returns; the canary's shell then looked
+    # up an answer it had not computed (KeyError) and the run ended as a harness error.
+    code, run = _run(tmp_path, "--faults", "pause,kill-all", "--duration", "10",
+                     "--interval", "2", "--nodes", "3", "--concurrency", "10", "--rate", "50",
+                     "--seed", "3013", "--unsafe", "ack-before-commit")
+    assert code in (0, 1), (run / "harness.log").read_text()[-2000:]
