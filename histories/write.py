@@ -91,6 +91,10 @@ class HistoryWriter:
         with self._lock:
             return sorted(self._in_flight)
 
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
     def close(self) -> None:
         with self._lock:
             if not self._file.closed:

@@ -232,6 +232,10 @@ class Nemesis:
         if self._thread is not None:
             self._thread.join(timeout_s)
 
+    def busy(self) -> bool:
+        """The schedule's thread is still running (a heal in progress)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def _run(self, deadline: float) -> None:
         while not self._stop.is_set():
             # Quiet, then a fault held for one interval, unless the run ends first.

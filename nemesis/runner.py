@@ -38,6 +38,7 @@ log = logging.getLogger("nemesis")
 LEADER_TIMEOUT_S = 60.0  # first start on a loaded machine: processes import gRPC, elect
 RECOVERY_TIMEOUT_S = 30.0  # after the heal: a leader must serve again within this
 FINAL_READ_TIMEOUT_S = 30.0
+HEAL_WAIT_S = 60.0  # tear down: how long a heal in progress may take to finish and record its end
 
 
 class HarnessError(Exception):
@@ -271,7 +272,7 @@ def _teardown(ctx: RunContext | None, nemesis: Nemesis | None, workload: Workloa
     if ctx is not None:
         steps.append(("stop clients", ctx.stop.set))
     if nemesis is not None:
-        steps.append(("stop the nemesis", lambda: nemesis.stop(timeout_s=5)))
+        steps.append(("stop the nemesis", lambda: _stop_nemesis(nemesis)))
     if ctx is not None:
         steps.append(("join clients", lambda: workload.join(timeout_s=config.op_timeout_s + 5)))
 
@@ -295,6 +296,20 @@ def _teardown(ctx: RunContext | None, nemesis: Nemesis | None, workload: Workloa
         run_info["nemesis_errors"] = list(nemesis.errors)
         run_info["faults"] = dict(nemesis.counts)
     run_info["client_errors"] = list(getattr(workload, "harness_errors", []))[:20]
+
+
+def _stop_nemesis(nemesis: Nemesis, first_wait_s: float = 5.0) -> None:
+    """Stop the schedule and let a heal in progress finish and record its end, so an
+    interrupted run's history does not end on a fault that never healed (a Docker heal is
+    several `docker exec`s: it outlived the 5 s this waited before, 2 runs of 2)."""
+    nemesis.stop(timeout_s=first_wait_s)
+    if nemesis.busy():
+        log.warning("waiting up to %g s for the nemesis to finish the heal in progress",
+                    HEAL_WAIT_S)
+        nemesis.stop(timeout_s=HEAL_WAIT_S)
+        if nemesis.busy():
+            log.warning("the nemesis was still healing after %g s; the tear down goes on",
+                        HEAL_WAIT_S)
 
 
 def print_line(out, text: str) -> None:  # noqa: ANN001
@@ -334,6 +349,12 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     history = HistoryWriter(run_dir / "history.jsonl")
 
     def record(f: str, value: dict[str, Any]) -> None:
+        if history.closed:
+            # Only a heal that outlived the tear down's wait gets here (Ctrl-C during a slow
+            # heal): say what the history misses rather than raise from the nemesis thread.
+            log.warning("the history was already closed: nemesis %s %s not recorded", f,
+                        value.get("description", ""))
+            return
         index = history.event("nemesis", f, value)
         import json
 

@@ -3,6 +3,7 @@ each round of shapes and targets leads with the leader, and that the end heals e
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -273,3 +274,31 @@ def test_process_faults_go_to_every_window_first_a_miss_again_then_every_second(
     assert [v["landed"] for v in starts[:4]] == [True, False, True, True]
     assert windows[4:] == ["lease-renewal", "takeover"]  # in turn
     assert nemesis.windows_hit == {"checkpoint-write": 1, "lease-renewal": 2, "takeover": 2}
+
+
+def test_the_tear_down_waits_for_a_slow_heal_to_record_its_end() -> None:
+    """Ctrl-C during a Docker run while a fault was active: the tear down waited 5 s for
+    the nemesis, closed the history while the heal (several docker execs) still ran, and the
+    heal's record raised `I/O operation on closed file` — the history ended on a pause that
+    never resumed (2 runs of 2)."""
+    import threading
+
+    from nemesis.runner import _stop_nemesis
+    from tests.nemesis.waiting import wait_until
+
+    release = threading.Event()
+
+    class SlowResume(FakePlatform):
+        def resume(self, node_id: str) -> None:
+            release.wait(30)  # a heal that outlives the tear down's first wait
+            super().resume(node_id)
+
+    events: list[str] = []
+    nemesis = Nemesis(SlowResume(3), ["pause"], seed=1, interval_s=0.01,
+                      record=lambda f, v: events.append(f))
+    nemesis.start(deadline=time.monotonic() + 60)
+    wait_until(lambda: "pause" in events, 10, "the nemesis to pause a node")
+    threading.Timer(0.3, release.set).start()
+    _stop_nemesis(nemesis, first_wait_s=0.01)
+    assert not nemesis.busy()
+    assert events[-1] == "resume", events  # recorded before the history would be closed
