@@ -245,6 +245,8 @@ def serve(args: argparse.Namespace) -> int:
         print(f"error: node {args.id} refuses to start: {exc}. Is another node process "
               f"using {args.data_dir}? Stop it first.", file=sys.stderr)
         return 2
+    except OSError as exc:
+        return _unusable_data_dir(args, exc)
     try:
         identity = _identity_for(args, storage)
     except CorruptStorage as exc:
@@ -257,6 +259,9 @@ def serve(args: argparse.Namespace) -> int:
         storage.close()
         print(f"error: node {args.id} refuses to start: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # writing the new IDENTITY (a full disk, a read-only directory)
+        storage.close()
+        return _unusable_data_dir(args, exc)
     try:
         node = Node(config, storage, unsafe, identity)
     except CorruptStorage as exc:  # e.g. a damaged MEMBERS file
@@ -272,6 +277,15 @@ def serve(args: argparse.Namespace) -> int:
               f"{args.data_dir}: {exc}. Nothing was served.", file=sys.stderr)
         return 3
     return asyncio.run(_serve_until_signal(node))
+
+
+def _unusable_data_dir(args: argparse.Namespace, exc: OSError) -> int:
+    """A data directory that cannot be used at all (a path under a file, read-only, a full
+    disk at start): one line and exit 2, the operator's to fix; nothing was served."""
+    print(f"error: node {args.id} refuses to start: cannot use the data directory "
+          f"{args.data_dir}: {exc.filename or args.data_dir}: {exc.strerror or exc}",
+          file=sys.stderr)
+    return 2
 
 
 def rejoin_advice(args: argparse.Namespace) -> str:

@@ -118,3 +118,13 @@ def test_a_second_cluster_on_the_same_ports_fails_to_start(tmp_path) -> None:
             assert kv.get("k").value == b"v"
         finally:
             kv.close()
+
+
+def test_a_data_directory_under_a_file_is_a_one_line_error(tmp_path) -> None:
+    """Before: a NotADirectoryError traceback and exit 1 (issue 22)."""
+    (tmp_path / "a-file").write_text("not a directory\n")
+    port = _consecutive_free_ports(1)
+    done = _serve(tmp_path, f"127.0.0.1:{port}", tmp_path / "a-file" / "n9")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "cannot use the data directory" in done.stderr and "Not a directory" in done.stderr
