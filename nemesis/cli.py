@@ -298,8 +298,6 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"store, not the trainer); got --workload {args.workload}")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
-    if problem := store_problem(args.store, args.workload):
-        return _refuse(problem)
     if args.interval * 2 > args.duration and faults != ["none"]:
         print(f"note: --interval {args.interval:g} leaves no room for a fault in "
               f"--duration {args.duration:g} (a fault starts after one quiet interval)",
@@ -308,6 +306,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         platform, reason = choose(args.platform)
     except PlatformUnavailable as exc:
         return _refuse(str(exc))
+    # Made only once the platform answers, so a refused platform leaves nothing behind.
+    if problem := store_problem(args.store, args.workload):
+        return _refuse(problem)
     # The first line says where the nodes run and why.
     print(f"platform: {platform} ({reason})", flush=True)
     if faults_all:
