@@ -97,9 +97,10 @@ def test_a_bounded_exploration_finds_a_canary_and_its_shrunk_test_passes(
     assert code == 1, out
     [finding] = summary["findings"]
     assert finding["signature"].startswith("linearizability:stale-read"), finding
-    assert f"reproduce {finding['signature']}: python -m nemesis run " in out
+    # A canary's line carries the permission it needs (refused without it).
+    assert f"reproduce {finding['signature']}: MAO_ALLOW_UNSAFE=1 python -m nemesis run " in out
     # The reproduce line is a plain `run` that fails the same way.
-    argv = finding["reproduce"].split()[3:]
+    argv = finding["reproduce"].split()[4:]
     assert main([*argv, "--store", str(tmp_path / "again")]) == 1
     # The shrunk test, in the run folder and under --tests-out, passes: the real store
     # keeps the rule and the canary's simulator variant breaks it.
