@@ -21,7 +21,7 @@ from checker.staleness import stale_reads
 from checker.timeline import render_html
 from histories.ops import Operation
 from histories.pairing import pair_operations
-from histories.read import read_history_report, read_operations
+from histories.read import read_history_report
 from nemesis.store import read_json, write_json
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_HARNESS = 0, 1, 2, 3
@@ -55,7 +55,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     test = read_json(run_dir / "test.json") if (run_dir / "test.json").exists() else {}
     model_name = model_name or test.get("workload", {}).get("model") or "versioned-kv"
     if model_name == "trainer":
-        return _check_trainer_run(run_dir, test, started)
+        return _check_trainer_run(run_dir, test, started, read.records, operations)
     model = by_name(model_name, None)
     lin: Result = check_linearizable(operations, model, budget_s=budget_s, all_keys=True)
     lost: Result = check_lost_writes(operations)
@@ -95,14 +95,12 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     return results
 
 
-def _check_trainer_run(run_dir: Path, test: dict[str, Any], started: float) -> dict[str, Any]:
+def _check_trainer_run(run_dir: Path, test: dict[str, Any], started: float,
+                       records: list, operations: list[Operation]) -> dict[str, Any]:
     """The trainer workload's history: checker/trainer.py's properties (no linearizability:
     the head key is written only through CAS by the trainer; its checker is the trainer's)."""
     from checker.trainer import PROPERTIES, check_trainer, reference_digest
-    from histories.read import read_history
 
-    records = read_history(run_dir / "history.jsonl", allow_truncated_tail=True)
-    operations = read_operations(run_dir / "history.jsonl", allow_truncated_tail=True)
     config = (test.get("workload") or {}).get("config")
     found = check_trainer(records, reference_digest(config) if config else None)
     verdict = found["trainer_summary"]["valid"]

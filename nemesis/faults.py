@@ -359,20 +359,27 @@ class Nemesis:
     def _leader(self) -> str | None:
         return self.platform.leader()
 
+    def healer(self, links: list[tuple[str, str]]) -> Callable[[], dict[str, Any]]:
+        """The heal of a fault on these directed links (cut or lossy): each link healed."""
+        def heal() -> dict[str, Any]:
+            for src, dst in links:
+                self.platform.heal_link(src, dst)
+            return {}
+        return heal
+
+    def cut(self, graph: Any) -> tuple[list[tuple[str, str]], Callable[[], dict[str, Any]]]:
+        """Cut every link `graph` leaves out; returns the links and the heal that restores them."""
+        links = partitions.cuts(graph)
+        self.platform.cut_links(links)
+        return links, self.healer(links)
+
     def _partition(self) -> ActiveFault | None:
         shape_name = self._deal("shape", self.shapes)
         if shape_name in (PROCESS_PARTITION, REPLY_LOST):
             return self._cut_process(shape_name)
         leader = self._leader() if shape_name == "isolate-leader" else None
         graph = partitions.shape(shape_name, self.nodes, self.rng, leader)
-        links = partitions.cuts(graph)
-        self.platform.cut_links(links)
-
-        def heal() -> dict[str, Any]:
-            for src, dst in links:
-                self.platform.heal_link(src, dst)
-            return {}
-
+        links, heal = self.cut(graph)
         text = partitions.describe(graph)
         touched = sorted({a for a, _ in links} | {b for _, b in links})
         return self._register("partition", touched, f"{shape_name}: {text}", heal,
@@ -485,11 +492,7 @@ class Nemesis:
         links = [link for link in all_links if self.rng.random() < 0.5] or [self.rng.choice(all_links)]
         for src, dst in links:
             self.platform.set_loss(src, dst, probability)
-
-        def heal() -> dict[str, Any]:
-            for src, dst in links:
-                self.platform.heal_link(src, dst)
-            return {}
+        heal = self.healer(links)
 
         touched = sorted({a for a, _ in links} | {b for _, b in links})
         return self._register("packet", touched, f"{probability:.0%} loss on {len(links)} links",

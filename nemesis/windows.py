@@ -199,14 +199,7 @@ class Windows:
             return nemesis._register("kill", [follower], text, heal,
                                      {"target": "snapshot-lag", "last_index": last}, "kill")
         graph = partitions.isolate(nemesis.nodes, follower)
-        links = partitions.cuts(graph)
-        self.platform.cut_links(links)
-
-        def heal_links() -> dict[str, Any]:
-            for src, dst in links:
-                self.platform.heal_link(src, dst)
-            return {}
-
+        links, heal_links = nemesis.cut(graph)
         return nemesis._register("partition", [follower], text, heal_links,
                                  {"shape": "snapshot-lag", "graph": partitions.to_json(graph),
                                   "leader": None, "last_index": last,
@@ -390,8 +383,7 @@ class Windows:
             self.platform.pause(leader)
         else:
             graph = partitions.isolate(nemesis.nodes, leader)
-            links = partitions.cuts(graph)
-            self.platform.cut_links(links)
+            links, heal_links = nemesis.cut(graph)
         landed, why = still_open()
         self._tally(window["kind"], landed)
         aim = {"window": window, "landed": landed, "landed_evidence": why, "target": "leader"}
@@ -412,11 +404,6 @@ class Windows:
 
             return nemesis._register("pause", [leader], f"leader: {leader}; {where}",
                                      heal_pause, aim, "pause")
-
-        def heal_links() -> dict[str, Any]:
-            for src, dst in links:
-                self.platform.heal_link(src, dst)
-            return {}
 
         return nemesis._register("partition", [leader],
                                  f"isolate-leader: {partitions.describe(graph)}; {where}",
