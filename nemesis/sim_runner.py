@@ -5,7 +5,9 @@ client threads, a nemesis thread, sleeps. This one is the same job with one thre
 simulated clock, so the same seed gives the same history byte for byte:
 
     SimPlatform built from the seed -> ticks until a leader serves
-    -> each tick: the nemesis schedule, the clients, then the platform advances one tick
+    -> each tick: the clients, then the platform advances one tick; a tick in which the
+       nemesis begins or ends a fault delivers a seeded number of messages first and
+       lands the fault there, mid-tick, with requests in flight
     -> at the deadline: open operations time out, heal everything, final reads
     -> the same run folder (test.json, history.jsonl with nemesis records, nemesis.jsonl,
        nodes/, results.json), the same checkers and the same report
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,14 @@ RECOVERY_TIMEOUT_S = 30.0  # simulated: a leader again after the heal
 FINAL_READ_TIMEOUT_S = 30.0
 ATTEMPT_TIMEOUT_S = 0.5  # a silent node (paused, cut off) is given up for the next one
 RETRY_BACKOFF_S = 0.04  # after a refusal, before the next attempt
+# A fault begins or ends after up to this many of its tick's deliveries (drawn from the
+# seed). At a tick boundary every request has been delivered and answered, so a fault
+# there never meets a write in flight -- the window that request ids, ReadIndex's quorum
+# round and check-quorum exist for, and where real faults land (a kill or a pause mid-RPC).
+MID_TICK_DELIVERIES = 8
+# And it waits up to this long (simulated) for a tick with a client's write in flight, so
+# it lands on one: Jepsen's nemesis aims at the moments that matter in the same spirit.
+AIM_WAIT_S = 0.5
 
 
 @dataclass
@@ -134,6 +145,11 @@ class SimClients:
                 self.platform.submit(op, self._next_node(client, op))
                 if op.done:
                     self._record(client, op)
+
+    def write_in_flight(self) -> bool:
+        """Whether some client's write has been sent and not yet answered."""
+        return any(c.op is not None and not c.op.done and c.op.f is not Function.GET
+                   for c in self.clients)
 
     def stop(self, now_s: float) -> None:
         """The run's end: every open operation gives up (info if it may have applied)."""
@@ -261,7 +277,7 @@ class SimRun:
     """The run's simulated clock, its fault schedule and its clients, stepped together."""
 
     def __init__(self, platform: SimPlatform, nemesis: Nemesis, clients: SimClients,
-                 interval_s: float) -> None:
+                 interval_s: float, *, seed: int) -> None:
         self.platform = platform
         self.nemesis = nemesis
         self.clients = clients
@@ -269,6 +285,8 @@ class SimRun:
         self.fault: ActiveFault | None = None
         self.fault_ends_s = 0.0
         self.next_fault_s = interval_s  # quiet first, as nemesis.Nemesis._run
+        self.split_rng = random.Random(f"sim-run:{seed}:mid-tick")
+        self.waiting_since: float | None = None
 
     def advance_until(self, condition, limit_s: float) -> bool:  # noqa: ANN001 - a predicate
         """Advance simulated time (no new faults or operations) until `condition()`."""
@@ -279,6 +297,20 @@ class SimRun:
             self.platform.advance()
             self.clients.collect(self.platform.now_s())
         return True
+
+    def due_since(self, now_s: float) -> float:
+        """When the due fault started waiting for a write in flight to land on."""
+        if self.waiting_since is None:
+            self.waiting_since = now_s
+        return self.waiting_since
+
+    def fault_due(self, now_s: float, deadline_s: float) -> bool:
+        """Whether `schedule_faults` would begin or end a fault at this time."""
+        if not self.nemesis.faults:
+            return False
+        if self.fault is not None:
+            return now_s >= self.fault_ends_s
+        return now_s >= self.next_fault_s and now_s + self.interval_s / 2 <= deadline_s
 
     def schedule_faults(self, now_s: float, deadline_s: float) -> None:
         """Nemesis._run's rhythm in simulated time: quiet for an interval, a fault held for
@@ -309,8 +341,12 @@ class SimRun:
             client.next_at_s += start
         while platform.now_s() < deadline:
             now = platform.now_s()
-            self.schedule_faults(now, deadline)
             self.clients.invoke_due(now, deadline)
+            if self.fault_due(now, deadline) and (self.clients.write_in_flight()
+                                                  or now >= self.due_since(now) + AIM_WAIT_S):
+                platform.deliver_pending(self.split_rng.randrange(MID_TICK_DELIVERIES + 1))
+                self.schedule_faults(now, deadline)
+                self.waiting_since = None
             platform.advance()
             self.clients.collect(platform.now_s())
         if self.fault is not None:
@@ -372,7 +408,7 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
                           interval_s=config.interval_s, record=record)
         nemesis.deal_kinds = config.faults_all
         clients = SimClients(workload, platform, history, config.seed)
-        run = SimRun(platform, nemesis, clients, config.interval_s)
+        run = SimRun(platform, nemesis, clients, config.interval_s, seed=config.seed)
         try:
             if not run.advance_until(lambda: platform.ready() is not None, LEADER_TIMEOUT_S):
                 raise RuntimeError(f"no leader within {LEADER_TIMEOUT_S:g} simulated seconds: "

@@ -99,12 +99,13 @@ class SimPlatform(Platform):
         self.ticks += 1
         self._events_in_tick = 0
 
-    def deliver_pending(self) -> int:
-        """Deliver every message whose destination is not paused, replies included, oldest
-        first; each lost with its link's loss probability. Returns how many moved."""
+    def deliver_pending(self, limit: int = MAX_DELIVERIES_PER_TICK) -> int:
+        """Deliver every message whose destination is not paused (at most `limit`),
+        replies included, oldest first; each lost with its link's loss probability.
+        Returns how many moved."""
         sim, paused = self.sim, self.paused
         moved = 0
-        while moved < MAX_DELIVERIES_PER_TICK:
+        while moved < min(limit, MAX_DELIVERIES_PER_TICK):
             self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_DELIVERY)
             flight = next((f for f in sim.network.in_flight.values()
                            if f.message.dst not in paused), None)
