@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from checker import check_versioned_kv
 from system.sim import swarm
 from system.sim.cli import load_variant
 from system.sim.invariants import Rule
@@ -37,7 +38,7 @@ VARIANTS = [f"tests.raft.broken:{name}" for name in (
 def first_failing(variant_path: str) -> tuple[int, swarm.SwarmRun] | None:
     variant = load_variant(variant_path)
     for seed in range(MAX_SEEDS):
-        run = swarm.SwarmRun(seed, variant, record_trace=False)
+        run = swarm.SwarmRun(seed, variant, record_trace=False, check=check_versioned_kv)
         run.sim.schedule = []
         result = run.run()
         if not result.ok and result.violations[0].rule is not Rule.LIVENESS:
@@ -63,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         seed, run = found
         rule = run.sim.violations[0].rule
-        shrunk = shrink(run.sim.settings, run.sim.variant, list(run.sim.schedule), rule)
+        shrunk = shrink(run.sim.settings, run.sim.variant, list(run.sim.schedule), rule,
+                        check=check_versioned_kv)
         c = counts(shrunk.steps)
         original = counts(shrunk.original)
         rows.append([name, seed, rule.value,

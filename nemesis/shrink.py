@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from checker import check_versioned_kv
 from nemesis.store import read_json
 from system.sim.invariants import Rule
 from system.sim.schedule import counts
@@ -60,7 +61,8 @@ def shrink_run(run_dir: Path, test_out: Path | None, out) -> int:  # noqa: ANN00
         rule = sim.violations[0].rule
     else:
         sim.finish()
-        rule = Rule.LINEARIZABILITY if sim.check_linearizable().valid is False else None
+        verdict = sim.check_linearizable(check_versioned_kv)
+        rule = Rule.LINEARIZABILITY if verdict.valid is False else None
     if rule is None or rule is Rule.LIVENESS:
         print("the replayed run breaks no safety rule the simulator can shrink (a verdict "
               "from the run's lost-writes check alone, or an unknown one, is not shrunk)",
@@ -70,7 +72,7 @@ def shrink_run(run_dir: Path, test_out: Path | None, out) -> int:  # noqa: ANN00
     print(f"{rule.value} broken; shrinking a schedule of {len(schedule)} steps ...",
           file=out, flush=True)
     variant = variant_for_run(config.unsafe)
-    result = shrink(sim.settings, variant, schedule, rule)
+    result = shrink(sim.settings, variant, schedule, rule, check=check_versioned_kv)
     c = counts(result.steps)
     print(f"minimal schedule: {c['steps']} steps ({c['faults']} faults, {c['client ops']} "
           f"client ops) on {result.settings['node_count']} nodes, from {len(schedule)}; "

@@ -1,8 +1,9 @@
 """Child processes that die with their supervisor, and only with it.
 
-A supervisor (the harness's LocalCluster, `python -m system.kv cluster`, the trainer's
-launcher) puts its pid in the child's environment; the child asks Linux to SIGKILL it when
-its parent dies (PR_SET_PDEATHSIG), so a SIGKILLed supervisor leaves no node behind. No
+A supervisor (system/kv/local_cluster.py's LocalCluster, which `python -m system.kv
+cluster` and the harness use; the trainer's launcher) puts its pid in the child's
+environment; the child asks Linux to SIGKILL it when its parent dies (PR_SET_PDEATHSIG),
+so a SIGKILLed supervisor leaves no node behind. No
 preexec_fn does it: that forces a plain fork() of a process with live gRPC threads, whose
 fork handlers sometimes abort the child.
 

@@ -5,6 +5,8 @@ so purity is checked by the suite rather than promised in a comment."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,60 @@ def test_raft_core_never_imports_the_store_or_the_simulator(path: Path) -> None:
 def test_import_scan_can_fail() -> None:
     assert imported_modules("from system.kv.state_machine import KVStateMachine\n") == [
         "system.kv.state_machine"]
+
+
+# The system under test never depends on the harness that tests it (docs/ARCHITECTURE's
+# layering: nemesis, workloads and checker import system, never the reverse).
+HARNESS_PACKAGES = ("nemesis", "checker", "workloads")
+SYSTEM_FILES = sorted((ROOT / "system").rglob("*.py"))
+# The one exception, an entry point nothing imports: `python -m system.sim` (a documented
+# command) is where the simulator meets the checker that decides its runs; everything it
+# runs takes that checker as an argument (`check`).
+ENTRY_POINT_IMPORTS = {"system/sim/__main__.py": ["checker"]}
+
+
+def harness_imports(source: str) -> list[str]:
+    """The harness modules `source` imports anywhere (top level, inside functions, by name
+    through importlib.import_module / __import__ with a literal)."""
+    names = imported_modules(source)
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                     or (isinstance(node.func, ast.Name) and node.func.id == "__import__"))):
+            names.append(node.args[0].value)
+    return [name for name in names if name.split(".")[0] in HARNESS_PACKAGES]
+
+
+@pytest.mark.parametrize("path", SYSTEM_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_system_never_imports_the_harness(path: Path) -> None:
+    allowed = ENTRY_POINT_IMPORTS.get(str(path.relative_to(ROOT)), [])
+    assert harness_imports(path.read_text()) == allowed
+
+
+def test_harness_import_scan_can_fail() -> None:
+    source = ("import checker\n"
+              "def cluster():\n"
+              "    from nemesis.platforms.local_cluster import LocalCluster\n"
+              "    import importlib; importlib.import_module('workloads.kv')\n"
+              "from system.kv import client\n")
+    assert harness_imports(source) == ["checker", "nemesis.platforms.local_cluster", "workloads.kv"]
+
+
+def test_importing_every_system_module_loads_no_harness_module() -> None:
+    """The same at run time: a fresh interpreter imports every module under system/ (but
+    the `python -m` entry points, which run when imported) and then holds none of the
+    harness's packages."""
+    code = (
+        "import importlib, pathlib, sys\n"
+        "for path in sorted(pathlib.Path('system').rglob('*.py')):\n"
+        "    if path.name == '__main__.py':\n"
+        "        continue\n"
+        "    parts = path.with_suffix('').parts\n"
+        "    importlib.import_module('.'.join(parts[:-1] if parts[-1] == '__init__' else parts))\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {HARNESS_PACKAGES!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -67,11 +67,11 @@ from nemesis.platforms.base import (
     Platform,
     PlatformError,
     PlatformUnavailable,
-    StatusProbe,
     last_line,
 )
 from nemesis.platforms.image import LABEL_KIND, LABEL_PROJECT, PROJECT, ensure_image
 from system.kv.proto import kv_pb2
+from system.kv.status_probe import StatusProbe
 from system.ports import free_ports
 
 LABEL_RUN = "mao.run"

@@ -450,7 +450,7 @@ async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
 
 
 def cluster(args: argparse.Namespace) -> int:
-    from nemesis.platforms.local_cluster import LocalCluster
+    from system.kv.local_cluster import LocalCluster
 
     cluster_ = LocalCluster(
         args.nodes, args.data_dir, base_port=args.base_port or None, node_args=list(args.node_arg)

@@ -2,12 +2,15 @@
 
 What it is for: a person's entry point to the swarm runs (system/sim/swarm.py). The only
 I/O in the simulator package is here: printing, and `--history-out` writing a failing
-seed's history through `histories.write`.
+seed's history through `histories.write`. Linearizability is decided by the checker `main`
+is given (`check`): the command's entry point, system/sim/__main__.py, passes the project's
+(`checker.check_versioned_kv`); nothing else in system/ imports the harness.
 """
 
 from __future__ import annotations
 
 from system.sim.history import HistoryEvent, to_records
+from system.sim.simulation import LinearizabilityCheck
 from system.sim.variant import SimVariant
 
 
@@ -63,8 +66,9 @@ def save_history(history: list[HistoryEvent], directory: str, seed: int):  # noq
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the randomized simulation over many seeds; exit 0 if every seed passed."""
+def main(argv: list[str] | None = None, *, check: LinearizabilityCheck) -> int:
+    """Run the randomized simulation over many seeds, `check` deciding linearizability;
+    exit 0 if every seed passed."""
     import argparse
     import sys
 
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     if args.shrink:
         return shrink_seed(args.seed, variant, args.variant, args.safety_steps,
-                           args.liveness_steps, args.test_out)
+                           args.liveness_steps, args.test_out, check)
 
     seeds = [args.seed] if args.seed is not None else list(
         range(args.start_seed, args.start_seed + args.seeds)
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: list[swarm.SeedResult] = []
     verdicts: dict[str, int] = {}
     for position, seed in enumerate(seeds, 1):
-        run = swarm.SwarmRun(seed, variant, args.safety_steps, args.liveness_steps)
+        run = swarm.SwarmRun(seed, variant, args.safety_steps, args.liveness_steps, check=check)
         result = run.run()
         if args.history_out and (not result.ok or args.seed is not None):
             saved = save_history(run.sim.history, args.history_out, seed)
@@ -137,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"seed {seed}: {result.swarm.line()}")
             print(f"trace hash {result.trace_hash}")
             if args.trace:
-                run = swarm.SwarmRun(seed, variant, args.safety_steps, args.liveness_steps)
+                run = swarm.SwarmRun(seed, variant, args.safety_steps, args.liveness_steps,
+                                     check=check)
                 run.run()
                 print("\n".join(run.sim.trace))
         if result.linearizability == "unknown":
@@ -175,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def shrink_seed(seed: int, variant: SimVariant | None, variant_path: str | None,
-                safety_steps: int, liveness_steps: int, test_out: str | None) -> int:
+                safety_steps: int, liveness_steps: int, test_out: str | None,
+                check: LinearizabilityCheck) -> int:
     """`--seed N --shrink`: record the seed's schedule, minimise it, print it (and write
     it as a test). Exit 0 with a verified minimal schedule, 1 if the seed passes or its
     failure cannot be shrunk, 2 if the result could not be verified."""
@@ -186,7 +192,8 @@ def shrink_seed(seed: int, variant: SimVariant | None, variant_path: str | None,
     from system.sim.schedule import counts
     from system.sim.shrink import generated_test_source, shrink
 
-    run = swarm.SwarmRun(seed, variant, safety_steps, liveness_steps, record_trace=False)
+    run = swarm.SwarmRun(seed, variant, safety_steps, liveness_steps, record_trace=False,
+                         check=check)
     run.sim.schedule = []
     result = run.run()
     origin = swarm.replay_command(seed, variant_path)
@@ -201,7 +208,7 @@ def shrink_seed(seed: int, variant: SimVariant | None, variant_path: str | None,
     schedule = list(run.sim.schedule)
     print(f"seed {seed}: {rule.value} broken; shrinking its schedule of {len(schedule)} steps ...",
           flush=True)
-    shrunk = shrink(run.sim.settings, variant, schedule, rule)
+    shrunk = shrink(run.sim.settings, variant, schedule, rule, check=check)
     c = counts(shrunk.steps)
     print(f"minimal schedule: {c['steps']} steps ({c['faults']} faults, {c['client ops']} client "
           f"ops) on {shrunk.settings['node_count']} nodes, from {len(schedule)}; "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from system.sim.invariants import Rule
 from system.sim.schedule import CLIENT_KINDS, Step, counts, play, step_code
-from system.sim.simulation import Simulation
+from system.sim.simulation import LinearizabilityCheck, Simulation
 from system.sim.variant import SimVariant
 
 SHRINK_BUDGET_S = 45.0  # CPU seconds (the machine is shared): the bound is a minute
@@ -36,7 +36,7 @@ END_RULES = (Rule.LINEARIZABILITY, Rule.ACKNOWLEDGED_WRITE_LOST, Rule.STATE_MACH
 
 
 def replay_fails(settings: dict, variant: SimVariant | None, steps: list[Step],
-                 rule: Rule) -> tuple[bool, list[bool], Simulation]:
+                 rule: Rule, check: LinearizabilityCheck) -> tuple[bool, list[bool], Simulation]:
     """Replay `steps`; does `rule` break? Also returns which steps applied, and the sim."""
     sim = Simulation(**settings, variant=variant, record_trace=False)  # type: ignore[arg-type]
 
@@ -50,7 +50,7 @@ def replay_fails(settings: dict, variant: SimVariant | None, steps: list[Step],
         sim.finish()
         if rule is not Rule.LINEARIZABILITY:
             sim.check_final_state()
-        elif sim.check_linearizable(budget_s=CHECK_BUDGET_S).valid is False:
+        elif sim.check_linearizable(check, budget_s=CHECK_BUDGET_S).valid is False:
             return True, applied, sim
     return broke(sim), applied, sim
 
@@ -133,8 +133,9 @@ class ShrinkResult:
 
 
 def shrink(settings: dict, variant: SimVariant | None, original: list[Step], rule: Rule,
-           budget_s: float = SHRINK_BUDGET_S) -> ShrinkResult:
-    """Minimise `original` (a schedule that breaks `rule` on `variant`)."""
+           budget_s: float = SHRINK_BUDGET_S, *, check: LinearizabilityCheck) -> ShrinkResult:
+    """Minimise `original` (a schedule that breaks `rule` on `variant`); `check` decides
+    linearizability (`checker.check_versioned_kv`)."""
     started, started_cpu = time.monotonic(), time.process_time()
     deadline = started_cpu + budget_s
     replays = 0
@@ -143,14 +144,14 @@ def shrink(settings: dict, variant: SimVariant | None, original: list[Step], rul
         def fails(steps: list[Step]) -> bool:
             nonlocal replays
             replays += 1
-            return replay_fails(config, variant, steps, rule)[0]
+            return replay_fails(config, variant, steps, rule, check)[0]
         return fails
 
     fails = fails_with(settings)
     if not fails(original):
         raise ValueError(f"the recorded schedule does not break {rule.value!r} when replayed")
     # Cheap first cuts: everything after the violation (replay stops there), then ddmin.
-    _, applied, _ = replay_fails(settings, variant, original, rule)
+    _, applied, _ = replay_fails(settings, variant, original, rule, check)
     steps = [s for s, ok in zip(original, applied, strict=False) if ok]
     if not fails(steps):
         steps = original
@@ -171,15 +172,15 @@ def shrink(settings: dict, variant: SimVariant | None, original: list[Step], rul
     units, minimal = ddmin(units_of(steps), lambda us: fails(flatten(us, order)), deadline)
     steps = flatten(units, order)
     # Keep only the steps that applied in the final replay, and check it still fails.
-    _, applied, _ = replay_fails(settings, variant, steps, rule)
+    _, applied, _ = replay_fails(settings, variant, steps, rule, check)
     applied_steps = [s for s, ok in zip(steps, applied, strict=False) if ok]
     if fails(applied_steps):
         steps = applied_steps
     # The generated test's own two checks, on the real core and on the variant.
-    real = broken_rules(_replayed(settings, None, steps))
+    real = broken_rules(_replayed(settings, None, steps), check)
     notes = [f"on the real core the scenario breaks: {', '.join(sorted(r.value for r in real))}"
              ] if real else []
-    if rule not in broken_rules(_replayed(settings, variant, steps)):
+    if rule not in broken_rules(_replayed(settings, variant, steps), check):
         notes.append(f"the end checks of the generated test do not see {rule.value}")
     passes = not notes
     return ShrinkResult(rule, original, steps, settings, minimal, time.monotonic() - started,
@@ -215,6 +216,7 @@ def generated_test_source(result: ShrinkResult, name: str, variant_path: str, or
     c = counts(result.steps)
     module, _, attribute = variant_path.partition(":")
     imports = "\n".join(sorted([
+        "from checker import check_versioned_kv",
         "from system.sim.invariants import Rule", "from system.sim.schedule import Replay",
         "from system.sim.shrink import broken_rules",
         "from system.sim.simulation import Simulation",
@@ -241,20 +243,20 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_{name}_keeps_{result.rule.name.lower()}() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_{name}_is_caught_on_{attribute.lower()}() -> None:
-    assert Rule.{result.rule.name} in broken_rules(scenario({attribute}))
+    assert Rule.{result.rule.name} in broken_rules(scenario({attribute}), check_versioned_kv)
 '''
 
 
-def broken_rules(sim: Simulation) -> set[Rule]:
+def broken_rules(sim: Simulation, check: LinearizabilityCheck) -> set[Rule]:
     """Every rule the scenario broke: the monitor's, and the end checks' (the clients'
-    open operations end, the history must be linearizable, state machines agree)."""
+    open operations end, the history must be linearizable by `check`, state machines agree)."""
     sim.finish()
     sim.check_final_state()
     rules = {v.rule for v in sim.violations}
-    if sim.check_linearizable(budget_s=CHECK_BUDGET_S).valid is False:
+    if sim.check_linearizable(check, budget_s=CHECK_BUDGET_S).valid is False:
         rules.add(Rule.LINEARIZABILITY)
     return rules

@@ -85,7 +85,7 @@ class TrainerRun:
 
     def start(self) -> None:
         if self.kv_addresses is None:
-            from nemesis.platforms.local_cluster import LocalCluster
+            from system.kv.local_cluster import LocalCluster
 
             self.cluster = LocalCluster(3, self.run_dir / "kv")
             self.cluster.start()

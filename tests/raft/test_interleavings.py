@@ -14,6 +14,7 @@ import random
 
 import pytest
 
+from checker import check_versioned_kv
 from system.raft.core import Role
 from system.raft.messages import MessageType
 from system.raft.types import EntryKind
@@ -35,7 +36,7 @@ PRE_VOTE_RESPONSE = MessageType.PRE_VOTE_RESPONSE
 def common_problems(sim: Simulation) -> list[str]:
     """Safety monitor violations plus a non-linearizable client history."""
     problems = [v.line() for v in sim.violations]
-    verdict = sim.check_linearizable()
+    verdict = sim.check_linearizable(check_versioned_kv)
     if verdict.valid is not True:
         problems.append(f"history not linearizable: {verdict.explanation}")
     return problems

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from checker import check_versioned_kv
 from system.sim.swarm import SeedResult, replay_command, run_seed
 from tests.raft import broken
 
@@ -28,7 +29,7 @@ def describe_failures(results: list[SeedResult], variant_path: str | None = None
 
 def test_a_few_seeds_pass_quickly() -> None:
     """A fast smoke run of the randomized simulation (the full one is slow)."""
-    results = [run_seed(seed) for seed in range(1000, 1005)]
+    results = [run_seed(seed, check=check_versioned_kv) for seed in range(1000, 1005)]
     failed = [r for r in results if not r.ok]
     assert not failed, describe_failures(failed)
     assert_linearizable(results)
@@ -47,7 +48,8 @@ def assert_linearizable(results: list[SeedResult]) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("first", range(0, SEEDS, CHUNK), ids=lambda s: f"seeds{s}-{s + CHUNK - 1}")
 def test_randomized_seeds_keep_every_safety_property(first: int) -> None:
-    results = [run_seed(seed, record_trace=False) for seed in range(first, first + CHUNK)]
+    results = [run_seed(seed, record_trace=False, check=check_versioned_kv)
+               for seed in range(first, first + CHUNK)]
     failed = [r for r in results if not r.ok]
     assert not failed, describe_failures(failed)
     assert_linearizable(results)
@@ -58,7 +60,7 @@ def test_randomized_seeds_keep_every_safety_property(first: int) -> None:
 
 def seeds_to_first_violation(name: str) -> tuple[int, SeedResult | None]:
     for seed in range(SEEDS):
-        result = run_seed(seed, broken.ALL[name], record_trace=False)
+        result = run_seed(seed, broken.ALL[name], record_trace=False, check=check_versioned_kv)
         if not result.ok:
             return seed + 1, result
     return SEEDS, None

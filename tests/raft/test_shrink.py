@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from checker import check_versioned_kv
 from nemesis.cli import main as nemesis_main
 from nemesis.store import write_json
 from system.sim.cli import main
@@ -22,7 +23,7 @@ from tests.raft import broken
 
 
 def recorded(seed: int, variant=None) -> SwarmRun:  # noqa: ANN001
-    run = SwarmRun(seed, variant, record_trace=False)
+    run = SwarmRun(seed, variant, record_trace=False, check=check_versioned_kv)
     run.sim.schedule = []
     run.run()
     return run
@@ -58,7 +59,7 @@ def test_ddmin_keeps_a_client_operation_whole() -> None:
 def test_skips_pre_vote_shrinks_and_its_test_fails_only_on_the_variant() -> None:
     run = recorded(0, broken.SKIPS_PRE_VOTE)
     result = shrink(run.sim.settings, broken.SKIPS_PRE_VOTE, list(run.sim.schedule),
-                    run.sim.violations[0].rule)
+                    run.sim.violations[0].rule, check=check_versioned_kv)
     assert result.verified and result.minimal, result.notes
     assert len(result.steps) < len(result.original)
 
@@ -68,16 +69,16 @@ def test_votes_twice_shrinks_to_a_short_schedule_that_fails_only_on_the_variant(
     run = recorded(0, broken.VOTES_TWICE)
     assert run.sim.violations[0].rule is Rule.ELECTION_SAFETY
     result = shrink(run.sim.settings, broken.VOTES_TWICE, list(run.sim.schedule),
-                    Rule.ELECTION_SAFETY)
+                    Rule.ELECTION_SAFETY, check=check_versioned_kv)
     assert result.verified, result.notes
     assert counts(result.steps)["steps"] <= 40 < len(result.original)
     # The generated test's own checks, done here on the shrunk schedule:
     on_variant = Simulation(**result.settings, variant=broken.VOTES_TWICE)
     play(on_variant, result.steps)
-    assert Rule.ELECTION_SAFETY in broken_rules(on_variant)
+    assert Rule.ELECTION_SAFETY in broken_rules(on_variant, check_versioned_kv)
     on_real_core = Simulation(**result.settings)
     play(on_real_core, result.steps)
-    assert broken_rules(on_real_core) == set()
+    assert broken_rules(on_real_core, check_versioned_kv) == set()
     source = generated_test_source(result, "votes_twice_seed_0", "tests.raft.broken:VOTES_TWICE",
                                    "python -m system.sim --seed 0")
     compile(source, "generated", "exec")
@@ -86,13 +87,13 @@ def test_votes_twice_shrinks_to_a_short_schedule_that_fails_only_on_the_variant(
 
 def test_shrink_flags_are_refused_without_a_seed(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        main(["--shrink"])
+        main(["--shrink"], check=check_versioned_kv)
     assert exit_info.value.code == 2
     assert "--shrink needs --seed N" in capsys.readouterr().err
 
 
 def test_a_passing_seed_has_nothing_to_shrink(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--seed", "1003", "--shrink"]) == 1
+    assert main(["--seed", "1003", "--shrink"], check=check_versioned_kv) == 1
     assert "nothing to shrink" in capsys.readouterr().out
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from checker import check_linearizable
+from checker import check_linearizable, check_versioned_kv
 from checker.models import versioned_kv
 from histories.read import read_history
 from system.kv.state_machine import KVStateMachine
@@ -58,7 +58,7 @@ def test_same_seed_same_trace_hash_and_different_seeds_differ() -> None:
     order (equal trace hashes); another seed makes different choices."""
     assert scripted_run(3).trace_hash() == scripted_run(3).trace_hash()
     assert scripted_run(3).trace_hash() != scripted_run(4).trace_hash()
-    first, again, other = run_seed(17), run_seed(17), run_seed(18)
+    first, again, other = (run_seed(seed, check=check_versioned_kv) for seed in (17, 17, 18))
     assert first.trace_hash == again.trace_hash
     assert first.trace_hash != other.trace_hash
     assert first.steps == again.steps and first.faults == again.faults
@@ -68,7 +68,8 @@ def test_trace_hash_does_not_depend_on_the_process_hash_seed() -> None:
     """String hashing is randomized per process; the simulator must not iterate anything
     whose order depends on it. Two fresh interpreters with different PYTHONHASHSEED
     print the hash this process computes."""
-    code = "from system.sim.swarm import run_seed; print(run_seed(23).trace_hash)"
+    code = ("from checker import check_versioned_kv; from system.sim.swarm import run_seed; "
+            "print(run_seed(23, check=check_versioned_kv).trace_hash)")
     hashes = set()
     for hash_seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(ROOT))
@@ -77,7 +78,7 @@ def test_trace_hash_does_not_depend_on_the_process_hash_seed() -> None:
             text=True, timeout=120, check=True,
         )
         hashes.add(done.stdout.strip())
-    assert hashes == {run_seed(23).trace_hash}
+    assert hashes == {run_seed(23, check=check_versioned_kv).trace_hash}
 
 
 def test_each_seed_draws_its_own_fault_rates() -> None:
@@ -97,7 +98,7 @@ def test_swarm_varies_the_core_configuration_and_holds_messages_across_terms() -
     assert {s.eager_commit for s in swarms} == {True, False}
     assert any(s.hold_probability == 0 for s in swarms)
     held = next(seed for seed, s in enumerate(swarms) if s.hold_probability > 0.01)
-    result = run_seed(held, record_trace=False)
+    result = run_seed(held, record_trace=False, check=check_versioned_kv)
     assert result.ok and result.faults.get("hold across terms", 0) > 0
 
 
@@ -118,9 +119,9 @@ def test_a_server_removed_by_an_uncommitted_configuration_still_campaigns() -> N
     seed = 2050
     swarm = draw_swarm(seed)
     assert not swarm.pre_vote and not swarm.check_quorum and swarm.membership_probability
-    assert run_seed(seed, record_trace=False).ok
+    assert run_seed(seed, record_trace=False, check=check_versioned_kv).ok
     broken = SimVariant(name="campaigns-only-as-voter", core_class=CampaignsOnlyAsAVoterInEffect)
-    result = run_seed(seed, variant=broken, record_trace=False)
+    result = run_seed(seed, variant=broken, record_trace=False, check=check_versioned_kv)
     assert not result.ok and any(v.rule is Rule.LIVENESS for v in result.violations)
 
 
@@ -409,10 +410,10 @@ def history(*rows: tuple) -> list[HistoryEvent]:
 
 
 def verdict_of(events: list[HistoryEvent]):  # noqa: ANN201
-    """What Simulation.check_linearizable() says of `events`."""
+    """What Simulation.check_linearizable(check_versioned_kv) says of `events`."""
     sim = Simulation(3, seed=0)
     sim.history = events
-    return sim.check_linearizable()
+    return sim.check_linearizable(check_versioned_kv)
 
 
 def test_a_read_after_a_completed_write_must_see_it() -> None:
@@ -472,7 +473,7 @@ def test_the_checker_reports_unknown_when_its_budget_runs_out_never_valid(
     for events in (valid, invalid):
         sim = Simulation(3, seed=0)
         sim.history = events
-        verdict = sim.check_linearizable(budget_s=0.0)
+        verdict = sim.check_linearizable(check_versioned_kv, budget_s=0.0)
         assert verdict.valid == "unknown" and "time budget ran out" in verdict.explanation
 
 
@@ -487,9 +488,9 @@ def test_the_simulators_unread_unknown_writes_are_decided_by_the_checkers_model(
     wrong = history(("invoke", 1, "put", "a", None), ("info", 1, "put", None, None),
                     ("invoke", 3, "get", None, None), ("ok", 3, "get", "a", 2))
     assert verdict_of(wrong).valid is False  # one unknown write cannot make version 2
-    run = SwarmRun(583, record_trace=False)
+    run = SwarmRun(583, record_trace=False, check=check_versioned_kv)
     assert run.run().linearizability == "valid"
-    verdict = run.sim.check_linearizable()
+    verdict = run.sim.check_linearizable(check_versioned_kv)
     assert verdict.valid is True and max(k.explored for k in verdict.result.keys) < 10_000
 
 
@@ -506,7 +507,7 @@ def test_a_cas_mismatch_in_the_simulator_is_recorded_with_the_current_version() 
     record = to_records(sim.history)[-1]
     assert (record.type.value, record.error, record.version) == ("fail", "cas-mismatch", 1)
     assert dict(record.extra)["detail"].startswith("version mismatch")
-    assert sim.check_linearizable().valid is True
+    assert sim.check_linearizable(check_versioned_kv).valid is True
 
 
 def test_converted_history_round_trips_through_the_jsonl_writer_and_reader(
@@ -514,7 +515,7 @@ def test_converted_history_round_trips_through_the_jsonl_writer_and_reader(
 ) -> None:
     """to_records gives records the stable format accepts (docs/histories.md): written
     with HistoryWriter, read back strictly, the checker's verdict is the same."""
-    run = SwarmRun(1003)
+    run = SwarmRun(1003, check=check_versioned_kv)
     result = run.run()
     assert result.ok and result.linearizability == "valid"
     path = tmp_path / "history.jsonl"
@@ -532,7 +533,7 @@ def test_converted_history_round_trips_through_the_jsonl_writer_and_reader(
 
 
 def test_cli_runs_seeds_and_prints_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--seeds", "3", "--start-seed", "40"]) == 0
+    assert main(["--seeds", "3", "--start-seed", "40"], check=check_versioned_kv) == 0
     out = capsys.readouterr().out
     assert "[3/3] seeds run, 0 failed" in out
     for row in ("seeds run", "client ops ok", "client ops info", "entries committed",
@@ -544,15 +545,27 @@ def test_cli_failing_seed_prints_the_line_that_replays_it(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     variant = "tests.raft.broken:SKIPS_PRE_VOTE"
-    assert main(["--seed", "0", "--variant", variant]) == 1
+    assert main(["--seed", "0", "--variant", variant], check=check_versioned_kv) == 1
     out = capsys.readouterr().out
     assert f"python -m system.sim --seed 0 --variant {variant}" in out
     assert "pre-vote before raising the term" in out
 
 
+def test_the_command_decides_linearizability_with_the_projects_checker() -> None:
+    """`python -m system.sim` as documented: its entry point hands the checker in (the
+    library under system/ never imports it), and a seed whose history is not linearizable
+    fails on that verdict."""
+    done = subprocess.run(
+        [sys.executable, "-m", "system.sim", "--seed", "0",
+         "--variant", "tests.raft.broken:IGNORES_REQUEST_IDS"],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "linearizability: key 'k1': not linearizable" in done.stdout
+
+
 def test_cli_rejects_a_variant_that_is_not_one(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
-        main(["--seed", "0", "--variant", "tests.raft.broken:ALL"])
+        main(["--seed", "0", "--variant", "tests.raft.broken:ALL"], check=check_versioned_kv)
     assert stop.value.code == 2
     assert "is not a SimVariant" in capsys.readouterr().err
 
@@ -565,7 +578,8 @@ def test_cli_writes_a_failing_seeds_history_for_the_checker_cli(
     from checker.cli import main as checker_main
 
     variant = "tests.raft.broken:IGNORES_REQUEST_IDS"
-    assert main(["--seed", "0", "--variant", variant, "--history-out", str(tmp_path)]) == 1
+    assert main(["--seed", "0", "--variant", variant, "--history-out", str(tmp_path)],
+                check=check_versioned_kv) == 1
     path = tmp_path / "seed-0" / "history.jsonl"
     assert f"python -m checker check {path} --model versioned-kv" in capsys.readouterr().out
     html = tmp_path / "out.html"

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import pytest
 
+from checker import check_versioned_kv
 from system.raft.messages import MessageType
 from system.sim import swarm
 from system.sim.invariants import Rule
@@ -61,7 +62,7 @@ def test_the_leaders_appends_leave_before_its_fsync_and_a_power_loss_takes_its_c
     leader = sim.leader()
     assert leader is not None and sim.core(leader).log.term(2) != 1  # the write's entry is gone
     assert sim.violations == []
-    assert sim.check_linearizable().valid is True
+    assert sim.check_linearizable(check_versioned_kv).valid is True
 
 
 def test_the_leader_does_not_count_its_pending_copy() -> None:
@@ -86,7 +87,7 @@ def test_the_canary_counting_its_unsynced_copy_loses_a_committed_entry() -> None
     assert Rule.STATE_MACHINE_SAFETY in rules, sim.violations
     # Nothing was acknowledged: the node acts on a commit only after its own fsync, so
     # the clients' history cannot show it; the monitor, which sees commit indexes, does.
-    assert sim.check_linearizable().valid is True
+    assert sim.check_linearizable(check_versioned_kv).valid is True
 
 
 def test_persist_then_send_hides_the_canary() -> None:
@@ -101,13 +102,15 @@ CAUGHT_SEED = 2309  # the first of 2301-2340 whose randomized run catches the ca
 @pytest.mark.slow
 def test_the_randomized_run_catches_the_canary_only_in_the_pipelined_ordering(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    canary = run_seed(CAUGHT_SEED, COUNTS_UNSYNCED_SELF, record_trace=False)
+    canary = run_seed(CAUGHT_SEED, COUNTS_UNSYNCED_SELF, record_trace=False,
+                      check=check_versioned_kv)
     assert canary.swarm.pipeline
     assert Rule.LEADER_COMPLETENESS in {v.rule for v in canary.violations}, canary.violations
-    safe = run_seed(CAUGHT_SEED, record_trace=False)
+    safe = run_seed(CAUGHT_SEED, record_trace=False, check=check_versioned_kv)
     assert safe.ok and safe.linearizability == "valid", safe.violations
     # The same seed with the old order (persist, then send) for every Ready: not caught.
     drawn = swarm.draw_swarm
     monkeypatch.setattr(swarm, "draw_swarm", lambda seed: replace(drawn(seed), pipeline=False))
-    old_order = run_seed(CAUGHT_SEED, COUNTS_UNSYNCED_SELF, record_trace=False)
+    old_order = run_seed(CAUGHT_SEED, COUNTS_UNSYNCED_SELF, record_trace=False,
+                         check=check_versioned_kv)
     assert old_order.ok, old_order.violations

@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -52,8 +53,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_ack_before_commit_keeps_linearizability() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_ack_before_commit_is_caught_on_ack_before_commit() -> None:
-    assert Rule.LINEARIZABILITY in broken_rules(scenario(ACK_BEFORE_COMMIT))
+    assert Rule.LINEARIZABILITY in broken_rules(scenario(ACK_BEFORE_COMMIT), check_versioned_kv)

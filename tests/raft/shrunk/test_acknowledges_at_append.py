@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -46,8 +47,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_acknowledges_at_append_keeps_linearizability() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_acknowledges_at_append_is_caught_on_acknowledges_at_append() -> None:
-    assert Rule.LINEARIZABILITY in broken_rules(scenario(ACKNOWLEDGES_AT_APPEND))
+    assert Rule.LINEARIZABILITY in broken_rules(scenario(ACKNOWLEDGES_AT_APPEND), check_versioned_kv)

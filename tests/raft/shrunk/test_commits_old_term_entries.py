@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -63,8 +64,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_commits_old_term_entries_keeps_commit_by_current_term() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_commits_old_term_entries_is_caught_on_commits_old_term_entries() -> None:
-    assert Rule.COMMIT_BY_CURRENT_TERM in broken_rules(scenario(COMMITS_OLD_TERM_ENTRIES))
+    assert Rule.COMMIT_BY_CURRENT_TERM in broken_rules(scenario(COMMITS_OLD_TERM_ENTRIES), check_versioned_kv)

@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -50,8 +51,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_forgets_vote_on_restart_keeps_election_safety() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_forgets_vote_on_restart_is_caught_on_forgets_vote_on_restart() -> None:
-    assert Rule.ELECTION_SAFETY in broken_rules(scenario(FORGETS_VOTE_ON_RESTART))
+    assert Rule.ELECTION_SAFETY in broken_rules(scenario(FORGETS_VOTE_ON_RESTART), check_versioned_kv)

@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -53,8 +54,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_ignores_request_ids_keeps_linearizability() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_ignores_request_ids_is_caught_on_ignores_request_ids() -> None:
-    assert Rule.LINEARIZABILITY in broken_rules(scenario(IGNORES_REQUEST_IDS))
+    assert Rule.LINEARIZABILITY in broken_rules(scenario(IGNORES_REQUEST_IDS), check_versioned_kv)

@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -56,8 +57,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_no_dedup_keeps_linearizability() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_no_dedup_is_caught_on_no_dedup() -> None:
-    assert Rule.LINEARIZABILITY in broken_rules(scenario(NO_DEDUP))
+    assert Rule.LINEARIZABILITY in broken_rules(scenario(NO_DEDUP), check_versioned_kv)

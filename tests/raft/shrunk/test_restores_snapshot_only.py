@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -60,8 +61,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_restores_snapshot_only_keeps_state_machine_safety() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_restores_snapshot_only_is_caught_on_restores_snapshot_only() -> None:
-    assert Rule.STATE_MACHINE_SAFETY in broken_rules(scenario(RESTORES_SNAPSHOT_ONLY))
+    assert Rule.STATE_MACHINE_SAFETY in broken_rules(scenario(RESTORES_SNAPSHOT_ONLY), check_versioned_kv)

@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -40,8 +41,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_skips_pre_vote_keeps_pre_vote() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_skips_pre_vote_is_caught_on_skips_pre_vote() -> None:
-    assert Rule.PRE_VOTE in broken_rules(scenario(SKIPS_PRE_VOTE))
+    assert Rule.PRE_VOTE in broken_rules(scenario(SKIPS_PRE_VOTE), check_versioned_kv)

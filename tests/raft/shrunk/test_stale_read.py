@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -54,8 +55,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_stale_read_keeps_linearizability() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_stale_read_is_caught_on_stale_read() -> None:
-    assert Rule.LINEARIZABILITY in broken_rules(scenario(STALE_READ))
+    assert Rule.LINEARIZABILITY in broken_rules(scenario(STALE_READ), check_versioned_kv)

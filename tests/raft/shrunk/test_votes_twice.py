@@ -7,6 +7,7 @@ step that does not apply on the core under test (a message the real core never s
 
 from __future__ import annotations
 
+from checker import check_versioned_kv
 from system.sim.invariants import Rule
 from system.sim.schedule import Replay
 from system.sim.shrink import broken_rules
@@ -49,8 +50,8 @@ def scenario(variant: SimVariant | None = None) -> Simulation:
 
 
 def test_votes_twice_keeps_election_safety() -> None:
-    assert broken_rules(scenario()) == set()
+    assert broken_rules(scenario(), check_versioned_kv) == set()
 
 
 def test_votes_twice_is_caught_on_votes_twice() -> None:
-    assert Rule.ELECTION_SAFETY in broken_rules(scenario(VOTES_TWICE))
+    assert Rule.ELECTION_SAFETY in broken_rules(scenario(VOTES_TWICE), check_versioned_kv)
