@@ -98,7 +98,14 @@ KILL_TARGETS = ("leader", "random", "minority")
 # acknowledged writes only when a majority loses them together (a canary must be caught in
 # every seed), and a minority or the leader alone is the gentler case.
 POWER_TARGETS = ("all", "minority", "leader")
-PAUSE_TARGETS = ("leader", "random")
+PAUSE_TARGETS = ("leader", "isolated-leader", "random")
+# isolated-leader: the leader cut from every peer and frozen (a long GC pause on the wrong
+# side of a partition); when the fault ends it is resumed still cut off for this long, and
+# only then are its links healed. Resumed, it still believes it leads until check-quorum
+# counts an election timeout of ticks (0.5-1 s at the defaults) while the others have
+# elected a leader and taken writes: the window a linearizable read's quorum round
+# (ReadIndex) exists for. Real platforms only: the simulator's heal has no time to wait in.
+ZOMBIE_S = 2.0
 MEMBER_TARGETS = ("leader", "random")
 # The end-of-run heal waits this long for a heal in progress (a rejoin: remove, add, start,
 # a promotion of up to PROMOTE_TIMEOUT_S) before going on beside it.
@@ -188,7 +195,11 @@ class Nemesis:
         self.targets = targets
         roles: tuple[str, ...] = tuple(targets.target_roles()) if targets is not None else ()
         self.kill_targets = (*roles, *KILL_TARGETS) if roles else KILL_TARGETS
-        self.pause_targets = (*roles, *PAUSE_TARGETS) if roles else PAUSE_TARGETS
+        pause_targets = PAUSE_TARGETS
+        if getattr(platform, "name", "") == "sim" or len(self.nodes) < partitions.MIN_NODES["isolate-leader"]:
+            pause_targets = tuple(t for t in PAUSE_TARGETS if t != "isolated-leader")
+        self.pause_targets = (*roles, *pause_targets) if roles else pause_targets
+        self.zombie_s = ZOMBIE_S
         self.roles = roles
         if "coordinator" in roles:
             self.shapes = (*self.shapes, PROCESS_PARTITION, REPLY_LOST)
@@ -427,7 +438,7 @@ class Nemesis:
             if name is not None:
                 return target, [name]
             target = f"random (no {target} now)"
-        if target == "leader":
+        if target in ("leader", "isolated-leader"):
             leader = self._leader()
             if leader is not None:
                 return target, [leader]
@@ -466,6 +477,8 @@ class Nemesis:
 
     def _pause(self) -> ActiveFault:
         target, nodes = self._targets(self.pause_targets)
+        if target == "isolated-leader":
+            return self._pause_isolated(nodes[0])
         process = not _is_node(nodes[0], self.nodes)
         for node in nodes:
             if process:
@@ -485,6 +498,24 @@ class Nemesis:
 
         return self._register("pause", nodes, f"{target}: {' '.join(nodes)}", heal,
                               {"target": target}, "pause")
+
+    def _pause_isolated(self, leader: str) -> ActiveFault:
+        """The leader cut from its peers and frozen; at the end resumed, left cut off for
+        ZOMBIE_S so it can answer what reaches it (clients still do), then healed."""
+        graph = partitions.shape("isolate-leader", self.nodes, self.rng, leader)
+        links, heal_links = self.cut(graph)
+        self.platform.pause(leader)
+
+        def heal() -> dict[str, Any]:
+            self.platform.resume(leader)
+            self._stop.wait(self.zombie_s)  # cut short when the run stops
+            heal_links()
+            return {"detail": f"resumed, then healed its links after {self.zombie_s:g} s"}
+
+        return self._register("pause", [leader], f"isolated-leader: {leader} "
+                              f"(cut from its peers, then frozen)", heal,
+                              {"target": "isolated-leader",
+                               "cut": [list(link) for link in links]}, "pause")
 
     def _packet(self) -> ActiveFault:
         probability = self.rng.choice(LOSS_PROBABILITIES)

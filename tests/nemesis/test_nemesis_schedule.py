@@ -115,6 +115,7 @@ def _drive(faults: str, seed: int, rounds: int, nodes: int = 5) -> tuple[list[tu
     events: list[tuple[str, dict[str, Any]]] = []
     nemesis = Nemesis(platform, parse_faults(faults), seed=seed, interval_s=0.01,
                       record=lambda f, v: events.append((f, v)))
+    nemesis.zombie_s = 0.0
     for _ in range(rounds):
         kind = nemesis.rng.choice(nemesis.faults)
         fault = nemesis._begin(kind)
@@ -160,8 +161,56 @@ def test_kill_and_pause_rounds_lead_with_the_leader() -> None:
     assert kills[0]["target"] == kills[3]["target"] == "leader" and kills[0]["nodes"] == ["n1"]
     minority = [v for v in kills if v["target"] == "minority"]
     assert minority and all(len(v["nodes"]) == 2 for v in minority)
-    events, _ = _drive("pause", seed=2, rounds=4)
-    assert [v["target"] for f, v in events if f == "pause"][::2] == ["leader", "leader"]
+    events, _ = _drive("pause", seed=2, rounds=6)
+    targets = [v["target"] for f, v in events if f == "pause"]
+    assert targets[::3] == ["leader", "leader"] and set(targets) == {
+        "leader", "isolated-leader", "random"}
+
+
+def test_an_isolated_leader_is_frozen_cut_off_then_resumed_before_its_links_heal() -> None:
+    """The zombie leader: resumed while still cut from its peers, so what it answers then
+    comes from a leader that has not heard of its successor."""
+    steps: list[str] = []
+
+    class Recording(FakePlatform):
+        def pause(self, node_id: str) -> None:
+            steps.append(f"pause {node_id} cut={len(self.cut_set)}")
+            super().pause(node_id)
+
+        def resume(self, node_id: str) -> None:
+            steps.append(f"resume {node_id} cut={len(self.cut_set)}")
+            super().resume(node_id)
+
+    platform = Recording(5)
+    events: list[tuple[str, dict[str, Any]]] = []
+    nemesis = Nemesis(platform, ["pause"], seed=2, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)))
+    nemesis.zombie_s = 0.0
+    while True:
+        fault = nemesis._begin("pause")
+        assert fault is not None
+        if "isolated-leader" in fault.description:
+            break
+        nemesis._end(fault)
+    steps.clear()
+    assert platform.paused == {"n1"}
+    assert platform.cut_set == {(a, b) for a in platform.node_ids for b in platform.node_ids
+                                if a != b and "n1" in (a, b)}
+    nemesis._end(fault)
+    assert steps == ["resume n1 cut=8"]  # resumed with all 8 links still cut
+    assert not platform.cut_set and not platform.paused
+    start, end = [v for f, v in events if v.get("target") == "isolated-leader" or
+                  v.get("id") == fault.id][-2:]
+    assert start["phase"] == "start" and len(start["cut"]) == 8 and end["phase"] == "end"
+
+
+def test_the_simulator_is_never_dealt_an_isolated_leader() -> None:
+    platform = FakePlatform(5)
+    platform.name = "sim"
+    nemesis = Nemesis(platform, ["pause"], seed=2, interval_s=0.01, record=lambda f, v: None)
+    assert "isolated-leader" not in nemesis.pause_targets
+    assert "isolated-leader" not in Nemesis(FakePlatform(1), ["pause"], seed=2, interval_s=0.01,
+                                            record=lambda f, v: None).pause_targets
 
 
 def test_heal_everything_undoes_active_faults_and_brings_every_node_back() -> None:
