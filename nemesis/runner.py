@@ -411,8 +411,9 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                     _print(out, f"\nwarning: {node} exited with code {code_} on its own; "
                                 f"see {run_dir / 'nodes'}")
             progress.update(time.monotonic() - started, workload.counts.totals(),
-                            nemesis.describe_active())
-        progress.done(time.monotonic() - started, workload.counts.totals())
+                            nemesis.describe_active(), workload.counts.notes())
+        progress.done(time.monotonic() - started, workload.counts.totals(),
+                      workload.counts.notes())
         ctx.stop.set()
         nemesis.stop()
         if not workload.join(timeout_s=config.op_timeout_s * 3 + 10):
