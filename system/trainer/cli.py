@@ -80,7 +80,7 @@ def takeovers(events: list[dict]) -> int:
     acquired = sorted((e for e in events if e.get("kind") == "lease-acquired"),
                       key=lambda e: (e.get("lease_version") or 0, e.get("time") or 0))
     return sum(a.get("coordinator_id") != b.get("coordinator_id")
-               for a, b in zip(acquired, acquired[1:]))
+               for a, b in zip(acquired, acquired[1:], strict=False))
 
 
 def run_command(args: argparse.Namespace) -> int:

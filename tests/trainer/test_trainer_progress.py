@@ -3,8 +3,8 @@ the figures after a takeover, and what counts as a takeover."""
 
 from __future__ import annotations
 
-from system.trainer.proto import trainer_pb2
 from system.trainer.cli import progress_line, takeovers
+from system.trainer.proto import trainer_pb2
 
 
 def _status(step: int, loss: float, accuracy: float, cid: str = "c1", term: int = 1):  # noqa: ANN202
