@@ -4,10 +4,12 @@ A first build runs for minutes (debootstrap alone took 144 s at load 2-23, the d
 layer 87 s), and a build that prints nothing for that long looks hung. So every stage
 says, on the build's log:
 
-- the tool's own output, condensed: one line whenever it moves to a new phase (the first
-  word of a line changes: debootstrap's `I: Retrieving`, `I: Extracting`, `I: Configuring`;
-  apt's `Get:`, `Unpacking`, `Setting up`; a `docker build`'s `Step 2/5`), with the
-  stage's elapsed seconds;
+- the tool's own output, condensed: one line when it enters a phase (the first word of a
+  line: debootstrap's `I: Retrieving`, `I: Extracting`, `I: Configuring`; apt's `Get:`,
+  `Unpacking`, `Setting up`; a `docker build`'s `Step 2/5`), with the stage's elapsed
+  seconds. A phase it comes back to is said again only after REPEAT_AFTER_S of no line:
+  debootstrap alternates `Retrieving x` / `Validating x` for each of ~100 packages within a
+  second or two, which is one line each, not two hundred;
 - `still building: <stage>, N s; last: <the tool's latest line>` whenever nothing was said
   for PROGRESS_EVERY_S (a stage with no output of its own, an import or a download, says
   only this).
@@ -26,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 
 PROGRESS_EVERY_S = 10.0  # the longest a stage stays silent (plain log lines, as the run's)
+REPEAT_AFTER_S = 5.0  # a phase come back to is said again after this long without a line
 TAIL_LINES = 15  # of a failed tool's output, kept for its error
 
 Log = Callable[[str], None]
@@ -55,11 +58,14 @@ class Stage:
     manager; feed it the tool's output with `output(line)`."""
 
     def __init__(self, name: str, log: Log, every_s: float | None = None,
-                 phase: Callable[[str], str | None] = first_words) -> None:
+                 phase: Callable[[str], str | None] = first_words,
+                 repeat_after_s: float | None = None) -> None:
         self.name, self.log, self.phase = name, log, phase
         self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
+        self.repeat_after_s = REPEAT_AFTER_S if repeat_after_s is None else repeat_after_s
         self.last_line = ""  # the tool's latest output line
-        self._phase: str | None = None
+        self._phase: str | None = None  # the phase of the latest line that had one
+        self._seen: set[str] = set()  # every phase said so far
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -87,14 +93,20 @@ class Stage:
         self.log(f"  {self.name}: {text} ({self.elapsed_s():.0f} s)")
 
     def output(self, line: str) -> None:
-        """One line of the tool's output: said when it opens a new phase, else kept."""
+        """One line of the tool's output: said when it enters a phase (see the module's
+        docstring), else kept for the `still building` line."""
         line = line.strip()
         if not line:
             return
         self.last_line = line
         phase = self.phase(line)
-        if phase is not None and phase != self._phase:
-            self._phase = phase
+        if phase is None or phase == self._phase:
+            return
+        self._phase = phase
+        with self._lock:
+            quiet_s = time.monotonic() - self._said_at
+        if phase not in self._seen or quiet_s >= self.repeat_after_s:
+            self._seen.add(phase)
             self.say(line[:120])
 
     def _tick(self) -> None:

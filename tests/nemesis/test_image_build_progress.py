@@ -77,7 +77,7 @@ def test_a_stage_condenses_the_tools_output_and_says_it_is_still_building(tmp_pa
     result: list[tuple[int, list[str]]] = []
 
     def build() -> None:
-        with Stage("debootstrap", log, every_s=0.2) as stage:
+        with Stage("debootstrap", log, every_s=0.2, repeat_after_s=float("inf")) as stage:
             result.append(stream([str(tool), "bookworm", str(tmp_path / "root"), "mirror"],
                                  stage, env=dict(os.environ, FAKE_GO=str(go))))
 
@@ -95,10 +95,26 @@ def test_a_stage_condenses_the_tools_output_and_says_it_is_still_building(tmp_pa
     said = [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in log.having("  debootstrap: ")]
     # one line per phase, not per package
     assert said == ["I: Retrieving InRelease", "I: Checking Release signature",
-                    "I: Retrieving libacl1 2.3.1-3", "I: Validating libacl1 2.3.1-3",
-                    "I: Extracting libacl1...", "I: Configuring libc-bin...",
-                    "I: Base system installed successfully."]
+                    "I: Validating libacl1 2.3.1-3", "I: Extracting libacl1...",
+                    "I: Configuring libc-bin...", "I: Base system installed successfully."]
     assert all(line.endswith(" s)") for line in log.having("  debootstrap: "))
+
+
+def test_a_phase_come_back_to_is_said_again_only_after_a_quiet_spell() -> None:
+    """debootstrap alternates `Retrieving x` and `Validating x` for every package."""
+    alternating = ["I: Retrieving a 1", "I: Validating a 1", "I: Retrieving b 1",
+                   "I: Validating b 1", "I: Retrieving b 1"]
+    log = Lines()
+    stage = Stage("debootstrap", log, repeat_after_s=float("inf"))
+    for line in [*alternating, "I: Unpacking required packages...", "I: Unpacking x..."]:
+        stage.output(line)
+    assert [line.split(": ", 1)[1].rsplit(" (", 1)[0] for line in log.lines] == [
+        "I: Retrieving a 1", "I: Validating a 1", "I: Unpacking required packages..."]
+    log = Lines()
+    stage = Stage("debootstrap", log, repeat_after_s=0.0)  # every spell is long enough
+    for line in [*alternating, "I: Retrieving c 1"]:
+        stage.output(line)
+    assert len(log.lines) == 5  # each change of phase said, a repeated phase never
 
 
 def test_the_rootfs_step_shows_debootstrap_and_packing_as_they_run(
