@@ -30,6 +30,10 @@ Each level is rebuilt only when its own inputs changed. Images carry the labels
 removed after a run (`remove_images()`, i.e. `python -m nemesis clean --images`, removes
 them). `python -m nemesis.platforms.image` builds the image and prints its tag (CI step).
 
+Every stage says what it does while it does it (`build_progress.py`: the tool's phases, and
+`still building: <stage>, N s` when it is quiet), and apt-get first waits, saying so, for a
+package-manager lock another process holds (`apt_lock.py`).
+
 What it must never do: pull from a registry, or leave a half-made tarball or a temporary
 build directory behind.
 """
@@ -80,8 +84,8 @@ NODE_IMPORT_CHECK = ("import system.kv.__main__, system.kv.node, system.kv.serve
 DATA_DIR = "/opt/mao/data"  # the trainer's dataset files in the image
 LAYOUT_VERSION = "2"  # bump when the Dockerfiles below change
 # What a first build was measured to take, with its conditions (docs/nemesis.md, "Image").
-FIRST_BUILD_MEASURED = ("measured 108-113 s at load average 5-7 and 279 s at load 2-23 on "
-                        "2 cores, most of it debootstrap and the dependency layer; a busy "
+FIRST_BUILD_MEASURED = ("2-5 min: measured 113 s at load average 5-7 and 279 s at load 2-23 "
+                        "on 2 cores, most of it debootstrap and the dependency layer; a busy "
                         "machine or a slow mirror takes longer")
 
 Log = Callable[[str], None]
