@@ -84,9 +84,11 @@ def test_a_stage_condenses_the_tools_output_and_says_it_is_still_building(tmp_pa
     runner = threading.Thread(target=build)
     runner.start()
     try:
-        still = wait_until(lambda: log.having("still building: debootstrap, "), 30,
-                           "a `still building` line while the tool is quiet", lambda: str(log))
-        assert "last: I: Extracting libc6..." in still[0]
+        # The tool is quiet after its last line until the test lets it go.
+        wait_until(lambda: log.having("; last: I: Extracting libc6..."), 60,
+                   "a `still building` line while the tool is quiet", lambda: str(log))
+        assert all(line.startswith("  still building: debootstrap, ")
+                   for line in log.having("; last: "))
     finally:
         go.touch()
         runner.join(60)
@@ -133,8 +135,9 @@ def test_the_rootfs_step_shows_debootstrap_and_packing_as_they_run(
     runner.start()
     try:
         # Before debootstrap has finished, the log already shows its phases and that it runs.
-        wait_until(lambda: log.having("still building: debootstrap, "), 30,
-                   "debootstrap's progress while it runs", lambda: str(log))
+        wait_until(lambda: log.having("still building: debootstrap, ") and log.having(
+            "last: I: Extracting libc6..."), 60, "debootstrap's progress while it runs",
+                   lambda: str(log))
         assert log.having("  debootstrap: I: Extracting libacl1...")
     finally:
         go.touch()
@@ -256,7 +259,7 @@ def test_installing_debootstrap_waits_for_the_package_managers_lock_saying_so(
     installer.start()
     try:
         waiting = wait_until(lambda: log.having("waiting for the package manager") or
-                             not installer.is_alive(), 30, "the build to say it waits",
+                             not installer.is_alive(), 60, "the build to say it waits",
                              lambda: str(log))
         assert waiting is not True, f"apt-get ran while the lock was held:\n{log}"
         assert f"pid {holder.pid} (" in waiting[0] and str(lock) in waiting[0]
