@@ -271,6 +271,10 @@ def run(config: RunConfig, out=None) -> int:  # noqa: ANN001 - a text stream
         _print(out, "\ninterrupted while preparing the platform; no run was started, no run "
                     "folder made")
         return check.EXIT_HARNESS
+    except Exception as exc:  # the engine's own errors (docker.errors.APIError): never exit 1
+        _print(out, f"harness error: {config.platform} platform: preparing it failed: "
+                    f"{type(exc).__name__}: {exc} (no run was started, no run folder made)")
+        return check.EXIT_HARNESS
     # Named now, with the platform ready: not by the time a first image build began.
     run_dir = new_run_dir(config.store, config.workload)
     run_id = f"{config.workload}-{run_dir.name}-{config.seed}"

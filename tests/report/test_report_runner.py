@@ -134,19 +134,25 @@ def test_the_run_folder_is_made_once_the_node_image_is_built(
     assert given["run_dir"] == (store / "latest").resolve()
 
 
+@pytest.mark.parametrize("error,line", [
+    ("unavailable", "harness error: docker platform: debootstrap failed (exit 1) (no run was "
+                    "started, no run folder made)"),
+    ("engine", "harness error: docker platform: preparing it failed: RuntimeError: 500 Server "
+               "Error (no run was started, no run folder made)"),
+])
 def test_an_image_build_that_fails_leaves_no_run_folder(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: str, line: str) -> None:
     import nemesis.platforms.image as image
     from nemesis.platforms.base import PlatformUnavailable
 
     def ensure_image() -> str:
-        raise PlatformUnavailable("debootstrap failed (exit 1)")
+        if error == "unavailable":
+            raise PlatformUnavailable("debootstrap failed (exit 1)")
+        raise RuntimeError("500 Server Error")  # as the SDK's APIError would
 
     monkeypatch.setattr(image, "ensure_image", ensure_image)
     monkeypatch.setattr(runner, "make_workload", lambda config: ScriptedWorkload())
     out = io.StringIO()
     assert runner.run(_docker_config(tmp_path), out=out) == 3
-    assert out.getvalue().splitlines() == [
-        "harness error: docker platform: debootstrap failed (exit 1) (no run was started, "
-        "no run folder made)"]
+    assert out.getvalue().splitlines() == [line]
     assert not (tmp_path / "store").exists()
