@@ -209,6 +209,9 @@ class Nemesis:
         self._window_turn = 0  # process faults drawn since every window was hit
         self.windows_hit: dict[str, int] = {}
         self.active: dict[int, ActiveFault] = {}
+        # Faults whose heal has begun and whose end is not yet recorded (a Docker heal is
+        # several `docker exec`s): the progress line names them rather than say "none".
+        self.healing: dict[int, ActiveFault] = {}
         # Nodes the nemesis has killed and not yet restarted: any other node found down has
         # crashed on its own, which the run reports.
         self.expected_down: set[str] = set()
@@ -322,17 +325,22 @@ class Nemesis:
         with self._lock:
             if self.active.pop(fault.id, None) is None:
                 return
+            self.healing[fault.id] = fault
         try:
-            value = fault.heal()
-        except Exception as exc:
-            message = f"heal {fault.kind} {fault.description}: {type(exc).__name__}: {exc}"
-            log.warning("nemesis heal failed: %s", message)
-            self.errors.append(message)
-            value = {"error": str(exc)}
-        f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
-             "packet": "stop-packet", "member": "rejoin-member"}.get(fault.kind, "restart")
-        self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end", "nodes": fault.nodes,
-                        "description": fault.description, **value})
+            try:
+                value = fault.heal()
+            except Exception as exc:
+                message = f"heal {fault.kind} {fault.description}: {type(exc).__name__}: {exc}"
+                log.warning("nemesis heal failed: %s", message)
+                self.errors.append(message)
+                value = {"error": str(exc)}
+            f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
+                 "packet": "stop-packet", "member": "rejoin-member"}.get(fault.kind, "restart")
+            self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end",
+                            "nodes": fault.nodes, "description": fault.description, **value})
+        finally:
+            with self._lock:
+                self.healing.pop(fault.id, None)
 
     def _window_due(self) -> bool:
         if self.windows_missing:
@@ -771,8 +779,11 @@ class Nemesis:
         return actions
 
     def describe_active(self) -> list[str]:
+        """The faults now active, and those being healed (`healing partition(...)`): a
+        fault is not over until its heal is done and recorded."""
         with self._lock:
-            return [f"{f.kind}({f.description})" for f in self.active.values()]
+            return ([f"{f.kind}({f.description})" for f in self.active.values()]
+                    + [f"healing {f.kind}({f.description})" for f in self.healing.values()])
 
     def heal_everything(self) -> None:
         """Undo every active fault, then make sure: all links healed, every node resumed

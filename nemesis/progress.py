@@ -17,13 +17,17 @@ class Progress:
         self._width = 0
         self._last_faults: list[str] = []
 
-    def _line(self, elapsed: float, totals: dict[str, int], faults: list[str]) -> str:
+    def _line(self, elapsed: float, totals: dict[str, int], faults: list[str],
+              notes: dict[str, int] | None = None) -> str:
         active = "; ".join(faults) if faults else "none"
+        # Events that are no operation (the trainer's depositions) by name, after the outcomes.
+        events = "".join(f" {name} {n}" for name, n in (notes or {}).items())
         return (f"[{elapsed:5.0f}s/{self.total_s:.0f}s] ok {totals['ok']} fail {totals['fail']} "
-                f"info {totals['info']} | faults: {active}")
+                f"info {totals['info']}{events} | faults: {active}")
 
-    def update(self, elapsed: float, totals: dict[str, int], faults: list[str]) -> None:
-        line = self._line(elapsed, totals, faults)
+    def update(self, elapsed: float, totals: dict[str, int], faults: list[str],
+               notes: dict[str, int] | None = None) -> None:
+        line = self._line(elapsed, totals, faults, notes)
         if self.tty:
             pad = max(0, self._width - len(line))
             self.out.write("\r" + line + " " * pad)
@@ -35,8 +39,9 @@ class Progress:
             self._last_faults = list(faults)
             print(line, file=self.out, flush=True)
 
-    def done(self, elapsed: float, totals: dict[str, int]) -> None:
-        line = self._line(elapsed, totals, [])
+    def done(self, elapsed: float, totals: dict[str, int],
+             notes: dict[str, int] | None = None) -> None:
+        line = self._line(elapsed, totals, [], notes)
         if self.tty:
             self.out.write("\r" + line + " " * max(0, self._width - len(line)) + "\n")
         elif elapsed - self._last_plain > 0.5:

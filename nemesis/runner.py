@@ -92,7 +92,20 @@ class RunConfig:
         return " ".join(parts)
 
 
-def make_platform(config: RunConfig, run_id: str, run_dir: Path) -> Platform:
+def prepare_platform(config: RunConfig) -> dict[str, Any]:
+    """What the platform needs made before a run can start, as keyword arguments of
+    `make_platform`: on Docker the node image (a first build takes minutes). Done before the
+    run folder exists, so the folder is named by when the run starts, and a build that
+    fails leaves no folder behind (PlatformError)."""
+    if config.platform != "docker":
+        return {}
+    from nemesis.platforms.image import ensure_image
+
+    return {"image": ensure_image()}
+
+
+def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | None = None
+                  ) -> Platform:
     env: dict[str, str] = {}
     node_args = list(config.node_args)
     if config.unsafe and config.unsafe in STORE_CANARIES:
@@ -109,7 +122,7 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path) -> Platform:
     if config.platform == "docker":
         from nemesis.platforms.docker import DockerPlatform
 
-        return DockerPlatform(cluster)
+        return DockerPlatform(cluster, image=image)
     from nemesis.platforms.local import LocalPlatform
 
     return LocalPlatform(cluster)
@@ -248,6 +261,21 @@ def run(config: RunConfig, out=None) -> int:  # noqa: ANN001 - a text stream
     """The whole run; returns the exit code (0 valid, 1 invalid, 2 unknown, 3 harness error)."""
     # sys.stdout at call time, not at import time (a test's captured stream may be gone).
     out = _Output(out if out is not None else sys.stdout)
+    try:
+        prepared = prepare_platform(config)
+    except PlatformError as exc:
+        _print(out, f"harness error: {config.platform} platform: {exc} (no run was started, "
+                    f"no run folder made)")
+        return check.EXIT_HARNESS
+    except KeyboardInterrupt:
+        _print(out, "\ninterrupted while preparing the platform; no run was started, no run "
+                    "folder made")
+        return check.EXIT_HARNESS
+    except Exception as exc:  # the engine's own errors (docker.errors.APIError): never exit 1
+        _print(out, f"harness error: {config.platform} platform: preparing it failed: "
+                    f"{type(exc).__name__}: {exc} (no run was started, no run folder made)")
+        return check.EXIT_HARNESS
+    # Named now, with the platform ready: not by the time a first image build began.
     run_dir = new_run_dir(config.store, config.workload)
     run_id = f"{config.workload}-{run_dir.name}-{config.seed}"
     handler = logging.FileHandler(run_dir / "harness.log")
@@ -257,7 +285,7 @@ def run(config: RunConfig, out=None) -> int:  # noqa: ANN001 - a text stream
     root.setLevel(logging.INFO)
     try:
         with _Signals() as signals:
-            return _run(config, run_dir, run_id, out, signals)
+            return _run(config, run_dir, run_id, out, signals, prepared)
     finally:
         root.removeHandler(handler)
         handler.close()
@@ -328,7 +356,7 @@ def test_map(config: RunConfig, run_id: str, workload: Workload) -> dict[str, An
 
 
 def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C901
-         signals: _Signals) -> int:
+         signals: _Signals, prepared: dict[str, Any]) -> int:
     workload = make_workload(config)
     test = test_map(config, run_id, workload)
     _print(out, f"run folder: {run_dir}")
@@ -367,7 +395,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     nemesis: Nemesis | None = None
     ctx: RunContext | None = None
     try:
-        platform = make_platform(config, run_id, run_dir)
+        platform = make_platform(config, run_id, run_dir, **prepared)
         check_platform(config.faults, platform)
         _print(out, f"starting {config.nodes} nodes on {config.platform} ...")
         platform.start()
@@ -411,8 +439,9 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                     _print(out, f"\nwarning: {node} exited with code {code_} on its own; "
                                 f"see {run_dir / 'nodes'}")
             progress.update(time.monotonic() - started, workload.counts.totals(),
-                            nemesis.describe_active())
-        progress.done(time.monotonic() - started, workload.counts.totals())
+                            nemesis.describe_active(), workload.counts.notes())
+        progress.done(time.monotonic() - started, workload.counts.totals(),
+                      workload.counts.notes())
         ctx.stop.set()
         nemesis.stop()
         if not workload.join(timeout_s=config.op_timeout_s * 3 + 10):

@@ -38,15 +38,27 @@ class RunContext:
 
 @dataclass
 class Counts:
-    """Live counters for the progress line and the summary (thread-safe through `add`)."""
+    """Live counters for the progress line and the summary (thread-safe through `add`):
+    operation outcomes per function (`add`), and events that are no operation, so neither
+    succeed nor fail (`note`: the trainer's depositions), shown beside them by name."""
 
     by_f: dict[str, dict[str, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    events: dict[str, int] = field(default_factory=dict)
 
     def add(self, f: str, outcome: str) -> None:
         with self.lock:
             row = self.by_f.setdefault(f, {"ok": 0, "fail": 0, "info": 0})
             row[outcome] += 1
+
+    def note(self, name: str, n: int = 1) -> None:
+        """Count an event `name` (n=0 only makes it show, as 0)."""
+        with self.lock:
+            self.events[name] = self.events.get(name, 0) + n
+
+    def notes(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.events)
 
     def totals(self) -> dict[str, int]:
         with self.lock:

@@ -261,6 +261,7 @@ class TrainerWorkload(Workload):
                  gradient_deadline_s: float = 5.0, unsafe: str | None = None,
                  config: TrainConfig | None = None, seed: int = 0) -> None:
         super().__init__()
+        self.counts.note("depositions", 0)  # on the progress line from the start
         if standbys < 1:
             raise ValueError("the trainer workload needs at least one standby coordinator")
         self.standbys, self.lease_s, self.gradient_deadline_s = standbys, lease_s, gradient_deadline_s
@@ -489,7 +490,11 @@ class TrainerWorkload(Workload):
             value = {k: v for k, v in e.items() if k not in ("kind",)}
             value["wall_time"] = value.pop("time", None)
             history.event("trainer", kind, value)
-            if kind in ("resume", "skip", "lease-acquired", "lease-lost"):
+            if kind == "lease-lost":
+                # A coordinator deposed: an event of the protocol, not a failed operation
+                # (its refused lease write is already in the history as one).
+                self.counts.note("depositions")
+            elif kind in ("resume", "skip", "lease-acquired"):
                 self.counts.add(kind, "ok" if e.get("outcome", "ok") in ("ok", "missing") else "fail")
 
     # ----- targets for the nemesis (ProcessTargets) -------------------------------------

@@ -30,6 +30,10 @@ Each level is rebuilt only when its own inputs changed. Images carry the labels
 removed after a run (`remove_images()`, i.e. `python -m nemesis clean --images`, removes
 them). `python -m nemesis.platforms.image` builds the image and prints its tag (CI step).
 
+Every stage says what it does while it does it (`build_progress.py`: the tool's phases, and
+`still building: <stage>, N s` when it is quiet), and apt-get first waits, saying so, for a
+package-manager lock another process holds (`apt_lock.py`).
+
 What it must never do: pull from a registry, or leave a half-made tarball or a temporary
 build directory behind.
 """
@@ -52,7 +56,9 @@ import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from nemesis.platforms import apt_lock
 from nemesis.platforms.base import PlatformError, PlatformUnavailable
+from nemesis.platforms.build_progress import Stage, docker_steps, stream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,12 +83,26 @@ NODE_IMPORT_CHECK = ("import system.kv.__main__, system.kv.node, system.kv.serve
                      "import nemesis.lazyfs; nemesis.lazyfs._operations_base()")  # finds libfuse 3
 DATA_DIR = "/opt/mao/data"  # the trainer's dataset files in the image
 LAYOUT_VERSION = "2"  # bump when the Dockerfiles below change
+# What a first build was measured to take, with its conditions (docs/nemesis.md, "Image").
+FIRST_BUILD_MEASURED = ("2-5 min: measured 113 s at load average 5-7 and 279 s at load 2-23 "
+                        "on 2 cores, most of it debootstrap and the dependency layer; a busy "
+                        "machine or a slow mirror takes longer")
 
 Log = Callable[[str], None]
 
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def load_conditions() -> str:
+    """The machine's load now, as a build time's condition: `load average 3.1 (1 min),
+    2.4 (5 min) on 2 cores`."""
+    try:
+        one, five, _ = os.getloadavg()
+    except OSError:
+        return f"{os.cpu_count()} cores, load unknown"
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
 
 
 def cache_dir() -> Path:
@@ -125,18 +145,12 @@ def base_tag() -> str:
                                 "layout": LAYOUT_VERSION})
 
 
-def _run(cmd: list[str], what: str, **kwargs: object) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise PlatformUnavailable(f"{what} failed (exit {proc.returncode}): `{' '.join(cmd)}`; "
-                                  f"its last output:\n{tail}")
-    return proc
+DEBOOTSTRAP_FALLBACK = Path("/usr/sbin/debootstrap")  # root's PATH has it, a user's may not
 
 
 def _ensure_debootstrap(log: Log) -> str:
     found = shutil.which("debootstrap") or (
-        "/usr/sbin/debootstrap" if Path("/usr/sbin/debootstrap").exists() else None)
+        str(DEBOOTSTRAP_FALLBACK) if DEBOOTSTRAP_FALLBACK.exists() else None)
     if found:
         return found
     if os.geteuid() != 0:
@@ -144,14 +158,24 @@ def _ensure_debootstrap(log: Log) -> str:
                                   "`sudo apt-get install -y debootstrap`, then build again.")
     log("  debootstrap is not installed: installing it with `apt-get install -y debootstrap`")
     t0 = time.monotonic()
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    proc = subprocess.run(["apt-get", "install", "-y", "debootstrap"], capture_output=True,
-                          text=True, env=env)
-    if proc.returncode != 0:
-        _run(["apt-get", "update"], "apt-get update", env=env)
-        _run(["apt-get", "install", "-y", "debootstrap"], "installing debootstrap", env=env)
+    # Another process may hold the package manager's lock: wait for it (bounded), saying so.
+    deadline = t0 + apt_lock.APT_LOCK_WAIT_S
+    install = ["install", "-y", "debootstrap"]
+    if not apt_lock.apt_get(install, log, deadline, check=False):
+        apt_lock.apt_get(["update"], log, deadline)
+        apt_lock.apt_get(install, log, deadline)
     log(f"  installed debootstrap ({time.monotonic() - t0:.1f} s)")
-    return shutil.which("debootstrap") or "/usr/sbin/debootstrap"
+    return shutil.which("debootstrap") or str(DEBOOTSTRAP_FALLBACK)
+
+
+def _stage_run(cmd: list[str], what: str, log: Log, **stage: object) -> None:
+    """`cmd` with its output condensed on `log` as stage `what` (build_progress.py);
+    PlatformUnavailable with its last output if it fails."""
+    with Stage(what, log, **stage) as progress:  # type: ignore[arg-type]
+        code, tail = stream(cmd, progress)
+    if code != 0:
+        raise PlatformUnavailable(f"{what} failed (exit {code}): `{' '.join(cmd)}`; "
+                                  f"its last output:\n" + "\n".join(tail))
 
 
 def rootfs_tarball(log: Log = _stderr) -> Path:
@@ -170,8 +194,8 @@ def rootfs_tarball(log: Log = _stderr) -> Path:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rootfs-", dir=tarball.parent) as tmp:
         root = Path(tmp) / "root"
-        _run([debootstrap, f"--variant={VARIANT}", f"--include={','.join(PACKAGES)}", SUITE,
-              str(root), mirror], "debootstrap")
+        _stage_run([debootstrap, f"--variant={VARIANT}", f"--include={','.join(PACKAGES)}",
+                    SUITE, str(root), mirror], "debootstrap", log)
         # Downloaded .debs and apt lists are not needed in the image.
         for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for entry in (root / junk).glob("*"):
@@ -179,8 +203,9 @@ def rootfs_tarball(log: Log = _stderr) -> Path:
                     entry.unlink()
         log(f"  debootstrap done ({time.monotonic() - t0:.1f} s); packing {tarball.name}")
         partial = Path(tmp) / "rootfs.tar"
-        _run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(partial),
-              "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "."], "tar")
+        _stage_run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(partial),
+                    "--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*", "."],
+                   "packing the root filesystem", log)
         partial.replace(tarball)
     return tarball
 
@@ -203,11 +228,12 @@ def ensure_base(client, log: Log = _stderr) -> str:  # noqa: ANN001
     t0 = time.monotonic()
     log(f"  importing {tarball} as {tag} ...")
     repo, version = tag.split(":")
-    client.api.import_image(
-        src=str(tarball), repository=repo, tag=version,
-        changes=[f"LABEL {LABEL_PROJECT}={PROJECT}", f"LABEL {LABEL_KIND}=base",
-                 "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                 "ENV LANG=C.UTF-8"])
+    with Stage(f"importing {tarball.name}", log):
+        client.api.import_image(
+            src=str(tarball), repository=repo, tag=version,
+            changes=[f"LABEL {LABEL_PROJECT}={PROJECT}", f"LABEL {LABEL_KIND}=base",
+                     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                     "ENV LANG=C.UTF-8"])
     if not _image_exists(client, tag):
         raise PlatformUnavailable(f"importing {tarball} as {tag} did not create the image; "
                                   f"delete {tarball} and build again.")
@@ -334,18 +360,24 @@ def download_wheels(pins: list[str], directory: Path, log: Log = _stderr) -> Non
         raise PlatformUnavailable(f"could not get wheels for {', '.join(still)}")
 
 
-def _build(client, context: Path, tag: str, kind: str, inputs: str) -> None:  # noqa: ANN001
-    """`docker build` of `context` (never pulls: FROM names a local image)."""
+def _build(client, context: Path, tag: str, kind: str, inputs: str,  # noqa: ANN001
+           log: Log = _stderr) -> None:
+    """`docker build` of `context` (never pulls: FROM names a local image), its steps and
+    a `still building` line while one runs on `log`."""
     repo, version = tag.split(":")
     lines: list[str] = []
     error = None
-    for chunk in client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False,
-                                  decode=True, labels={LABEL_PROJECT: PROJECT, LABEL_KIND: kind,
-                                                       "mao.inputs": inputs}):
-        if "stream" in chunk:
-            lines.extend(chunk["stream"].rstrip().splitlines())
-        if "error" in chunk:
-            error = chunk["error"]
+    with Stage(f"docker build {tag}", log, phase=docker_steps) as stage:
+        for chunk in client.api.build(path=str(context), tag=tag, rm=True, forcerm=True,
+                                      pull=False, decode=True,
+                                      labels={LABEL_PROJECT: PROJECT, LABEL_KIND: kind,
+                                              "mao.inputs": inputs}):
+            if "stream" in chunk:
+                for line in chunk["stream"].rstrip().splitlines():
+                    lines.append(line)
+                    stage.output(line)
+            if "error" in chunk:
+                error = chunk["error"]
     if error is not None or not _image_exists(client, tag):
         tail = "\n".join(lines[-20:])
         raise PlatformUnavailable(f"docker build of {tag} failed: {error}\n{tail}")
@@ -360,7 +392,8 @@ def ensure_deps(client, log: Log = _stderr) -> str:  # noqa: ANN001
     wheels = cache_dir() / f"wheels-{tag.split(':')[1]}"
     t0 = time.monotonic()
     log(f"  wheels of {len(pins)} runtime dependencies ({', '.join(pins)}) into {wheels} ...")
-    download_wheels(pins, wheels, log)
+    with Stage("downloading wheels", log):
+        download_wheels(pins, wheels, log)
     log(f"  wheels ready ({time.monotonic() - t0:.1f} s)")
     t0 = time.monotonic()
     log(f"  building {tag}: pip install of the wheels into /opt/mao/deps ...")
@@ -379,7 +412,7 @@ def ensure_deps(client, log: Log = _stderr) -> str:  # noqa: ANN001
             "--no-index --find-links /tmp/wheels --target /opt/mao/deps "
             "-r /tmp/requirements.txt && rm -rf /tmp/wheels /tmp/requirements.txt\n"
             "ENV PYTHONPATH=/opt/mao/deps\n")
-        _build(client, ctx, tag, "deps", ",".join(pins))
+        _build(client, ctx, tag, "deps", ",".join(pins), log)
     log(f"  built {tag} ({time.monotonic() - t0:.1f} s)")
     return tag
 
@@ -448,8 +481,8 @@ def ensure_image(client=None, log: Log = _stderr) -> str:  # noqa: ANN001
         first = not _image_exists(client, base_tag()) and not (
             cache_dir() / f"rootfs-{base_tag().split(':')[1]}.tar").exists()
         if first:
-            log(f"building the node image (first time only, ~2 min): debootstrap {SUITE} from "
-                f"{apt_mirror()}, project dependencies, sources")
+            log(f"building the node image (first time only; {FIRST_BUILD_MEASURED}): debootstrap "
+                f"{SUITE} from {apt_mirror()}, project dependencies, sources")
         else:
             log(f"building the node image {tag} (none yet for these sources and dependencies; "
                 f"cached levels are reused)")
@@ -474,9 +507,9 @@ def ensure_image(client=None, log: Log = _stderr) -> str:  # noqa: ANN001
                 f"ENV PYTHONPATH=/opt/mao/src:/opt/mao/deps:{DATA_DIR}\n"
                 "WORKDIR /opt/mao/src\n"
                 f"RUN python3 -m compileall -q /opt/mao/src && python3 -c '{NODE_IMPORT_CHECK}'\n")
-            _build(client, ctx, tag, "node", tag)
+            _build(client, ctx, tag, "node", tag, log)
         log(f"  built {tag} ({time.monotonic() - t0:.1f} s); the whole build took "
-            f"{time.monotonic() - t_all:.1f} s")
+            f"{time.monotonic() - t_all:.1f} s ({load_conditions()})")
         return tag
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
@@ -58,6 +59,30 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         checkpoint_every=args.checkpoint_every, job=args.job)
 
 
+def progress_line(status, steps: int, last: dict[str, float]) -> str:  # noqa: ANN001 - StatusReply
+    """The progress line of an active coordinator's `status`. One that has just taken over
+    has evaluated nothing yet (its loss and accuracy are NaN): the line keeps the last
+    figures known (`last`, updated here), or `-` before there are any."""
+    for name, value in (("loss", status.loss), ("acc", status.accuracy)):
+        if not math.isnan(value):
+            last[name] = value
+    loss, acc = (f"{last[name]:.4f}" if name in last else "-" for name in ("loss", "acc"))
+    bar = "#" * int(30 * status.step / steps)
+    return (f"[{bar:<30}] step {status.step}/{steps} loss {loss} acc {acc} coordinator "
+            f"{status.coordinator_id} (term {status.term}) checkpoint "
+            f"@{status.last_checkpoint_step} v{status.last_checkpoint_version}")
+
+
+def takeovers(events: list[dict]) -> int:
+    """Lease acquisitions by a coordinator other than the lease's previous holder, in term
+    order: the first acquisition of a run takes over from no one, and a coordinator that
+    takes its own lapsed lease back takes over from no one either."""
+    acquired = sorted((e for e in events if e.get("kind") == "lease-acquired"),
+                      key=lambda e: (e.get("lease_version") or 0, e.get("time") or 0))
+    return sum(a.get("coordinator_id") != b.get("coordinator_id")
+               for a, b in zip(acquired, acquired[1:], strict=False))
+
+
 def run_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -83,7 +108,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         run.start()
         last_line = 0.0
-        terms: set[int] = set()
+        figures: dict[str, float] = {}  # the last loss and accuracy known
 
         def progress() -> bool:
             nonlocal last_line
@@ -97,11 +122,7 @@ def run_command(args: argparse.Namespace) -> int:
                 last_line = now
                 st = run.status()
                 if st is not None and st.active:
-                    terms.add(st.term)
-                    bar = "#" * int(30 * st.step / config.steps)
-                    line = (f"[{bar:<30}] step {st.step}/{config.steps} loss {st.loss:.4f} "
-                            f"acc {st.accuracy:.4f} coordinator {st.coordinator_id} (term {st.term}) "
-                            f"checkpoint @{st.last_checkpoint_step} v{st.last_checkpoint_version}")
+                    line = progress_line(st, config.steps, figures)
                     print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr,
                           flush=True)
             return False
@@ -121,7 +142,7 @@ def run_command(args: argparse.Namespace) -> int:
             ("held-out accuracy", f"{model.accuracy(params, ds.x_test, ds.y_test):.4f}"),
             ("held-out loss", f"{model.loss(params, ds.x_test, ds.y_test, config.l2):.4f}"),
             ("checkpoints committed", sum(e.get("kind") == "checkpoint-ok" for e in events)),
-            ("coordinator takeovers", sum(e.get("kind") == "lease-acquired" for e in events)),
+            ("coordinator takeovers", takeovers(events)),
             ("skipped gradients", sum(e.get("kind") == "skip" for e in events)),
             ("final checkpoint", f"version {latest.version}, {latest.meta.checksum[:23]}"),
             ("wall time, s", f"{elapsed:.1f}"),

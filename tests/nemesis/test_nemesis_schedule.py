@@ -351,3 +351,44 @@ def test_the_tear_down_waits_for_a_slow_heal_to_record_its_end() -> None:
     _stop_nemesis(nemesis, first_wait_s=0.01)
     assert not nemesis.busy()
     assert events[-1] == "resume", events  # recorded before the history would be closed
+
+
+def test_a_fault_being_healed_is_shown_as_healing_until_its_end_is_recorded() -> None:
+    """The progress line said `faults: none` while a slow (Docker) heal was still running:
+    the fault left `active` before its heal began."""
+    import io
+    import threading
+
+    from nemesis.progress import Progress
+
+    class SlowHeal(FakePlatform):
+        def __init__(self, nodes: int) -> None:
+            super().__init__(nodes)
+            self.healing = threading.Event()
+            self.release = threading.Event()
+
+        def heal_link(self, src: str, dst: str) -> None:
+            self.healing.set()
+            assert self.release.wait(30), "the test never released the heal"
+            super().heal_link(src, dst)
+
+    platform = SlowHeal(5)
+    events: list[tuple[str, dict]] = []
+    nemesis = Nemesis(platform, ["partition"], seed=1, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)))
+    fault = nemesis._begin("partition")
+    assert fault is not None
+    healer = threading.Thread(target=nemesis.end, args=(fault,))
+    healer.start()
+    try:
+        assert platform.healing.wait(30)
+        active = nemesis.describe_active()
+        assert len(active) == 1 and active[0].startswith("healing partition(")
+        out = io.StringIO()
+        Progress(out, 60).update(12.0, {"ok": 3, "fail": 0, "info": 0}, active)
+        assert "faults: healing partition(" in out.getvalue()
+        assert events[-1][0] == "start-partition"  # the end is not recorded yet
+    finally:
+        platform.release.set()
+        healer.join(30)
+    assert events[-1][0] == "heal-partition" and nemesis.describe_active() == []

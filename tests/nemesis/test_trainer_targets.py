@@ -118,3 +118,28 @@ def test_a_paused_standby_wakes_a_standby_and_is_not_waited_for(monkeypatch: pyt
     started = time.monotonic()
     workload._let_woken_coordinators_exit()  # c2 runs on, as a standby: nothing to wait for
     assert time.monotonic() - started < 0.2 and workload.harness_errors == []
+
+
+def test_a_lease_lost_event_is_a_deposition_on_the_progress_line_not_a_failure(tmp_path: Path) -> None:
+    """`lease-lost` is an event of the protocol: counting it as a failed operation made a
+    run with no failed operation at all show `fail N`."""
+    import io
+
+    from histories.write import HistoryWriter
+    from nemesis.progress import Progress
+    from workloads.base import RunContext
+
+    workload = TrainerWorkload()
+    with HistoryWriter(tmp_path / "history.jsonl") as history:
+        ctx = RunContext(addresses={}, history=history, seed=1, deadline=0.0)
+        workload._record(ctx, {"kind": "lease-acquired", "coordinator_id": "c1",
+                               "lease_version": 1, "time": 1.0})
+        workload._record(ctx, {"kind": "lease-lost", "coordinator_id": "c1",
+                               "lease_version": 1, "outcome": "fail", "time": 2.0})
+    assert workload.counts.totals()["fail"] == 0
+    assert workload.counts.notes() == {"depositions": 1}
+    out = io.StringIO()
+    Progress(out, 60).update(10.0, workload.counts.totals(), [], workload.counts.notes())
+    assert "fail 0 info 0 depositions 1 |" in out.getvalue()
+    # the event is still in the history, for the checker
+    assert '"lease-lost"' in (tmp_path / "history.jsonl").read_text()

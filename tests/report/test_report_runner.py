@@ -97,3 +97,62 @@ def test_a_report_failure_does_not_change_the_exit_code(
     run_dir = (tmp_path / "store" / "latest").resolve()
     assert "report: not written (OSError: disk full" in out.getvalue()
     assert "report.html could not be written" in (run_dir / "harness.log").read_text()
+
+
+def _docker_config(tmp_path: Path) -> runner.RunConfig:
+    config = _config(tmp_path)
+    config.platform = "docker"
+    return config
+
+
+def test_the_run_folder_is_made_once_the_node_image_is_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The folder was named by the time before a first image build (minutes): it is made,
+    and named, once the platform is ready, and the platform gets the image built."""
+    import nemesis.platforms.image as image
+
+    store = tmp_path / "store"
+    built: list[bool] = []
+
+    def ensure_image() -> str:
+        built.append((store / "kv").exists() and any((store / "kv").iterdir()))
+        return "mao-node:test"
+
+    given: dict[str, Any] = {}
+
+    def make_platform(config, run_id, run_dir, image=None):  # noqa: ANN001, ANN202
+        given.update(run_dir=run_dir, image=image)
+        return FakePlatform(3)
+
+    monkeypatch.setattr(image, "ensure_image", ensure_image)
+    monkeypatch.setattr(runner, "make_platform", make_platform)
+    monkeypatch.setattr(runner, "make_workload", lambda config: ScriptedWorkload())
+    out = io.StringIO()
+    assert runner.run(_docker_config(tmp_path), out=out) == 0
+    assert built == [False], "a run folder existed while the image was being built"
+    assert given["image"] == "mao-node:test"
+    assert given["run_dir"] == (store / "latest").resolve()
+
+
+@pytest.mark.parametrize("error,line", [
+    ("unavailable", "harness error: docker platform: debootstrap failed (exit 1) (no run was "
+                    "started, no run folder made)"),
+    ("engine", "harness error: docker platform: preparing it failed: RuntimeError: 500 Server "
+               "Error (no run was started, no run folder made)"),
+])
+def test_an_image_build_that_fails_leaves_no_run_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: str, line: str) -> None:
+    import nemesis.platforms.image as image
+    from nemesis.platforms.base import PlatformUnavailable
+
+    def ensure_image() -> str:
+        if error == "unavailable":
+            raise PlatformUnavailable("debootstrap failed (exit 1)")
+        raise RuntimeError("500 Server Error")  # as the SDK's APIError would
+
+    monkeypatch.setattr(image, "ensure_image", ensure_image)
+    monkeypatch.setattr(runner, "make_workload", lambda config: ScriptedWorkload())
+    out = io.StringIO()
+    assert runner.run(_docker_config(tmp_path), out=out) == 3
+    assert out.getvalue().splitlines() == [line]
+    assert not (tmp_path / "store").exists()
