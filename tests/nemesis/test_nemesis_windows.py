@@ -42,7 +42,8 @@ def test_dealt_kinds_give_every_kind_once_per_round_led_by_partition() -> None:
     nemesis = Nemesis(platform, kinds, seed=7, interval_s=0.01, record=lambda f, v: None)
     nemesis.deal_kinds = True
     drawn = []
-    for _ in range(3 * len(kinds)):
+    nemesis.zombie_s = 0.0
+    for _ in range(6 * len(kinds)):
         fault = nemesis.begin_next()
         assert fault is not None
         drawn.append(fault.kind)
