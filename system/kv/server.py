@@ -11,7 +11,8 @@ here, so a payload that is not a valid protobuf gets INVALID_ARGUMENT instead of
 generic INTERNAL.
 
 Status codes (see kv.proto): INVALID_ARGUMENT (bad request), RESOURCE_EXHAUSTED (rate
-limit), UNAVAILABLE (not the leader / no leader; trailing metadata "leader-id" and
+limit; or, from gRPC itself with no "kv-outcome", a request larger than the port reads:
+system/kv/limits.py), UNAVAILABLE (not the leader / no leader; trailing metadata "leader-id" and
 "leader-address"; certainly not applied), UNKNOWN (outcome unknown). Every error this
 module decides carries trailing metadata "kv-outcome" = "not-applied" or "unknown", so a
 client can tell it from a broken connection.
@@ -34,6 +35,7 @@ from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
 
 from system.kv.forward import FORWARDED_BY, ForwardFailed
+from system.kv.limits import request_limit_bytes
 from system.kv.node import Node, NodeError, NotLeaderError
 from system.kv.proto import kv_pb2
 from system.kv.session import take_batch
@@ -586,7 +588,13 @@ def build_server(node: Node) -> grpc.aio.Server:
     """A gRPC server carrying both services of `node`, bound to its listen address."""
     from system.kv.proto import raft_pb2_grpc
 
-    server = grpc.aio.server(options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS])
+    # The port reads no message larger than the largest legal request: gRPC refuses a
+    # larger one from its length, before reading it (system/kv/limits.py); peers send
+    # their batches here in pieces below that limit (transport.batch_pieces).
+    limit = request_limit_bytes(node.config.max_value_bytes, node.config.max_key_bytes)
+    options = [(k, v) for k, v in CHANNEL_OPTIONS if k != "grpc.max_receive_message_length"]
+    server = grpc.aio.server(options=[*options, *SERVER_OPTIONS,
+                                      ("grpc.max_receive_message_length", limit)])
     kv = KVService(node)
     tracing = node.trace is not None
     handlers = {
