@@ -368,6 +368,7 @@ def _handler(parse: type[ProtoMessage], method: Callable[..., Awaitable[ProtoMes
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if tracing:
             received_ns.set(now_ns())
+        request = None
         try:
             try:
                 request = parse.FromString(raw)
@@ -381,14 +382,21 @@ def _handler(parse: type[ProtoMessage], method: Callable[..., Awaitable[ProtoMes
                 response = await method(request)
             return response.SerializeToString()
         except _Reject as rej:
-            await context.abort(rej.code, rej.message, trailing_metadata=rej.metadata)
+            refusal = (rej.code, rej.message, rej.metadata)
         except grpc.aio.AbortError:
             raise
         except Exception:
             log.exception("unexpected error serving a request")
-            await context.abort(grpc.StatusCode.INTERNAL,
-                                "internal error on the node; see its log; outcome unknown",
-                                trailing_metadata=(("kv-outcome", "unknown"),))
+            refusal = (grpc.StatusCode.INTERNAL,
+                       "internal error on the node; see its log; outcome unknown",
+                       (("kv-outcome", "unknown"),))
+        # Abort outside the except clause, with the request dropped: an abort raised in
+        # it chains the refusal (its traceback, the frames, the request and its value) to
+        # gRPC's AbortError, and that chain outlived the call: each refused 16 MiB put
+        # left the node about 50 MiB larger for good.
+        del raw, request
+        code, message, metadata = refusal
+        await context.abort(code, message, trailing_metadata=metadata)
         raise AssertionError("unreachable")
 
     return grpc.unary_unary_rpc_method_handler(handle)

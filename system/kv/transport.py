@@ -567,9 +567,10 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
             try:
                 request = raft_pb2.MessageBatch.FromString(data)
             except DecodeError as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"pieces that do not join into a MessageBatch: {exc}")
+                request, bad = None, f"pieces that do not join into a MessageBatch: {exc}"
             del data
+            if request is None:  # abort outside the except: see server._handler
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
             await self._receive(request, context)
         return raft_pb2.SendAck()
 
