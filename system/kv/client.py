@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from system.kv.limits import value_limit_of_refusal
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 from system.kv.session import Session, error_of
 from system.kv.transport import CHANNEL_OPTIONS
@@ -374,6 +375,15 @@ class KVClient:
             raise InvalidArgument(
                 f"key is {size} bytes long; the limit is {self.max_key_bytes} bytes (UTF-8)")
 
+    def _too_large(self, details: str, payload_bytes: int) -> str:
+        """The error of a request gRPC refused for its size: the store's own words for a
+        value over the limit when a node's port refused it unread."""
+        limit = value_limit_of_refusal(details, self.max_key_bytes)
+        if limit is None:
+            return f"request too large for the transport: {details}"
+        return (f"value is {payload_bytes} bytes; the limit is {limit} bytes (node flag "
+                f"--max-value-bytes); the node refused the request unread")
+
     def _pick(self, hint: str | None, avoid: dict[str, float] | None = None) -> str:
         """Where the next attempt goes: the hint, else the known leader, else the next
         node in turn -- skipping nodes that timed out during this call (`avoid`: address
@@ -460,8 +470,10 @@ class KVClient:
                 if result.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidArgument(result.details) from None
                 if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not result.from_server:
-                    # gRPC itself refused the message (larger than 256 MiB): never sent whole.
-                    raise InvalidArgument(f"request too large for the transport: {result.details}"
+                    # gRPC itself refused the message: the node's port, unread, because it
+                    # is over what --max-value-bytes allows (system/kv/limits.py), or this
+                    # channel (over 256 MiB). Nothing was applied.
+                    raise InvalidArgument(self._too_large(result.details, payload_bytes)
                                           ) from None
                 if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     pass  # the node's rate limit: certainly not applied; back off and retry

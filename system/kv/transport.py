@@ -2,8 +2,8 @@
 
 What it does: converts `system.raft.messages.Message` to and from the protobuf records of
 `proto/raft.proto`, and keeps per peer two lanes (control and bulk), each a sender that
-writes everything queued as one batch to a long-lived `RaftPeer.Stream` (so messages on
-one lane leave in the order the core produced them).
+writes everything queued as one batch to a long-lived `RaftPeer.StreamPieces`, cut in
+pieces (so messages on one lane leave in the order the core produced them).
 
 What it must never do: block the node's event loop, grow without bound, or retry a
 message on its own. Raft tolerates lost, duplicated and reordered messages and
@@ -22,6 +22,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from system.kv.proto import raft_pb2, raft_pb2_grpc
 from system.kv.stage_trace import StageTrace
@@ -31,7 +32,13 @@ from system.raft.types import Entry, EntryKind, NodeId, SnapshotMeta
 log = logging.getLogger("kv.transport")
 
 # gRPC's default limit is 4 MiB; a 64 MiB value must fit in one APPEND with room to spare.
+# (What a channel sends and a client reads; a node's port reads less: system/kv/limits.py.)
 MAX_GRPC_MESSAGE_BYTES = 256 * 1024 * 1024
+# A batch goes to a peer's gRPC port in pieces of at most this many bytes (StreamPieces in
+# proto/raft.proto): that port reads no message larger than the peer's largest legal
+# client request, and a batch can be larger than that.
+PEER_PIECE_BYTES = 256 * 1024
+_PIECES_METHOD = "/manyasone.raft.RaftPeer/StreamPieces"
 
 # Reconnect quickly to a restarted peer: gRPC's default reconnect backoff grows to 120 s,
 # which would keep a rejoining follower out of the cluster for minutes.
@@ -198,6 +205,23 @@ def encode_batch(src: NodeId, messages: Iterable[Message]) -> bytes:
     return b"".join(parts)
 
 
+_TAG_PIECE_DATA = b"\x0a"  # BatchPiece.data = 1
+_PIECE_MORE = b"\x10\x01"  # BatchPiece.more = 2, true
+
+
+def batch_pieces(batch: bytes, piece_bytes: int = PEER_PIECE_BYTES) -> list[bytes]:
+    """The wire bytes of the BatchPiece messages that carry `batch` (each piece's data
+    copied once; the last one's `more` is false)."""
+    view = memoryview(batch)
+    pieces = []
+    for start in range(0, max(len(batch), 1), piece_bytes):
+        data = view[start:start + piece_bytes]
+        more = start + piece_bytes < len(batch)
+        pieces.append(b"".join((_TAG_PIECE_DATA, _varint(len(data)), data,
+                                _PIECE_MORE if more else b"")))
+    return pieces
+
+
 def message_size_bytes(message: Message) -> int:
     """Rough wire size of `message`, used to bound queues and batches."""
     return (
@@ -260,9 +284,9 @@ class PeerSender:
         # A channel of its own per lane (local subchannel pool = its own TCP connection).
         options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
         self._channel = grpc.aio.insecure_channel(self.address, options=options)
-        # Bytes in (see encode_batch), SendAck out.
+        # BatchPiece bytes in (see encode_batch, batch_pieces), SendAck out.
         self._stream_rpc = self._channel.stream_unary(
-            "/manyasone.raft.RaftPeer/Stream", request_serializer=None,
+            _PIECES_METHOD, request_serializer=None,
             response_deserializer=raft_pb2.SendAck.FromString)
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"send-{self.peer_id}-{self.lane}")
@@ -345,7 +369,8 @@ class PeerSender:
                     call = self._stream_rpc(wait_for_ready=False)
                 if self.trace is not None:
                     self.trace.hops_sent(batch)
-                await call.write(encode_batch(self.src, batch))
+                for piece in batch_pieces(encode_batch(self.src, batch)):
+                    await call.write(piece)
             except asyncio.CancelledError:
                 if call is not None:
                     call.cancel()
@@ -522,6 +547,30 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
     async def Stream(self, request_iterator: AsyncIterator[raft_pb2.MessageBatch],
                      context: grpc.aio.ServicerContext) -> raft_pb2.SendAck:  # noqa: N802
         async for request in request_iterator:
+            await self._receive(request, context)
+        return raft_pb2.SendAck()
+
+    async def StreamPieces(self, request_iterator: AsyncIterator[raft_pb2.BatchPiece],
+                           context: grpc.aio.ServicerContext) -> raft_pb2.SendAck:  # noqa: N802
+        pieces: list[bytes] = []
+        size = 0
+        async for piece in request_iterator:
+            pieces.append(piece.data)
+            size += len(piece.data)
+            if size > MAX_GRPC_MESSAGE_BYTES:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    f"a batch of more than {MAX_GRPC_MESSAGE_BYTES} bytes")
+            if piece.more:
+                continue
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            pieces, size = [], 0
+            try:
+                request = raft_pb2.MessageBatch.FromString(data)
+            except DecodeError as exc:
+                request, bad = None, f"pieces that do not join into a MessageBatch: {exc}"
+            del data
+            if request is None:  # abort outside the except: see server._handler
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
             await self._receive(request, context)
         return raft_pb2.SendAck()
 

@@ -262,3 +262,35 @@ def test_a_welcome_counts_for_the_node_that_answered_not_for_the_address_asked(t
             "n1 to report that n2's address is answered by n3")
         assert cluster.status("n1").vote_withheld.startswith("new data directory")
         assert "identity confirmed" not in log_file.read_text()
+
+
+def test_a_node_started_with_join_before_member_add_sees_itself_promoted(tmp_path) -> None:
+    """The order the store's own advice gives (start with --join, then `member add`, then
+    `member promote`): once promoted, the new node's own view (its Status, what `member
+    list` prints when it answers) names it a voter, as the committed configuration does."""
+    with LocalCluster(4, tmp_path) as cluster:
+        first_three = ["n1", "n2", "n3"]
+        peers3 = ",".join(f"{n}={cluster.specs[n].address}" for n in first_three)
+        for node_id in first_three:
+            others = ",".join(f"{n}={cluster.specs[n].address}" for n in first_three
+                              if n != node_id)
+            cluster.start_node(node_id, ["--peers", others])
+        cluster.wait_for_leader(timeout_s=30, among=first_three)
+        with cluster.client() as kv:
+            kv.put("k", b"v")
+        cluster.start_node("n4", ["--peers", peers3, "--join"])
+        cluster.wait_until(lambda: cluster.status("n4") is not None, 30, "n4 to answer")
+        addresses = ",".join(cluster.specs[n].address for n in first_three)
+        added = member_cli("add", "--cluster", addresses, "--id", "n4",
+                           "--address", cluster.specs["n4"].address)
+        assert added.returncode == 0, added.stderr
+        promoted = member_cli("promote", "--cluster", addresses, "--id", "n4")
+        assert promoted.returncode == 0, promoted.stderr
+        assert "voters n1,n2,n3,n4" in promoted.stdout
+        cluster.wait_until(
+            lambda: (st := cluster.status("n4")) is not None and "n4" in st.voters,
+            30, "n4 to list itself as a voter")
+        st = cluster.status("n4")
+        assert list(st.voters) == ["n1", "n2", "n3", "n4"] and list(st.learners) == []
+        listed = member_cli("list", "--cluster", cluster.specs["n4"].address)
+        assert f"n4 {cluster.specs['n4'].address} voter" in listed.stdout, listed.stdout

@@ -7,8 +7,10 @@ import pytest
 
 from system.kv.proto import raft_pb2
 from system.kv.transport import (
+    PEER_PIECE_BYTES,
     BadPeerMessage,
     PeerSender,
+    batch_pieces,
     encode_batch,
     message_from_proto,
     message_to_proto,
@@ -53,6 +55,20 @@ def test_hand_assembled_batch_parses_to_the_protobuf_built_batch() -> None:
     parsed = raft_pb2.MessageBatch.FromString(wire)
     assert parsed == expected
     assert [message_from_proto(pb) for pb in parsed.messages] == messages
+
+
+def test_a_batch_cut_in_pieces_joins_back_whole_and_each_piece_fits_a_small_port() -> None:
+    big = Message(MessageType.APPEND, "n1", "n2", 4, log_term=2, index=6, commit=5,
+                  entries=(Entry(term=4, index=7, data=bytes(range(256)) * 4000),))
+    wire = encode_batch("n1", [*_every_kind_of_message(), big])
+    pieces = [raft_pb2.BatchPiece.FromString(p) for p in batch_pieces(wire)]
+    assert len(pieces) == -(-len(wire) // PEER_PIECE_BYTES) > 1
+    assert [p.more for p in pieces] == [True] * (len(pieces) - 1) + [False]
+    assert all(len(p) <= PEER_PIECE_BYTES + 16 for p in batch_pieces(wire))
+    assert b"".join(p.data for p in pieces) == wire
+    small = encode_batch("n1", [Message(MessageType.HEARTBEAT, "n1", "n2", 4)])
+    [only] = [raft_pb2.BatchPiece.FromString(p) for p in batch_pieces(small)]
+    assert only.data == small and not only.more
 
 
 def test_unknown_message_type_or_entry_kind_is_refused_not_crashed_on() -> None:

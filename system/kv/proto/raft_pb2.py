@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asystem/kv/proto/raft.proto\x12\x0emanyasone.raft\"[\n\x05\x45ntry\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\'\n\x04kind\x18\x04 \x01(\x0e\x32\x19.manyasone.raft.EntryKind\"\xc3\x01\n\x0cSnapshotMeta\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x0e\n\x06voters\x18\x03 \x03(\t\x12\x10\n\x08learners\x18\x04 \x03(\t\x12\x41\n\x0bmember_info\x18\x05 \x03(\x0b\x32,.manyasone.raft.SnapshotMeta.MemberInfoEntry\x1a\x31\n\x0fMemberInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xe0\x02\n\x0bRaftMessage\x12)\n\x04type\x18\x01 \x01(\x0e\x32\x1b.manyasone.raft.MessageType\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x10\n\x08log_term\x18\x05 \x01(\x04\x12\r\n\x05index\x18\x06 \x01(\x04\x12&\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x15.manyasone.raft.Entry\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x04\x12\x0e\n\x06reject\x18\t \x01(\x08\x12\x13\n\x0breject_hint\x18\n \x01(\x04\x12\x13\n\x0breject_term\x18\x0b \x01(\x04\x12\x0f\n\x07\x63ontext\x18\x0c \x01(\x0c\x12.\n\x08snapshot\x18\r \x01(\x0b\x32\x1c.manyasone.raft.SnapshotMeta\x12\x0e\n\x06offset\x18\x0e \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\x12\x0c\n\x04\x64one\x18\x10 \x01(\x08\"J\n\x0cMessageBatch\x12\x0b\n\x03src\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.manyasone.raft.RaftMessage\"\t\n\x07SendAck*\xeb\x01\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08PRE_VOTE\x10\x01\x12\x15\n\x11PRE_VOTE_RESPONSE\x10\x02\x12\x08\n\x04VOTE\x10\x03\x12\x11\n\rVOTE_RESPONSE\x10\x04\x12\n\n\x06\x41PPEND\x10\x05\x12\x13\n\x0f\x41PPEND_RESPONSE\x10\x06\x12\r\n\tHEARTBEAT\x10\x07\x12\x16\n\x12HEARTBEAT_RESPONSE\x10\x08\x12\x0c\n\x08SNAPSHOT\x10\t\x12\x15\n\x11SNAPSHOT_RESPONSE\x10\n\x12\x0f\n\x0bTIMEOUT_NOW\x10\x0b*N\n\tEntryKind\x12\x15\n\x11\x45NTRY_KIND_NORMAL\x10\x00\x12\x13\n\x0f\x45NTRY_KIND_NOOP\x10\x01\x12\x15\n\x11\x45NTRY_KIND_CONFIG\x10\x02\x32\x8c\x01\n\x08RaftPeer\x12=\n\x04Send\x12\x1c.manyasone.raft.MessageBatch\x1a\x17.manyasone.raft.SendAck\x12\x41\n\x06Stream\x12\x1c.manyasone.raft.MessageBatch\x1a\x17.manyasone.raft.SendAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asystem/kv/proto/raft.proto\x12\x0emanyasone.raft\"[\n\x05\x45ntry\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\'\n\x04kind\x18\x04 \x01(\x0e\x32\x19.manyasone.raft.EntryKind\"\xc3\x01\n\x0cSnapshotMeta\x12\r\n\x05index\x18\x01 \x01(\x04\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x0e\n\x06voters\x18\x03 \x03(\t\x12\x10\n\x08learners\x18\x04 \x03(\t\x12\x41\n\x0bmember_info\x18\x05 \x03(\x0b\x32,.manyasone.raft.SnapshotMeta.MemberInfoEntry\x1a\x31\n\x0fMemberInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"(\n\nBatchPiece\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\x0c\n\x04more\x18\x02 \x01(\x08\"\xe0\x02\n\x0bRaftMessage\x12)\n\x04type\x18\x01 \x01(\x0e\x32\x1b.manyasone.raft.MessageType\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x10\n\x08log_term\x18\x05 \x01(\x04\x12\r\n\x05index\x18\x06 \x01(\x04\x12&\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x15.manyasone.raft.Entry\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x04\x12\x0e\n\x06reject\x18\t \x01(\x08\x12\x13\n\x0breject_hint\x18\n \x01(\x04\x12\x13\n\x0breject_term\x18\x0b \x01(\x04\x12\x0f\n\x07\x63ontext\x18\x0c \x01(\x0c\x12.\n\x08snapshot\x18\r \x01(\x0b\x32\x1c.manyasone.raft.SnapshotMeta\x12\x0e\n\x06offset\x18\x0e \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x0f \x01(\x0c\x12\x0c\n\x04\x64one\x18\x10 \x01(\x08\"J\n\x0cMessageBatch\x12\x0b\n\x03src\x18\x01 \x01(\t\x12-\n\x08messages\x18\x02 \x03(\x0b\x32\x1b.manyasone.raft.RaftMessage\"\t\n\x07SendAck*\xeb\x01\n\x0bMessageType\x12\x1c\n\x18MESSAGE_TYPE_UNSPECIFIED\x10\x00\x12\x0c\n\x08PRE_VOTE\x10\x01\x12\x15\n\x11PRE_VOTE_RESPONSE\x10\x02\x12\x08\n\x04VOTE\x10\x03\x12\x11\n\rVOTE_RESPONSE\x10\x04\x12\n\n\x06\x41PPEND\x10\x05\x12\x13\n\x0f\x41PPEND_RESPONSE\x10\x06\x12\r\n\tHEARTBEAT\x10\x07\x12\x16\n\x12HEARTBEAT_RESPONSE\x10\x08\x12\x0c\n\x08SNAPSHOT\x10\t\x12\x15\n\x11SNAPSHOT_RESPONSE\x10\n\x12\x0f\n\x0bTIMEOUT_NOW\x10\x0b*N\n\tEntryKind\x12\x15\n\x11\x45NTRY_KIND_NORMAL\x10\x00\x12\x13\n\x0f\x45NTRY_KIND_NOOP\x10\x01\x12\x15\n\x11\x45NTRY_KIND_CONFIG\x10\x02\x32\xd3\x01\n\x08RaftPeer\x12=\n\x04Send\x12\x1c.manyasone.raft.MessageBatch\x1a\x17.manyasone.raft.SendAck\x12\x41\n\x06Stream\x12\x1c.manyasone.raft.MessageBatch\x1a\x17.manyasone.raft.SendAck(\x01\x12\x45\n\x0cStreamPieces\x12\x1a.manyasone.raft.BatchPiece\x1a\x17.manyasone.raft.SendAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,22 +33,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SNAPSHOTMETA_MEMBERINFOENTRY']._loaded_options = None
   _globals['_SNAPSHOTMETA_MEMBERINFOENTRY']._serialized_options = b'8\001'
-  _globals['_MESSAGETYPE']._serialized_start=780
-  _globals['_MESSAGETYPE']._serialized_end=1015
-  _globals['_ENTRYKIND']._serialized_start=1017
-  _globals['_ENTRYKIND']._serialized_end=1095
+  _globals['_MESSAGETYPE']._serialized_start=822
+  _globals['_MESSAGETYPE']._serialized_end=1057
+  _globals['_ENTRYKIND']._serialized_start=1059
+  _globals['_ENTRYKIND']._serialized_end=1137
   _globals['_ENTRY']._serialized_start=46
   _globals['_ENTRY']._serialized_end=137
   _globals['_SNAPSHOTMETA']._serialized_start=140
   _globals['_SNAPSHOTMETA']._serialized_end=335
   _globals['_SNAPSHOTMETA_MEMBERINFOENTRY']._serialized_start=286
   _globals['_SNAPSHOTMETA_MEMBERINFOENTRY']._serialized_end=335
-  _globals['_RAFTMESSAGE']._serialized_start=338
-  _globals['_RAFTMESSAGE']._serialized_end=690
-  _globals['_MESSAGEBATCH']._serialized_start=692
-  _globals['_MESSAGEBATCH']._serialized_end=766
-  _globals['_SENDACK']._serialized_start=768
-  _globals['_SENDACK']._serialized_end=777
-  _globals['_RAFTPEER']._serialized_start=1098
-  _globals['_RAFTPEER']._serialized_end=1238
+  _globals['_BATCHPIECE']._serialized_start=337
+  _globals['_BATCHPIECE']._serialized_end=377
+  _globals['_RAFTMESSAGE']._serialized_start=380
+  _globals['_RAFTMESSAGE']._serialized_end=732
+  _globals['_MESSAGEBATCH']._serialized_start=734
+  _globals['_MESSAGEBATCH']._serialized_end=808
+  _globals['_SENDACK']._serialized_start=810
+  _globals['_SENDACK']._serialized_end=819
+  _globals['_RAFTPEER']._serialized_start=1140
+  _globals['_RAFTPEER']._serialized_end=1351
 # @@protoc_insertion_point(module_scope)

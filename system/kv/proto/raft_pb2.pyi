@@ -76,6 +76,14 @@ class SnapshotMeta(_message.Message):
     member_info: _containers.ScalarMap[str, str]
     def __init__(self, index: _Optional[int] = ..., term: _Optional[int] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., member_info: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class BatchPiece(_message.Message):
+    __slots__ = ("data", "more")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    more: bool
+    def __init__(self, data: _Optional[bytes] = ..., more: _Optional[bool] = ...) -> None: ...
+
 class RaftMessage(_message.Message):
     __slots__ = ("type", "src", "dst", "term", "log_term", "index", "entries", "commit", "reject", "reject_hint", "reject_term", "context", "snapshot", "offset", "data", "done")
     TYPE_FIELD_NUMBER: _ClassVar[int]

@@ -44,6 +44,11 @@ class RaftPeerStub:
                 request_serializer=system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.SerializeToString,
                 response_deserializer=system_dot_kv_dot_proto_dot_raft__pb2.SendAck.FromString,
                 _registered_method=True)
+        self.StreamPieces = channel.stream_unary(
+                '/manyasone.raft.RaftPeer/StreamPieces',
+                request_serializer=system_dot_kv_dot_proto_dot_raft__pb2.BatchPiece.SerializeToString,
+                response_deserializer=system_dot_kv_dot_proto_dot_raft__pb2.SendAck.FromString,
+                _registered_method=True)
 
 
 class RaftPeerServicer:
@@ -65,6 +70,18 @@ class RaftPeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamPieces(self, request_iterator, context):
+        """The same batches cut into pieces of at most 256 KiB (what nodes use): a node's gRPC
+        port refuses, unread, any message larger than its largest legal client request
+        (--max-value-bytes plus room for the key), and a batch may be larger than that (one
+        entry holds a whole value, plus the rest of the batch). The receiver joins the pieces
+        of a batch up to the one with `more` false and handles the batch as Stream does; an
+        unfinished batch is dropped with its stream.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RaftPeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -76,6 +93,11 @@ def add_RaftPeerServicer_to_server(servicer, server):
             'Stream': grpc.stream_unary_rpc_method_handler(
                     servicer.Stream,
                     request_deserializer=system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.FromString,
+                    response_serializer=system_dot_kv_dot_proto_dot_raft__pb2.SendAck.SerializeToString,
+            ),
+            'StreamPieces': grpc.stream_unary_rpc_method_handler(
+                    servicer.StreamPieces,
+                    request_deserializer=system_dot_kv_dot_proto_dot_raft__pb2.BatchPiece.FromString,
                     response_serializer=system_dot_kv_dot_proto_dot_raft__pb2.SendAck.SerializeToString,
             ),
     }
@@ -132,6 +154,33 @@ class RaftPeer:
             target,
             '/manyasone.raft.RaftPeer/Stream',
             system_dot_kv_dot_proto_dot_raft__pb2.MessageBatch.SerializeToString,
+            system_dot_kv_dot_proto_dot_raft__pb2.SendAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamPieces(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/manyasone.raft.RaftPeer/StreamPieces',
+            system_dot_kv_dot_proto_dot_raft__pb2.BatchPiece.SerializeToString,
             system_dot_kv_dot_proto_dot_raft__pb2.SendAck.FromString,
             options,
             channel_credentials,
