@@ -34,7 +34,7 @@ from system.trainer.checkpoint_store import CheckpointStore, Latest, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.coordinator_core import CoordinatorCore
 from system.trainer.lease import LeaseKeeper
-from system.trainer.object_store import open_object_store
+from system.trainer.object_store import ObjectStoreError, open_object_store
 from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
 from system.trainer.tensors import from_tensor, to_tensor
 from system.trainer.unsafe import check_unsafe
@@ -153,7 +153,8 @@ class Coordinator:
         if options.checkpoint_store != "inline":
             mode = "object"
             try:
-                objects = open_object_store(options.checkpoint_store, Path(options.object_dir or "."))
+                objects = open_object_store(options.checkpoint_store, Path(options.object_dir or "."),
+                                            on_retry=self._object_store_retry)
             except OSError as exc:
                 raise ConfigError(f"cannot use the object store {options.checkpoint_store}: {exc}") from None
         self.store = CheckpointStore(self.kv, config.job, mode, objects=objects,
@@ -181,6 +182,11 @@ class Coordinator:
                 if record["kind"] == "checkpoint-invoke" and not self.store.compares_head():
                     record["cas"] = False  # the write will not compare `version`: say so
                 self._emit(record)
+
+    def _object_store_retry(self, line: str) -> None:
+        """An object store outage being retried: a line in the log and an event."""
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+        self._emit({"kind": "object-store-retry", "detail": line})
 
     def _on_attempt(self, request_id: str, outcome: str) -> None:
         self._emit({"kind": "checkpoint-retry", "request_id": request_id, "outcome": outcome})
@@ -211,7 +217,9 @@ class Coordinator:
             if not self.resume(dataset, early):
                 return EXIT_DONE
             return self.train(dataset)
-        except (ConfigError, codec.CheckpointError) as exc:
+        except (ConfigError, codec.CheckpointError, ObjectStoreError) as exc:
+            # ObjectStoreError here: an outage outlasted its retries, or the store refused
+            # (access, bucket); either way one line and exit 2, not a restart loop.
             self.error = str(exc)
             self._emit({"kind": "error", "detail": str(exc)})
             print(f"error: {exc}", file=sys.stderr)
@@ -235,7 +243,11 @@ class Coordinator:
             objects.put(name, probe)
             objects.get(name)
             objects.delete(name)
-        except Exception as exc:  # noqa: BLE001 - boto3/botocore and OS errors alike
+        except ObjectStoreError as exc:  # refused, or an outage that outlasted its retries
+            text = str(exc)
+            raise ConfigError(text if text.startswith("object store") else
+                              f"cannot use the object store {objects.url}: {text}") from None
+        except OSError as exc:
             first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
             raise ConfigError(f"cannot use the object store {objects.url}: {first}") from None
 
