@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from system.kv.client import CasMismatch, Indeterminate, KVClient, NotFound, Unavailable
 from system.trainer import checkpoint as codec
 from system.trainer import pause_points
-from system.trainer.object_store import ObjectNotFound, ObjectStore, ObjectStoreError, object_name, parse_name
+from system.trainer.object_store import (
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    object_name,
+    parse_name,
+)
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024  # well under the store's 64 MiB value limit
 KEEP_SUPERSEDED = 2  # superseded checkpoints whose blobs are still kept for late readers
