@@ -491,7 +491,7 @@ class Coordinator:
                         core.step_down("lease lost")
                         self.cond.notify_all()
                     return
-            time.sleep(self.options.lease_s / 20)  # renewal cadence, well inside the lease
+            time.sleep(self.options.lease_s / 40)  # polls renew_due; a late poll eats the renewal's budget
 
     def _finish(self) -> None:
         """Mark the job done in the lease record, then keep answering 'done' briefly."""
