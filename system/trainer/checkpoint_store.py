@@ -28,7 +28,13 @@ from dataclasses import dataclass
 from system.kv.client import CasMismatch, Indeterminate, KVClient, NotFound, Unavailable
 from system.trainer import checkpoint as codec
 from system.trainer import pause_points
-from system.trainer.object_store import ObjectStore, ObjectStoreError, object_name, parse_name
+from system.trainer.object_store import (
+    ObjectNotFound,
+    ObjectStore,
+    ObjectStoreError,
+    object_name,
+    parse_name,
+)
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024  # well under the store's 64 MiB value limit
 KEEP_SUPERSEDED = 2  # superseded checkpoints whose blobs are still kept for late readers
@@ -105,7 +111,10 @@ class CheckpointStore:
 
     def read_latest(self, config_hash: str | None = None, attempts: int = 3) -> Latest | None:
         """The latest checkpoint by a linearizable read, checksum and config verified. A
-        blob collected between reading the head and the blob means a newer head: re-read."""
+        blob collected between reading the head and the blob means a newer head: re-read.
+        A blob still missing under an unchanged head (or after `attempts` reads) is gone:
+        CheckpointError naming the checkpoint and the object, not a retry loop."""
+        missing_under: int | None = None  # head version whose blob was missing
         for attempt in range(attempts):
             head = self.read_head()
             if head is None:
@@ -123,13 +132,22 @@ class CheckpointStore:
                     f"{config_hash}; run with the same settings or another --job")
             try:
                 blob = self.load_blob(meta, inline)
-            except (NotFound, ObjectStoreError):
-                if attempt == attempts - 1:
-                    raise
+            except (NotFound, ObjectNotFound) as exc:
+                if attempt == attempts - 1 or version == missing_under:
+                    raise codec.CheckpointError(self._missing_blob(meta, version, exc)) from None
+                missing_under = version
                 continue
             ckpt = codec.decode(blob, checksum=meta.checksum, config_hash=config_hash)
             return Latest(ckpt, meta, version, blob)
         return None
+
+    def _missing_blob(self, meta: codec.Metadata, version: int, exc: Exception) -> str:
+        if isinstance(exc, ObjectNotFound):
+            where = f"object {exc.name} at {exc.location}, which is not there"
+        else:
+            where = f"chunk key {getattr(exc, 'key', '?')}, which is not in the store"
+        return (f"checkpoint step {meta.step} (head {self.key} version {version}, lease {meta.lease_version}, "
+                f"{meta.request_id}) names {where}; restore it, or start over under another --job")
 
     # ----- writing ---------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from system.trainer.checkpoint_store import CheckpointStore, Latest, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.coordinator_core import CoordinatorCore
 from system.trainer.lease import LeaseKeeper
-from system.trainer.object_store import open_object_store
+from system.trainer.object_store import ObjectStoreError, open_object_store
 from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
 from system.trainer.tensors import from_tensor, to_tensor
 from system.trainer.unsafe import check_unsafe
@@ -153,7 +153,8 @@ class Coordinator:
         if options.checkpoint_store != "inline":
             mode = "object"
             try:
-                objects = open_object_store(options.checkpoint_store, Path(options.object_dir or "."))
+                objects = open_object_store(options.checkpoint_store, Path(options.object_dir or "."),
+                                            on_retry=self._object_store_retry)
             except OSError as exc:
                 raise ConfigError(f"cannot use the object store {options.checkpoint_store}: {exc}") from None
         self.store = CheckpointStore(self.kv, config.job, mode, objects=objects,
@@ -181,6 +182,11 @@ class Coordinator:
                 if record["kind"] == "checkpoint-invoke" and not self.store.compares_head():
                     record["cas"] = False  # the write will not compare `version`: say so
                 self._emit(record)
+
+    def _object_store_retry(self, line: str) -> None:
+        """An object store outage being retried: a line in the log and an event."""
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+        self._emit({"kind": "object-store-retry", "detail": line})
 
     def _on_attempt(self, request_id: str, outcome: str) -> None:
         self._emit({"kind": "checkpoint-retry", "request_id": request_id, "outcome": outcome})
@@ -211,7 +217,9 @@ class Coordinator:
             if not self.resume(dataset, early):
                 return EXIT_DONE
             return self.train(dataset)
-        except (ConfigError, codec.CheckpointError) as exc:
+        except (ConfigError, codec.CheckpointError, ObjectStoreError) as exc:
+            # ObjectStoreError here: an outage outlasted its retries, or the store refused
+            # (access, bucket); either way one line and exit 2, not a restart loop.
             self.error = str(exc)
             self._emit({"kind": "error", "detail": str(exc)})
             print(f"error: {exc}", file=sys.stderr)
@@ -235,7 +243,11 @@ class Coordinator:
             objects.put(name, probe)
             objects.get(name)
             objects.delete(name)
-        except Exception as exc:  # noqa: BLE001 - boto3/botocore and OS errors alike
+        except ObjectStoreError as exc:  # refused, or an outage that outlasted its retries
+            text = str(exc)
+            raise ConfigError(text if text.startswith("object store") else
+                              f"cannot use the object store {objects.url}: {text}") from None
+        except OSError as exc:
             first = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
             raise ConfigError(f"cannot use the object store {objects.url}: {first}") from None
 
@@ -456,12 +468,18 @@ class Coordinator:
                 core.on_checkpoint_unknown("write still running when the deposed coordinator exited")
 
     def _renew_loop(self) -> None:
+        """Renew the lease, independent of the training work: this thread never waits for
+        `self.cond` (held while a step closes, parameters are serialized for a worker,
+        events are drained) except to record a loss. Before, it took the lock every 0.1 s
+        just to read two flags, so a renewal waited behind whatever held it."""
         core = self.core
         assert core is not None
         while True:
-            with self.cond:
-                if core.deposed or core.finished:
-                    return
+            # Plain reads of two flags other threads set under the lock: a stale read costs
+            # one more renewal at most, which the lock never prevented either (a flag can be
+            # set just after a locked read).
+            if core.deposed or core.finished:
+                return
             if self.lease.timer.renew_due(time.monotonic()):
                 try:
                     ok = self.lease.renew()
@@ -473,7 +491,7 @@ class Coordinator:
                         core.step_down("lease lost")
                         self.cond.notify_all()
                     return
-            time.sleep(self.options.lease_s / 20)  # renewal cadence, well inside the lease
+            time.sleep(self.options.lease_s / 40)  # polls renew_due; a late poll eats the renewal's budget
 
     def _finish(self) -> None:
         """Mark the job done in the lease record, then keep answering 'done' briefly."""

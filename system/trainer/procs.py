@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from system import child_processes
@@ -50,3 +50,26 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL, timeout_s: flo
     with contextlib.suppress(subprocess.TimeoutExpired):
         return proc.wait(timeout=timeout_s)
     return None
+
+
+# A busy loop that dies with the process that started it (even if that one is SIGKILLed).
+_HOG = ("import sys; sys.path.insert(0, sys.argv[1]); from system import child_processes; "
+        "child_processes.die_with_parent('TRAINER_PARENT_PID')\nwhile True: pass")
+
+
+@contextlib.contextmanager
+def cpu_hog(processes: int) -> Iterator[list[subprocess.Popen]]:
+    """For tests and benchmarks: `processes` busy-loop processes for the duration of the
+    block — a machine with no spare CPU — all SIGKILLed and reaped when it ends, however it
+    ends."""
+    env = {**os.environ, "TRAINER_PARENT_PID": str(os.getpid())}
+    hogs: list[subprocess.Popen] = []
+    try:
+        for _ in range(processes):
+            hogs.append(child_processes.popen([sys.executable, "-c", _HOG, str(REPO_ROOT)], env=env,
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.DEVNULL, start_new_session=True))
+        yield hogs
+    finally:
+        for proc in hogs:
+            kill_group(proc)

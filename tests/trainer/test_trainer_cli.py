@@ -54,3 +54,42 @@ def test_run_prints_a_table_inspect_shows_history_other_config_is_refused(kv_clu
     assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     # Nothing written is lost: the finished checkpoint is still the head.
     assert ":step-150" in trainer("inspect", "--kv", kv, "--job", job).stdout
+
+
+def test_a_head_naming_a_missing_object_stops_the_run_with_one_line_not_a_restart_loop(
+        kv_cluster, job, tmp_path) -> None:
+    import argparse
+
+    import numpy as np
+
+    from system.kv.client import KVClient
+    from system.trainer import checkpoint as codec
+    from system.trainer.checkpoint_store import CheckpointStore
+    from system.trainer.cli import add_run_arguments, config_from_args
+    from system.trainer.object_store import LocalObjectStore
+
+    kv = ",".join(kv_cluster.addresses)
+    args = ["--kv", kv, "--object-dir", str(tmp_path / "objects"), "--job", job, "--dataset",
+            "breast_cancer", "--workers", "2", "--standbys", "1", "--checkpoint-every", "50",
+            "--checkpoint-store", "object", "--steps", "150", "--run-dir", str(tmp_path / "run")]
+    parser = argparse.ArgumentParser()
+    add_run_arguments(parser)
+    config = config_from_args(parser.parse_args(args))
+    # A committed checkpoint at step 50 whose blob has since been lost from the object store.
+    objects = LocalObjectStore(tmp_path / "objects")
+    checkpoint = codec.Checkpoint(50, np.zeros((31, 1)), np.zeros((31, 1)), config.config_hash(),
+                                  [(0, 50), (0, 50)], {"seed": 0}, done=False)
+    meta = codec.Metadata(step=50, mode="", size=0, checksum="", config_hash=config.config_hash(),
+                          coordinator_id=f"{job}-c1", lease_version=1, request_id=f"{job}-c1:step-50")
+    with KVClient(kv_cluster.addresses) as client:
+        CheckpointStore(client, job, "object", objects=objects).write(
+            codec.encode(checkpoint), meta, 0, None, None)
+    objects.delete(meta.pointer)
+
+    result = trainer("run", *args, "--timeout-s", "120", timeout_s=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "checkpoint step 50" in lines[0] and f"object {meta.pointer} at {tmp_path / 'objects'}" in lines[0]
+    # Each coordinator stopped once (exit 2); none was restarted in a loop.
+    assert len(list((tmp_path / "run").glob("c*.log"))) == 2

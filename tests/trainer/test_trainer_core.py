@@ -127,6 +127,16 @@ def test_lease_timer_holder_gives_up_before_a_standby_may_take_over() -> None:
     assert LeaseTimer(1.0, seen_version=0).lapsed(0.0)  # no lease key yet: take it at once
 
 
+def test_a_renewal_sent_when_due_has_half_the_lease_to_be_answered() -> None:
+    """The renewal budget (issue 22): sent RENEW_FRACTION of the lease after the last one,
+    a renewal still has half the lease before the holder stops trusting it. At the old
+    cadence (a third of the holder's 0.6) it had 0.4 of it, and under load lapsed."""
+    holder = LeaseTimer(lease_s=2.0)
+    holder.on_renewed(sent_at=100.0)
+    assert not holder.renew_due(100.19) and holder.renew_due(100.2)
+    assert holder.valid(100.2 + 0.99)  # a renewal sent when due, answered 0.99 s later
+
+
 def test_decision_and_math_modules_are_pure() -> None:
     """No sockets, clocks, threads or global randomness where the decisions are made."""
     from pathlib import Path
