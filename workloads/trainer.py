@@ -262,6 +262,7 @@ class TrainerWorkload(Workload):
                  config: TrainConfig | None = None, seed: int = 0) -> None:
         super().__init__()
         self.counts.note("depositions", 0)  # on the progress line from the start
+        self.counts.note("skipped gradients", 0)
         if standbys < 1:
             raise ValueError("the trainer workload needs at least one standby coordinator")
         self.standbys, self.lease_s, self.gradient_deadline_s = standbys, lease_s, gradient_deadline_s
@@ -494,7 +495,11 @@ class TrainerWorkload(Workload):
                 # A coordinator deposed: an event of the protocol, not a failed operation
                 # (its refused lease write is already in the history as one).
                 self.counts.note("depositions")
-            elif kind in ("resume", "skip", "lease-acquired"):
+            elif kind == "skip":
+                # A worker's gradient missing from a step: an event, not an operation that
+                # succeeded (it was counted as `ok`); the step went on without it.
+                self.counts.note("skipped gradients")
+            elif kind in ("resume", "lease-acquired"):
                 self.counts.add(kind, "ok" if e.get("outcome", "ok") in ("ok", "missing") else "fail")
 
     # ----- targets for the nemesis (ProcessTargets) -------------------------------------

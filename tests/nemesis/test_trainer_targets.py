@@ -136,10 +136,14 @@ def test_a_lease_lost_event_is_a_deposition_on_the_progress_line_not_a_failure(t
                                "lease_version": 1, "time": 1.0})
         workload._record(ctx, {"kind": "lease-lost", "coordinator_id": "c1",
                                "lease_version": 1, "outcome": "fail", "time": 2.0})
+        ok_before = workload.counts.totals()["ok"]
+        workload._record(ctx, {"kind": "skip", "coordinator_id": "c1", "step": 3, "worker": 1,
+                               "outcome": "missing", "time": 3.0})
     assert workload.counts.totals()["fail"] == 0
-    assert workload.counts.notes() == {"depositions": 1}
+    assert workload.counts.totals()["ok"] == ok_before  # a skipped gradient is no success
+    assert workload.counts.notes() == {"depositions": 1, "skipped gradients": 1}
     out = io.StringIO()
     Progress(out, 60).update(10.0, workload.counts.totals(), [], workload.counts.notes())
-    assert "fail 0 info 0 depositions 1 |" in out.getvalue()
+    assert "fail 0 info 0 depositions 1 skipped gradients 1 |" in out.getvalue()
     # the event is still in the history, for the checker
     assert '"lease-lost"' in (tmp_path / "history.jsonl").read_text()
