@@ -196,7 +196,7 @@ class Nemesis:
         roles: tuple[str, ...] = tuple(targets.target_roles()) if targets is not None else ()
         self.kill_targets = (*roles, *KILL_TARGETS) if roles else KILL_TARGETS
         pause_targets = PAUSE_TARGETS
-        if getattr(platform, "name", "") == "sim" or len(self.nodes) < partitions.MIN_NODES["isolate-leader"]:
+        if platform.name == "sim" or len(self.nodes) < partitions.MIN_NODES["isolate-leader"]:
             pause_targets = tuple(t for t in PAUSE_TARGETS if t != "isolated-leader")
         self.pause_targets = (*roles, *pause_targets) if roles else pause_targets
         self.zombie_s = ZOMBIE_S

@@ -298,12 +298,6 @@ class SimRun:
             self.clients.collect(self.platform.now_s())
         return True
 
-    def due_since(self, now_s: float) -> float:
-        """When the due fault started waiting for a write in flight to land on."""
-        if self.waiting_since is None:
-            self.waiting_since = now_s
-        return self.waiting_since
-
     def fault_due(self, now_s: float, deadline_s: float) -> bool:
         """Whether `schedule_faults` would begin or end a fault at this time."""
         if not self.nemesis.faults:
@@ -342,8 +336,11 @@ class SimRun:
         while platform.now_s() < deadline:
             now = platform.now_s()
             self.clients.invoke_due(now, deadline)
-            if self.fault_due(now, deadline) and (self.clients.write_in_flight()
-                                                  or now >= self.due_since(now) + AIM_WAIT_S):
+            due = self.fault_due(now, deadline)
+            if due and self.waiting_since is None:
+                self.waiting_since = now  # the due fault waits for a write in flight
+            if due and (self.clients.write_in_flight()
+                        or now >= self.waiting_since + AIM_WAIT_S):
                 platform.deliver_pending(self.split_rng.randrange(MID_TICK_DELIVERIES + 1))
                 self.schedule_faults(now, deadline)
                 self.waiting_since = None
