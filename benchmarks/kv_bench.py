@@ -50,6 +50,11 @@ TARGET_CLASSES: dict[str, type[Target]] = {
     "etcd": EtcdTarget,
     "pysyncobj": PySyncObjTarget,
 }
+# `--tls` adds these: the same systems with mutual TLS on every port, measured on the rows
+# in TLS_ROWS in the same run (and round) as the plaintext ones.
+TLS_SYSTEMS = ("ours", "etcd")
+TLS_SUFFIX = "-tls"
+TLS_ROWS = ("put_1", "put_64", "get_linearizable_64")
 VALUE_SIZE_BYTES = 256
 BIG_VALUE_BYTES = 1024 * 1024
 BIG_VALUE_CLIENTS = 4
@@ -131,6 +136,7 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
         max_measured_ops=settings.big_max_ops if plan.big else settings.max_ops_per_row,
         keys_per_client=plan.keys_per_client,
         op_timeout_s=settings.big_op_timeout_s if plan.big else settings.op_timeout_s,
+        tls_dir=target.tls_dir,
     )
     with RssSampler(target.server_pids()) as sampler:
         load = run_load(spec, settings.client_processes, target.work_dir)
@@ -173,6 +179,22 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
         )
 
 
+def base_system(name: str) -> str:
+    return name.removesuffix(TLS_SUFFIX)
+
+
+def make_target(name: str, work_dir: Path) -> Target:
+    """The target `name` ("ours", "etcd-tls", ...) in `work_dir`, not started."""
+    cls = TARGET_CLASSES[base_system(name)]
+    target = cls(work_dir, tls=True) if name.endswith(TLS_SUFFIX) else cls(work_dir)
+    target.name = name
+    return target
+
+
+def measures(name: str, plan: RowPlan) -> bool:
+    return not name.endswith(TLS_SUFFIX) or plan.key in TLS_ROWS
+
+
 def run_throughput_rows(
     names: list[str],
     settings: Settings,
@@ -186,9 +208,8 @@ def run_throughput_rows(
     targets: dict[str, Target] = {}
     try:
         for name in names:
-            cls = TARGET_CLASSES[name]
             try:
-                target = cls(work_dir / name)
+                target = make_target(name, work_dir / name)
             except FileNotFoundError as error:
                 results[name].failure = str(error)
                 progress(f"[{name}] skipped: {error}")
@@ -213,6 +234,8 @@ def run_throughput_rows(
                     progress(f"round {round_number + 1}/{settings.rounds}")
                 for plan in plans:
                     for name, target in list(targets.items()):
+                        if not measures(name, plan):
+                            continue
                         try:
                             measure_row(target, plan, settings, results[name])
                         except Exception as error:  # one failing must not cost the others their rows
@@ -299,6 +322,13 @@ def render(
         f"kill: {settings.kill_repeats} fresh cluster(s) per system, median and range.",
         "",
         report.table(results),
+        *(["", "## With mutual TLS (same run, same rounds)", "",
+           "Every port of every member over TLS with client certificates required (ours: "
+           "`--cert-file --key-file --trusted-ca-file --client-cert-auth`, peers on the same "
+           "certificates; etcd: the same flags and their `--peer-*` twins, "
+           "`--peer-client-cert-auth`), ECDSA P-256 keys from a CA made for the run "
+           "(`system.kv.tls.generate`). Cost = TLS figure / plaintext figure.", "",
+           report.tls_table(results)] if any(n.endswith(TLS_SUFFIX) for n in results) else []),
         "",
         "## Targets from the issue (ratios measured in this run)",
         "",
@@ -345,6 +375,9 @@ def main() -> int:
         "--rounds", type=int, help="measure every row this many times and report the median (default 1)"
     )
     parser.add_argument("--keep-work-dir", action="store_true", help="keep data and logs of the clusters")
+    parser.add_argument("--tls", action="store_true",
+                        help="also measure ours and etcd with mutual TLS on every port "
+                        f"(rows {', '.join(TLS_ROWS)}), in the same run as plaintext")
     parser.add_argument(
         "--no-profile",
         action="store_true",
@@ -356,6 +389,8 @@ def main() -> int:
     unknown = [name for name in systems if name not in TARGET_CLASSES]
     if unknown:
         parser.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(TARGET_CLASSES)}")
+    if args.tls:
+        systems += [name + TLS_SUFFIX for name in TLS_SYSTEMS if name in systems]
     settings = QUICK if args.quick else FULL
     overrides = {
         "duration_s": args.duration_s,
@@ -386,10 +421,10 @@ def main() -> int:
     began = time.monotonic()
     try:
         for name in systems:
-            results[name] = report.SystemResult(name=name, durability=TARGET_CLASSES[name].durability)
+            results[name] = report.SystemResult(name=name, durability=TARGET_CLASSES[base_system(name)].durability)
         run_throughput_rows(systems, settings, work_dir, results, profile=not args.no_profile)
         for name in systems:
-            if not results[name].failure:
+            if not results[name].failure and not name.endswith(TLS_SUFFIX):
                 run_leader_kills(name, settings, work_dir, results[name])
         machine_after = machine_state()
     except KeyboardInterrupt:

@@ -46,10 +46,34 @@ class AsyncClient(Protocol):
     async def close(self) -> None: ...
 
 
+TLS_CLIENT_NAME = "bench"  # the load generator's certificate in a TLS target's directory
+
+
+def aio_channel(address: str, tls_dir: str = "") -> grpc.aio.Channel:
+    """A channel to one member: plaintext, or mutual TLS with the benchmark's client
+    certificate from `tls_dir` (written by system.kv.tls.generate)."""
+    if not tls_dir:
+        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.aio.secure_channel(address, _credentials(tls_dir), options=CHANNEL_OPTIONS)
+
+
+def sync_channel(address: str, tls_dir: str = "") -> grpc.Channel:
+    if not tls_dir:
+        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return grpc.secure_channel(address, _credentials(tls_dir), options=CHANNEL_OPTIONS)
+
+
+def _credentials(tls_dir: str) -> grpc.ChannelCredentials:
+    from system.kv.tls import TlsFiles, grpc_channel_credentials
+
+    return grpc_channel_credentials(TlsFiles.in_dir(tls_dir, TLS_CLIENT_NAME))
+
+
 class _ChannelClient:
-    def __init__(self, address: str):
+    def __init__(self, address: str, tls_dir: str = ""):
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.tls_dir = tls_dir
+        self.channel = aio_channel(address, tls_dir)
 
     async def wait_connected(self, timeout_s: float) -> None:
         import asyncio
@@ -64,8 +88,8 @@ class EtcdClient(_ChannelClient):
     """etcd v3: Put, and Range on one key (serializable=false is etcd's linearizable read,
     confirmed through the leader; serializable=true is served locally, may be stale)."""
 
-    def __init__(self, address: str):
-        super().__init__(address)
+    def __init__(self, address: str, tls_dir: str = ""):
+        super().__init__(address, tls_dir)
         self.kv = etcd_rpc_pb2_grpc.KVStub(self.channel)
 
     async def put(self, key: str, value: bytes, timeout_s: float) -> None:
@@ -91,8 +115,8 @@ class KVServiceClient(_ChannelClient):
     moves to that address for its next operations. The failed operation itself is not
     retried: it counts as an error."""
 
-    def __init__(self, address: str, follow_leader_hints: bool = True):
-        super().__init__(address)
+    def __init__(self, address: str, follow_leader_hints: bool = True, tls_dir: str = ""):
+        super().__init__(address, tls_dir)
         self.kv = kv_pb2_grpc.KVStub(self.channel)
         self.follow_leader_hints = follow_leader_hints
         self._id_prefix = f"bench-{os.getpid()}-{id(self):x}"
@@ -121,7 +145,7 @@ class KVServiceClient(_ChannelClient):
             return
         old = self.channel
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.channel = aio_channel(address, self.tls_dir)
         self.kv = kv_pb2_grpc.KVStub(self.channel)
         await old.close(grace=None)
 
@@ -132,8 +156,8 @@ class KVSessionClient(KVServiceClient):
     forwards to the leader; an UNAVAILABLE answer with a leader address (no forwarding
     possible) moves the client there, as KVServiceClient does."""
 
-    def __init__(self, address: str, follow_leader_hints: bool = True):
-        super().__init__(address, follow_leader_hints)
+    def __init__(self, address: str, follow_leader_hints: bool = True, tls_dir: str = ""):
+        super().__init__(address, follow_leader_hints, tls_dir)
         self._stream = None
         self._seq = itertools.count(1)
 
@@ -192,12 +216,13 @@ def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
-def open_client(kind: ClientKind, address: str, follow_leader_hints: bool = True) -> AsyncClient:
+def open_client(kind: ClientKind, address: str, follow_leader_hints: bool = True,
+                tls_dir: str = "") -> AsyncClient:
     """A client for one member; call inside a running event loop (grpc.aio binds to it).
     follow_leader_hints=False pins it to that member (the leader-kill probe wants that: a
     survivor may still name the dead leader)."""
     if kind is ClientKind.ETCD:
-        return EtcdClient(address)
+        return EtcdClient(address, tls_dir)
     if kind is ClientKind.KV_SESSION:
-        return KVSessionClient(address, follow_leader_hints)
-    return KVServiceClient(address, follow_leader_hints)
+        return KVSessionClient(address, follow_leader_hints, tls_dir)
+    return KVServiceClient(address, follow_leader_hints, tls_dir)

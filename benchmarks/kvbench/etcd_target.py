@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from benchmarks.kvbench import etcd_rpc_pb2, etcd_rpc_pb2_grpc
-from benchmarks.kvbench.clients import CHANNEL_OPTIONS, ClientKind
+from benchmarks.kvbench.clients import ClientKind, sync_channel
 from benchmarks.kvbench.processes import ManagedProcess
 from benchmarks.kvbench.target import CLUSTER_SIZE, Target
 from system.ports import free_ports
@@ -29,8 +29,9 @@ class EtcdTarget(Target):
     durability = "fsync WAL before ack"
     client_kind = ClientKind.ETCD
 
-    def __init__(self, work_dir: Path):
-        super().__init__(work_dir)
+    def __init__(self, work_dir: Path, tls: bool = False):
+        super().__init__(work_dir, tls)
+        self.scheme = "https" if tls else "http"
         self.binary = shutil.which("etcd")
         if self.binary is None:
             raise FileNotFoundError(f"etcd is not installed: {SETUP_HINT}")
@@ -39,7 +40,7 @@ class EtcdTarget(Target):
         self.peer_ports = ports[CLUSTER_SIZE:]
         self.names = [f"m{i + 1}" for i in range(CLUSTER_SIZE)]
         self.initial_cluster = ",".join(
-            f"{name}=http://127.0.0.1:{port}" for name, port in zip(self.names, self.peer_ports, strict=True)
+            f"{name}={self.scheme}://127.0.0.1:{port}" for name, port in zip(self.names, self.peer_ports, strict=True)
         )
         self._member_ids: dict[int, int] = {}  # etcd member id -> our index, learned from Status
 
@@ -49,8 +50,8 @@ class EtcdTarget(Target):
 
     def _start_member(self, index: int) -> ManagedProcess:
         data_dir = self.work_dir / self.names[index]
-        client_url = f"http://127.0.0.1:{self.client_ports[index]}"
-        peer_url = f"http://127.0.0.1:{self.peer_ports[index]}"
+        client_url = f"{self.scheme}://127.0.0.1:{self.client_ports[index]}"
+        peer_url = f"{self.scheme}://127.0.0.1:{self.peer_ports[index]}"
         argv = [
             self.binary,
             "--name", self.names[index],
@@ -65,13 +66,20 @@ class EtcdTarget(Target):
             "--logger", "zap",
             "--log-level", "warn",
         ]  # fmt: skip
+        if self.tls_dir:  # etcd's own flags; the same certificate for both ports, as ours
+            name, tls = self.names[index], Path(self.tls_dir)
+            files = [f"{tls}/{name}.crt", f"{tls}/{name}.key", f"{tls}/ca.crt"]
+            argv += ["--cert-file", files[0], "--key-file", files[1], "--trusted-ca-file", files[2],
+                     "--client-cert-auth",
+                     "--peer-cert-file", files[0], "--peer-key-file", files[1],
+                     "--peer-trusted-ca-file", files[2], "--peer-client-cert-auth"]
         return ManagedProcess(f"etcd-{self.names[index]}", argv, self.work_dir / f"{self.names[index]}.log")
 
     def client_addresses(self) -> list[str]:
         return [f"127.0.0.1:{port}" for port in self.client_ports]
 
     def _status(self, index: int) -> etcd_rpc_pb2.StatusResponse:
-        with grpc.insecure_channel(self.client_addresses()[index], options=CHANNEL_OPTIONS) as channel:
+        with sync_channel(self.client_addresses()[index], self.tls_dir) as channel:
             stub = etcd_rpc_pb2_grpc.MaintenanceStub(channel)
             return stub.Status(etcd_rpc_pb2.StatusRequest(), timeout=1.0)
 

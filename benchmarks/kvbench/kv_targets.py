@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.kvbench.clients import CHANNEL_OPTIONS, ClientKind
+from benchmarks.kvbench.clients import ClientKind, sync_channel
 from benchmarks.kvbench.processes import REPO_ROOT, ManagedProcess
 from benchmarks.kvbench.target import CLUSTER_SIZE, Target
 from system.kv.proto import kv_pb2, kv_pb2_grpc
@@ -24,16 +24,19 @@ class KVServiceTarget(Target):
     client_kind = ClientKind.KV
     id_prefix = "n"
 
-    def __init__(self, work_dir: Path):
-        super().__init__(work_dir)
+    def __init__(self, work_dir: Path, tls: bool = False):
+        super().__init__(work_dir, tls)
         self.ids = [f"{self.id_prefix}{i + 1}" for i in range(CLUSTER_SIZE)]
         self.client_ports = free_ports(CLUSTER_SIZE)
+
+    def member_names(self) -> list[str]:
+        return list(self.ids)
 
     def client_addresses(self) -> list[str]:
         return [f"127.0.0.1:{port}" for port in self.client_ports]
 
     def status(self, index: int) -> kv_pb2.StatusResponse:
-        with grpc.insecure_channel(self.client_addresses()[index], options=CHANNEL_OPTIONS) as channel:
+        with sync_channel(self.client_addresses()[index], self.tls_dir) as channel:
             return kv_pb2_grpc.KVStub(channel).Status(kv_pb2.StatusRequest(), timeout=1.0)
 
     def _view_of(self, index: int) -> tuple[str, int]:
@@ -101,8 +104,8 @@ class OursTarget(KVServiceTarget):
     durability = "fsync WAL before ack"
     id_prefix = "n"
 
-    def __init__(self, work_dir: Path, tcp_peers: bool = True):
-        super().__init__(work_dir)
+    def __init__(self, work_dir: Path, tcp_peers: bool = True, tls: bool = False):
+        super().__init__(work_dir, tls)
         self.tcp_peers = tcp_peers  # False: peers talk gRPC on the client port
         ports = free_ports(2 * CLUSTER_SIZE)  # one draw: no port twice
         self.client_ports, self.peer_ports = ports[:CLUSTER_SIZE], ports[CLUSTER_SIZE:]
@@ -139,4 +142,8 @@ class OursTarget(KVServiceTarget):
         ]  # fmt: skip
         if self.tcp_peers:  # Raft traffic on a second port, as etcd's peer URLs
             argv += ["--peer-listen", f"127.0.0.1:{self.peer_ports[index]}", "--peer-links", links]
+        if self.tls_dir:  # etcd's flag names; the same certificate for both ports
+            from system.kv.tls import TlsFiles
+
+            argv += [*TlsFiles.in_dir(self.tls_dir, self.ids[index]).args(), "--client-cert-auth"]
         return ManagedProcess(self.ids[index], argv, self.work_dir / f"{self.ids[index]}.log")

@@ -55,6 +55,7 @@ class LoadSpec:
     keys_per_client: int  # client i cycles over keys k{i}-0 .. k{i}-{keys_per_client-1}
     op_timeout_s: float
     first_client_index: int = 0
+    tls_dir: str = ""  # mutual TLS with the certificates there (Target.tls_dir), or plaintext
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -154,7 +155,9 @@ async def _drive(spec: LoadSpec, start_at: float, clients: list) -> dict:
 
 async def _child_main(spec: LoadSpec) -> dict:
     clients = [
-        open_client(spec.client_kind, spec.addresses[(spec.first_client_index + slot) % len(spec.addresses)])
+        open_client(spec.client_kind,
+                    spec.addresses[(spec.first_client_index + slot) % len(spec.addresses)],
+                    tls_dir=spec.tls_dir)
         for slot in range(spec.clients)
     ]
     try:

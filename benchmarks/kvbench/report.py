@@ -73,7 +73,10 @@ GOALS: tuple[Goal, ...] = (
 )
 
 PEERS = ("etcd", "pysyncobj")
-SYSTEM_TITLES = {"ours": "ours", "etcd": "etcd", "pysyncobj": "PySyncObj"}
+SYSTEM_TITLES = {"ours": "ours", "etcd": "etcd", "pysyncobj": "PySyncObj",
+                 "ours-tls": "ours with TLS", "etcd-tls": "etcd with TLS"}
+TLS_ROW_KEYS = ("put_1_ops", "put_1_p50", "put_1_p99", "put_64_ops", "put_64_p50", "put_64_p99",
+                "get_linearizable_64_ops")
 
 
 @dataclass
@@ -147,6 +150,29 @@ def table(results: dict[str, SystemResult]) -> str:
         + [results[name].durability if name in results else "not run" for name in ("ours", "etcd", "pysyncobj")]
         + ["", ""]
     )
+    return tabulate(lines, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def tls_table(results: dict[str, SystemResult]) -> str:
+    """Plaintext beside TLS for ours and etcd, the cost of TLS for each, and ours/etcd with
+    TLS on both."""
+
+    def figure(name: str, key: str) -> float | None:
+        result = results.get(name)
+        return result.figures.get(key) if result is not None else None
+
+    def times(a: float | None, b: float | None) -> str:
+        return f"{a / b:.2f}x" if a is not None and b else "-"
+
+    lines = []
+    for row in (r for r in ROWS if r.key in TLS_ROW_KEYS):
+        cells = [_cell(results.get(name), row) for name in ("ours", "ours-tls", "etcd", "etcd-tls")]
+        lines.append([row.label, cells[0], cells[1],
+                      times(figure("ours-tls", row.key), figure("ours", row.key)),
+                      cells[2], cells[3],
+                      times(figure("etcd-tls", row.key), figure("etcd", row.key)),
+                      times(figure("ours-tls", row.key), figure("etcd-tls", row.key))])
+    headers = ["row", "ours", "ours TLS", "cost", "etcd", "etcd TLS", "cost", "ours/etcd, TLS"]
     return tabulate(lines, headers=headers, tablefmt="github", disable_numparse=True)
 
 

@@ -25,8 +25,11 @@ class Target(ABC):
     durability: str  # what an acknowledged write has survived, shown beside every figure
     client_kind: ClientKind
 
-    def __init__(self, work_dir: Path):
+    def __init__(self, work_dir: Path, tls: bool = False):
         self.work_dir = work_dir
+        # With tls, every member serves clients and peers over mutual TLS with
+        # certificates from a CA made for this cluster (tls_dir, "" when plaintext).
+        self.tls_dir = str(work_dir / "tls") if tls else ""
         self.members: list[ManagedProcess | None] = [None] * CLUSTER_SIZE
 
     # --- what each system says about itself -------------------------------------------
@@ -54,9 +57,19 @@ class Target(ABC):
 
     # --- shared behaviour -------------------------------------------------------------
 
+    def member_names(self) -> list[str]:
+        """Each member's name, as its certificate names it."""
+        return [f"m{i + 1}" for i in range(CLUSTER_SIZE)]
+
     def start(self) -> None:
         """Start all members and return once a leader is elected and accepts a write."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.tls_dir:
+            from benchmarks.kvbench.clients import TLS_CLIENT_NAME
+            from system.kv.tls import generate
+
+            generate(self.tls_dir, {name: [] for name in self.member_names()},
+                     clients=[TLS_CLIENT_NAME])
         for index in range(CLUSTER_SIZE):
             self.members[index] = self._start_member(index)
         def leader_unless_a_member_died() -> int | None:
@@ -142,7 +155,7 @@ class Target(ABC):
 
     def _probe_write(self, address: str, timeout_s: float) -> bool:
         async def probe() -> bool:
-            client = open_client(self.client_kind, address)
+            client = open_client(self.client_kind, address, tls_dir=self.tls_dir)
             try:
                 await client.put("kvbench-probe", b"ready", timeout_s)
                 return True
