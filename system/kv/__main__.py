@@ -25,6 +25,7 @@ import asyncio
 import errno
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
@@ -513,6 +514,9 @@ def member(args: argparse.Namespace) -> int:
     """`member list|add|promote|remove`: one change, sent to the leader (followed through
     the "leader-id" hint), answered once committed; exit 0 done, 1 refused, 2 bad input,
     3 no answer in time."""
+    # gRPC's own log lines (a failed handshake: "I... Handshake failed ...") would come
+    # before our one line that says what to fix; an operator may still ask for them.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     from system.kv import member_client
 
     addresses = [a.strip() for a in args.cluster.split(",") if a.strip()]

@@ -20,8 +20,9 @@ import socket
 import ssl
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
-from system.kv.tls import TlsFiles, TlsError
+from system.kv.tls import TlsError, TlsFiles
 
 _HINT = "(--cert-file/--key-file/--trusted-ca-file, or KVClient(tls=TlsFiles(...)))"
 
@@ -85,16 +86,19 @@ def _own_certificate_problem(files: TlsFiles) -> str:
         ca = x509.load_pem_x509_certificate(files.ca.read_bytes())
     except (OSError, ValueError):
         return ""  # TlsFiles.read() reported it when the channel was made
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     if cert.not_valid_after_utc < now:
         return (f"it expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; issue a new "
                 f"one (python -m system.kv certs)")
     if cert.not_valid_before_utc > now:
         return (f"it is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC "
                 f"(check this host's clock)")
-    if cert.issuer != ca.subject:
-        return (f"it is not signed by the CA in {files.ca} ({cert.issuer.rfc4514_string()} "
-                f"signed it); use the certificate and CA of the same `certs` run")
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return (f"it is not signed by the CA in {files.ca} (its issuer: "
+                f"{cert.issuer.rfc4514_string()}); use the certificate and CA of the same "
+                f"`certs` run")
     return ""
 
 
@@ -109,11 +113,11 @@ def _probe(address: str, files: TlsFiles | None, timeout_s: float) -> str:
     try:
         if files is not None:
             context.load_cert_chain(str(files.cert), str(files.key))
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw:
-            with context.wrap_socket(raw) as conn:
-                # HTTP/2's preface: a node that took our certificate answers with SETTINGS.
-                conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-                return "accepted" if conn.recv(9) else "refused"
+        with (socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw,
+              context.wrap_socket(raw) as conn):
+            # HTTP/2's preface: a node that took our certificate answers with SETTINGS.
+            conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            return "accepted" if conn.recv(9) else "refused"
     except ssl.SSLError as exc:
         if exc.reason == "WRONG_VERSION_NUMBER" or "wrong version" in str(exc).lower():
             return "not-tls"

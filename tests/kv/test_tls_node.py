@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 
 from system.kv import member_client, tls
 from system.kv.__main__ import main
-from system.kv.client import KVClient, PermissionDenied, TlsFailure
+from system.kv.client import KVClient, TlsFailure
 from system.kv.local_cluster import REPO_ROOT, LocalCluster
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 
@@ -116,7 +116,7 @@ def test_a_client_trusting_another_ca_refuses_the_nodes(cluster, tmp_path):
 
 
 def test_an_expired_client_certificate_is_refused(cluster, tmp_path):
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     key, cert = tls.issue(authority_of(cluster), "late", "client",
                           not_before=now - datetime.timedelta(days=3),
                           not_after=now - datetime.timedelta(days=1))
@@ -158,6 +158,21 @@ def test_the_member_command_with_a_client_certificate_says_permission_denied(clu
     assert "admin" in lines[0]
 
 
+def test_the_member_command_trusting_another_ca_says_so_in_one_line(cluster, tmp_path):
+    other = tls.generate(tmp_path / "other", {"x": []}, admins=["admin"])
+    admin = cluster.tls_files("admin")
+    done = subprocess.run(
+        [sys.executable, "-m", "system.kv", "member", "list", "--cluster",
+         ",".join(cluster.addresses), "--cert-file", str(admin.cert), "--key-file",
+         str(admin.key), "--trusted-ca-file", str(other / "ca.crt"), "--timeout-s", "10"],
+        cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TLS handshake with" in lines[0], lines
+    assert f"is not signed by the CA in {other / 'ca.crt'}" in lines[0]
+
+
 def test_an_admin_certificate_changes_the_membership(cluster):
     admin = cluster.tls_files("admin")
     added = member_client.change(cluster.addresses, "add", "n9", "127.0.0.1:1",
@@ -197,7 +212,7 @@ def test_introduce_under_another_nodes_id_is_refused(cluster):
 
 
 def test_a_node_keeps_serving_good_clients_while_bad_ones_are_refused(cluster, tmp_path):
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     key, cert = tls.issue(authority_of(cluster), "late", "client",
                           not_before=now - datetime.timedelta(days=3),
                           not_after=now - datetime.timedelta(days=1))
@@ -321,7 +336,7 @@ def test_certs_writes_keys_0600_names_and_roles(tmp_path, capsys):
     for name, role in roles.items():
         cert = x509.load_pem_x509_certificate((out / f"{name}.crt").read_bytes())
         assert tls.identity_of(cert) == tls.Identity(name, role)
-        left = cert.not_valid_after_utc - datetime.datetime.now(datetime.timezone.utc)
+        left = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC)
         assert datetime.timedelta(days=2) < left <= datetime.timedelta(days=3)
     n1 = x509.load_pem_x509_certificate((out / "n1.crt").read_bytes())
     sans = n1.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
