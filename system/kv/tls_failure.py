@@ -42,7 +42,8 @@ def explain(address: str, details: str, files: TlsFiles | None, name: str = "",
     if "failed to connect" not in lowered and "handshake" not in lowered:
         return None  # a call that got through: the node itself answered
     if files is None:
-        if "socket closed" in lowered and _probe(address, None, timeout_s) != "not-tls":
+        if "socket closed" in lowered and _probe(address, None, timeout_s) in ("refused",
+                                                                               "accepted"):
             return (f"{address} speaks TLS and this client does not: give it the cluster's "
                     f"CA and a client certificate {_HINT}")
         return None
@@ -103,24 +104,33 @@ def _own_certificate_problem(files: TlsFiles) -> str:
 
 
 def _probe(address: str, files: TlsFiles | None, timeout_s: float) -> str:
-    """"not-tls", "refused" (a TLS node that closes the connection after seeing our
-    certificate), "accepted", or "unknown" (unreachable)."""
+    """What the node at `address` does with a TLS client presenting `files`' certificate:
+    "not-tls" (it answered with something that is not TLS), "refused" (it completed or
+    alerted the handshake, then closed the connection), "accepted", or "unknown" (no
+    answer, or a connection closed before any TLS: a node going down, a proxy that cuts;
+    never taken as evidence either way)."""
     host, _, port = address.rpartition(":")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # we only ask what the node does with us
     context.set_alpn_protocols(["h2"])  # gRPC closes a connection without it
+    shook = False
     try:
         if files is not None:
             context.load_cert_chain(str(files.cert), str(files.key))
         with (socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw,
               context.wrap_socket(raw) as conn):
-            # HTTP/2's preface: a node that took our certificate answers with SETTINGS.
+            shook = True
+            # HTTP/2's preface: a node that took our certificate answers with SETTINGS
+            # (TLS 1.3 completes the handshake before the server checks our certificate).
             conn.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
             return "accepted" if conn.recv(9) else "refused"
     except ssl.SSLError as exc:
-        if exc.reason == "WRONG_VERSION_NUMBER" or "wrong version" in str(exc).lower():
+        text = f"{exc.reason} {exc}".lower()
+        if "wrong_version_number" in text or "wrong version" in text:
             return "not-tls"
-        return "refused"
-    except (OSError, ValueError, TlsError):
+        if shook or "alert" in text:  # a TLS peer said no
+            return "refused"
         return "unknown"
+    except (OSError, ValueError, TlsError):
+        return "refused" if shook else "unknown"

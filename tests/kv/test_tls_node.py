@@ -11,6 +11,7 @@ and peer_tcp.py).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import os
 import stat
@@ -415,3 +416,28 @@ def test_introduce_checks_that_the_peers_certificate_names_the_peer(certs_dir):
     assert code == grpc.StatusCode.UNAVAILABLE and "Hostname Verification" in details
     code, _ = asyncio.run(run("n2"))
     assert code == grpc.StatusCode.UNIMPLEMENTED  # the handshake passed: n2 is n2
+
+
+def test_a_connection_cut_before_any_tls_is_not_taken_for_a_tls_mismatch(certs_dir):
+    """A node going down or a proxy that cuts also closes the socket during gRPC's
+    connect: that must stay a failure to retry, not become 'this node speaks TLS'."""
+    import socket
+
+    from system.kv.tls_failure import explain
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+
+    def cut() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                listener.accept()[0].close()
+
+    threading.Thread(target=cut, daemon=True).start()
+    details = f"failed to connect to all addresses; last error: UNAVAILABLE: ipv4:{address}: " \
+              "Socket closed"
+    try:
+        assert explain(address, details, None) is None
+        assert explain(address, details, tls.TlsFiles.in_dir(certs_dir, "c1")) is None
+    finally:
+        listener.close()
