@@ -997,11 +997,11 @@ class Node:
                         member_id=self.identity.member_id), peer,
                         self.config.tls.client if self.config.tls else None)
                 except Exception as exc:  # noqa: BLE001 - a peer down or unreachable: ask later
-                    refused = _refusal(exc)
+                    refused = await _refusal(exc, address, peer, self.config.tls)
                     if refused and refused not in warned:
                         # A peer that refuses our certificate: say so once, not every 0.5 s.
                         warned.add(refused)
-                        log.error("%s refused our Introduce: %s", peer, refused,
+                        log.error("Introduce to %s failed: %s", peer, refused,
                                   extra={"node": node_id, "peer": peer})
                     continue
                 if answer.node_id != peer and answer.verdict != "conflict":
@@ -1086,12 +1086,23 @@ async def _call_introduce(address: str, request, peer: NodeId = "",  # noqa: ANN
         return answer
 
 
-def _refusal(exc: Exception) -> str:
-    """The reason of a PERMISSION_DENIED answer, else ""."""
+async def _refusal(exc: Exception, address: str, peer: NodeId, tls: NodeTls | None) -> str:
+    """Why `peer` will not take our Introduce for good: its PERMISSION_DENIED reason, or
+    a TLS handshake that failed for a reason of certificates; "" for a peer that is down
+    or unreachable (asked again later)."""
     import grpc
 
-    if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+    from system.kv.tls_failure import explain
+
+    if not isinstance(exc, grpc.RpcError):
+        return ""
+    if exc.code() == grpc.StatusCode.PERMISSION_DENIED:
         return exc.details() or "permission denied"
+    if tls is not None and exc.code() == grpc.StatusCode.UNAVAILABLE:
+        # In a thread: it may probe the peer's port (at most a second).
+        reason = await asyncio.to_thread(explain, address, exc.details() or "", tls.client,
+                                         peer)
+        return f"TLS handshake failed: {reason}" if reason else ""
     return ""
 
 
