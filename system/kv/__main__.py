@@ -2,7 +2,7 @@
 
     python -m system.kv serve --id n1 --listen 127.0.0.1:7001 \\
         --peers n2=127.0.0.1:7002,n3=127.0.0.1:7003 --data-dir /tmp/kv/n1
-    python -m system.kv cluster --nodes 3 [--base-port 7001] [--data-dir DIR]
+    python -m system.kv cluster --nodes 3 [--base-port 7001] [--data-dir DIR] [--tls-dir DIR]
     python -m system.kv member list|add|promote|remove --cluster HOST:PORT[,...] [--id N]
         [--address HOST:PORT]      membership, one server at a time (add = as a learner)
     python -m system.kv serve --id n4 --listen ... --peers n1=...,n2=... --join ...
@@ -317,6 +317,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="where node data and logs go (default: a temporary directory, removed at exit)")
     cluster.add_argument("--node-arg", action="append", default=[],
                          help="extra argument passed to every `serve` (repeatable)")
+    cluster.add_argument("--tls-dir", type=Path, default=None,
+                         help="run the nodes with mutual TLS, certificates in this directory "
+                              "(made there, with a client `client` and an admin `admin`, "
+                              "unless it holds a ca.crt already)")
     return parser
 
 
@@ -628,7 +632,8 @@ def cluster(args: argparse.Namespace) -> int:
     from system.kv.local_cluster import LocalCluster
 
     cluster_ = LocalCluster(
-        args.nodes, args.data_dir, base_port=args.base_port or None, node_args=list(args.node_arg)
+        args.nodes, args.data_dir, base_port=args.base_port or None, node_args=list(args.node_arg),
+        tls_dir=args.tls_dir,
     )
     # A signal sets a flag the loop looks at, instead of raising KeyboardInterrupt
     # wherever the main thread happens to be: inside gRPC's channel code or a lock, an
@@ -644,6 +649,11 @@ def cluster(args: argparse.Namespace) -> int:
     try:
         cluster_.start()
         print(f"data and logs in {cluster_.base_dir}", flush=True)
+        if args.tls_dir is not None:
+            admin = cluster_.tls_files("admin")
+            print(f"mutual TLS: certificates in {args.tls_dir}; e.g. member list "
+                  f"--cert-file {admin.cert} --key-file {admin.key} --trusted-ca-file "
+                  f"{admin.ca}", flush=True)
         for spec in cluster_.specs.values():
             print(f"{spec.node_id} {spec.address}  (peers on {spec.peer_address}; "
                   f"log {spec.log_file})", flush=True)

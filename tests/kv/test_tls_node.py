@@ -441,3 +441,31 @@ def test_a_connection_cut_before_any_tls_is_not_taken_for_a_tls_mismatch(certs_d
         assert explain(address, details, tls.TlsFiles.in_dir(certs_dir, "c1")) is None
     finally:
         listener.close()
+
+
+def test_the_cluster_command_runs_with_tls(tmp_path):
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "system.kv", "cluster", "--nodes", "3", "--base-port", "0",
+         "--data-dir", str(tmp_path / "data"), "--tls-dir", str(tmp_path / "tls")],
+        cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), GRPC_VERBOSITY="NONE"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        lines: list[str] = []
+        while not any(line.startswith("leader: n") for line in lines):
+            line = proc.stdout.readline()  # the leader comes within seconds, or EOF
+            assert line, f"the cluster command printed no leader: {lines}"
+            lines.append(line.rstrip())
+        assert any("mutual TLS: certificates in" in line for line in lines), lines
+        address = next(line.split()[1] for line in lines if line.startswith("n1 "))
+        admin = tls.TlsFiles.in_dir(tmp_path / "tls", "admin")
+        st = member_client.status_with_leader([address], tls=admin, timeout_s=20)
+        assert set(st.voters) == {"n1", "n2", "n3"}
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "all nodes stopped" in out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
