@@ -204,10 +204,12 @@ def _load_chain(context: ssl.SSLContext, files: TlsFiles) -> None:
 def check_role(identity: Identity | None, roles: Iterable[str], what: str) -> str | None:
     """None when `identity` holds one of `roles`, else the one line that says why not."""
     roles = tuple(roles)
+    wanted = " or ".join(roles)
+    article = "an" if wanted[0] in "aeiou" else "a"
     if identity is None:
-        return f"{what} needs a {' or '.join(roles)} certificate; the caller presented none"
+        return f"{what} needs {article} {wanted} certificate; the caller presented none"
     if identity.role not in roles:
-        return (f"{what} needs a {' or '.join(roles)} certificate; the caller's names "
+        return (f"{what} needs {article} {wanted} certificate; the caller's names "
                 f"{identity}")
     return None
 
