@@ -268,7 +268,8 @@ class TcpPeerSender(PeerSender):
                         f"{tls.ca}: both nodes need the same --peer-trusted-ca-file")
             return f"peer {peer}'s certificate is refused: {exc.verify_message}"
         if isinstance(exc, (ssl.SSLError, ConnectionResetError)):
-            return (f"TLS handshake with peer {peer} at {self.address} failed ({exc}): "
+            return (f"TLS handshake with peer {peer} at {self.address} failed "
+                    f"({str(exc) or type(exc).__name__}): "
                     f"check that {peer} serves TLS on its peer port")
         return repr(exc)[:300]
 
@@ -481,6 +482,8 @@ def _handshake_failure(exc: BaseException) -> str:
             return "the peer presented no certificate: it needs --peer-cert-file"
         if reason == "CERTIFICATE_VERIFY_FAILED":
             detail = getattr(exc, "verify_message", "") or str(exc)
+            if getattr(exc, "verify_code", 0) in (9, 10):  # not yet valid, expired
+                return f"the peer's certificate is refused ({detail}): it needs a new one"
             return (f"the peer's certificate is refused ({detail}): it must be a node "
                     "certificate signed by this node's --peer-trusted-ca-file")
         if "ALERT" in reason:

@@ -10,6 +10,7 @@ temporary directory; every wait has a deadline.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import ssl
 from pathlib import Path
@@ -54,6 +55,36 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def other_ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Certificates with the same names, from a CA the cluster does not trust."""
     return tls.generate(tmp_path_factory.mktemp("other"), {"n1": [], "n2": []})
+
+
+def issue(certs: Path, out: Path, name: str, role: str, expired: bool = False) -> TlsFiles:
+    """A certificate from `certs`' CA that tls.generate would not make: a client or admin
+    named like a node, or one that expired yesterday."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    authority = tls.Authority(
+        serialization.load_pem_private_key((certs / "ca.key").read_bytes(), password=None),
+        x509.load_pem_x509_certificate((certs / "ca.crt").read_bytes()))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    dates = ({"not_before": now - datetime.timedelta(days=2),
+              "not_after": now - datetime.timedelta(days=1)} if expired else {})
+    key, cert = tls.issue(authority, name, role,
+                          tls.node_sans(name) if role == "node" else (), **dates)
+    out.mkdir(parents=True, exist_ok=True)
+    tls.write_key(out / f"{name}.key", key)
+    tls.write_cert(out / f"{name}.crt", cert)
+    return TlsFiles(out / f"{name}.crt", out / f"{name}.key", certs / "ca.crt")
+
+
+@pytest.fixture(scope="module")
+def expired(certs: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """n1's and n2's certificates from the cluster's CA, expired yesterday."""
+    out = tmp_path_factory.mktemp("expired")
+    for name in ("n1", "n2"):
+        issue(certs, out, name, "node", expired=True)
+    (out / "ca.crt").write_bytes((certs / "ca.crt").read_bytes())
+    return out
 
 
 def refusals(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -149,14 +180,16 @@ def test_a_node_holding_n2s_certificate_cannot_speak_as_n3_on_the_tcp_lane(
     assert line.certificate == "node 'n2'" and line.claimed == "n3"
 
 
-@pytest.mark.parametrize("name", ["c1", "admin"])
+@pytest.mark.parametrize("role", ["client", "admin"])
 def test_a_client_or_admin_certificate_cannot_send_raft_traffic_on_the_tcp_lane(
-        certs: Path, name: str, caplog: pytest.LogCaptureFixture) -> None:
+        certs: Path, role: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Even one that names a node: a client named n3 is not node n3."""
+    files = issue(certs, tmp_path, "n3", role)
+
     async def scenario() -> tuple[bool, list[Message]]:
         async with Receiver(certs) as receiver:
-            reader, writer = await tls_connection(receiver.address,
-                                                  TlsFiles.in_dir(certs, name), "n2")
-            writer.write(MAGIC + frame(encode_batch(name, [append(2, name, "n2")])))
+            reader, writer = await tls_connection(receiver.address, files, "n2")
+            writer.write(MAGIC + frame(encode_batch("n3", [append(2, "n3", "n2")])))
             closed = await closed_by_peer(reader)
             writer.close()
             delivered = list(receiver.delivered)
@@ -166,7 +199,7 @@ def test_a_client_or_admin_certificate_cannot_send_raft_traffic_on_the_tcp_lane(
     closed, delivered = asyncio.run(scenario())
     assert closed and delivered == []
     [line] = refusals(caplog)
-    assert "needs a node certificate" in line.reason and name in line.certificate
+    assert "needs a node certificate" in line.reason and line.certificate == f"{role} 'n3'"
 
 
 def test_plaintext_to_the_tls_peer_port_is_one_line_and_the_listener_serves_on(
@@ -220,6 +253,78 @@ def test_a_certificate_from_another_ca_is_refused(
         assert "certificate is refused" in line.reason
     else:
         assert "peer n2's certificate is not signed by this node's CA" in failure.reason
+
+
+@pytest.mark.parametrize("holder", ["sender", "receiver"])
+def test_an_expired_certificate_is_refused(certs: Path, expired: Path, holder: str,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    sender_certs, receiver_certs = ((expired, certs) if holder == "sender"
+                                    else (certs, expired))
+
+    async def scenario() -> list[Message]:
+        async with Receiver(receiver_certs) as receiver:
+            sender = TcpPeerSender("n1", "n2", receiver.address,
+                                   tls=TlsFiles.in_dir(sender_certs, "n1"))
+            sender.start()
+            try:
+                sender.enqueue(append(2))
+                sender.flush()
+                await wait_for(lambda: sender.dropped_messages >= 1, "the batch dropped")
+                return list(receiver.delivered)
+            finally:
+                await sender.close()
+
+    assert asyncio.run(scenario()) == []
+    [failure] = [r for r in caplog.records if r.getMessage().startswith("peer unreachable")]
+    if holder == "sender":
+        [line] = refusals(caplog)
+        assert "certificate has expired" in line.reason
+    else:
+        assert "peer n2's certificate is refused: certificate has expired" in failure.reason
+
+
+def test_a_tls_sender_at_a_plaintext_peer_port_is_told_apart_from_a_stray_client(
+        certs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> list[Message]:
+        delivered: list[Message] = []
+        (port,) = free_ports(1)
+        listener = await serve_peers(f"127.0.0.1:{port}", "n2", {"n1"}.__contains__,
+                                     delivered.extend)
+        sender = TcpPeerSender("n1", "n2", f"127.0.0.1:{port}",
+                               tls=TlsFiles.in_dir(certs, "n1"))
+        sender.start()
+        try:
+            sender.enqueue(append(2))
+            sender.flush()
+            await wait_for(lambda: sender.dropped_messages >= 1, "the batch dropped")
+            return delivered
+        finally:
+            await sender.close()
+            listener.close()
+
+    assert asyncio.run(scenario()) == []
+    [line] = refusals(caplog)
+    assert "a TLS connection at a peer port without TLS" in line.reason
+    [failure] = [r for r in caplog.records if r.getMessage().startswith("peer unreachable")]
+    assert "check that n2 serves TLS on its peer port" in failure.reason
+
+
+def test_a_peer_refused_again_and_again_is_one_line_not_a_flood(
+        certs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> int:
+        async with Receiver(certs, "n1") as receiver:
+            closed = 0
+            for index in range(2, 12):
+                reader, writer = await tls_connection(receiver.address,
+                                                      TlsFiles.in_dir(certs, "n2"), "n1")
+                writer.write(MAGIC + frame(encode_batch("n3", [append(index, "n3", "n1")])))
+                closed += await closed_by_peer(reader)
+                writer.close()
+            assert receiver.delivered == []
+            return closed
+
+    assert asyncio.run(scenario()) == 10
+    assert len(refusals(caplog)) == 1
 
 
 def test_a_sender_dialling_n3_does_not_deliver_to_a_node_holding_n2s_certificate(
@@ -284,12 +389,17 @@ class GrpcReceiver:
             return grpc.StatusCode.OK
 
 
-@pytest.mark.parametrize(("holder", "claims"), [("n2", "n3"), ("c1", "c1"), ("admin", "n2")])
+@pytest.mark.parametrize(("holder", "role", "claims"), [
+    ("n2", "node", "n3"), ("n3", "client", "n3"), ("n3", "admin", "n3")])
 def test_the_grpc_peer_service_takes_batches_only_from_the_node_a_certificate_names(
-        certs: Path, holder: str, claims: str, caplog: pytest.LogCaptureFixture) -> None:
+        certs: Path, holder: str, role: str, claims: str, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    files = (TlsFiles.in_dir(certs, holder) if role == "node"
+             else issue(certs, tmp_path, holder, role))
+
     async def scenario() -> tuple[grpc.StatusCode, list[Message], grpc.StatusCode]:
         async with GrpcReceiver(certs) as receiver:
-            refused = await receiver.send(TlsFiles.in_dir(certs, holder), claims)
+            refused = await receiver.send(files, claims)
             delivered = list(receiver.delivered)
             good = await receiver.send(TlsFiles.in_dir(certs, "n2"), "n2")
             return refused, delivered, good
@@ -298,7 +408,7 @@ def test_the_grpc_peer_service_takes_batches_only_from_the_node_a_certificate_na
     assert refused is grpc.StatusCode.PERMISSION_DENIED and delivered == []
     assert good is grpc.StatusCode.OK
     [line] = [r for r in caplog.records if r.getMessage() == "peer refused"]
-    assert holder in line.certificate and line.claimed == claims
+    assert line.certificate == f"{role} {holder!r}" and line.claimed == claims
 
 
 def test_a_grpc_lane_streams_as_the_node_it_is_and_not_as_another(
@@ -346,3 +456,19 @@ def test_a_grpc_lane_dialling_n3_does_not_deliver_to_a_node_holding_n2s_certific
     assert asyncio.run(scenario()) == []
     [failure] = [r for r in caplog.records if r.getMessage().startswith("peer unreachable")]
     assert "peer n3's certificate does not name 'n3'" in failure.reason
+
+
+def test_every_lane_of_every_peer_gets_the_certificates_and_a_misnamed_one_is_said_at_start(
+        certs: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> list[TlsFiles | None]:
+        transport = Transport("n3", {"n1": "h:1"}, tcp_links={"n1": "h:2"},
+                              tls=TlsFiles.in_dir(certs, "n2"))
+        transport.set_peer("n4", "h:3", "h:4")
+        transport.set_peer("n5", "h:5")
+        files = [sender.tls for sender in transport.senders]
+        await transport.close()
+        return files
+
+    assert asyncio.run(scenario()) == [TlsFiles.in_dir(certs, "n2")] * 6
+    [line] = [r for r in caplog.records if "does not name it" in r.getMessage()]
+    assert line.names == "node 'n2'"
