@@ -210,12 +210,8 @@ class TcpPeerSender(PeerSender):
                 continue
             self._busy = True
             try:
-                if self._protocol is not None and self._protocol.closed:
-                    lost = self._protocol.error
+                if self._protocol is None or self._protocol.closed:
                     self._drop_connection()
-                    if isinstance(lost, ssl.SSLError):  # e.g. the peer refused our certificate
-                        raise lost
-                if self._protocol is None:
                     await self._connect()
                 assert self._protocol is not None
                 await self._protocol.writable()
@@ -333,11 +329,14 @@ class _ReceiverProtocol(asyncio.Protocol):
         handshake without a word) and accept a node certificate only."""
         raw = self._raw
         assert raw is not None and self._tls is not None
+        if raw.is_closing():  # aborted before this task ran (the listener closing)
+            self._connections.discard(raw)
+            return
         try:
             transport = await asyncio.get_running_loop().start_tls(
                 raw, self, self._tls, server_side=True,
                 ssl_handshake_timeout=_HANDSHAKE_TIMEOUT_S)
-        except (OSError, asyncio.TimeoutError) as exc:  # ssl.SSLError is an OSError
+        except Exception as exc:  # noqa: BLE001 - ssl.SSLError, resets, timeouts: one line each
             self._connections.discard(raw)
             raw.abort()
             self._log_refusal(_handshake_failure(exc), ("handshake", str(exc)))
