@@ -70,6 +70,10 @@ _KIND_TO_PROTO = {
 }
 _KIND_FROM_PROTO = {v: k for k, v in _KIND_TO_PROTO.items()}
 
+# After a peer refused this node's streams, a new stream counts as accepted once it has
+# stayed open this long (the refusal comes a round trip after the write that it refuses).
+_TRUSTED_AFTER_S = 1.0
+
 # Fixed per-message overhead assumed when bounding queues by size (headers, ids, terms).
 _MESSAGE_OVERHEAD_BYTES = 64
 
@@ -423,8 +427,11 @@ class PeerSender:
         backpressure), so several batches can be on the wire at once, in order.
         """
         assert self._wakeup is not None and self._stream_rpc is not None
+        loop = asyncio.get_running_loop()
         backoff_s = 0.02
         call: grpc.aio.StreamUnaryCall | None = None
+        opened = 0.0
+        refused = False  # the peer refused a stream: a new one is not proof it accepts
         while not self._closed:
             if not self._queue:
                 self._wakeup.clear()
@@ -432,8 +439,12 @@ class PeerSender:
                 continue
             batch = self._take_batch()
             try:
-                if call is None or call.done():
+                if call is not None and call.done():
+                    await self._raise_if_refused(call)
+                    call = None
+                if call is None:
                     call = self._stream_rpc(wait_for_ready=False)
+                    opened = loop.time()
                 if self.trace is not None:
                     self.trace.hops_sent(batch)
                 for piece in batch_pieces(encode_batch(self.src, batch)):
@@ -450,14 +461,32 @@ class PeerSender:
                 if call is not None:
                     call.cancel()
                     call = None
+                if code == "PERMISSION_DENIED":
+                    refused = True
                 self._failed(code=code, details=str(exc)[:300], **self._grpc_reason(exc))
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 0.5)
                 continue
             for message in batch:
                 self._forget(message)
+            # A write only says gRPC buffered the batch; a peer that refuses this node
+            # ends the stream a round trip later. After a refusal, a stream is trusted
+            # once it stayed open a while (else "reachable again" and "unreachable"
+            # would alternate on every batch).
+            if refused and loop.time() - opened < _TRUSTED_AFTER_S:
+                continue
+            refused = False
             self._reached()
             backoff_s = 0.02
+
+    async def _raise_if_refused(self, call: grpc.aio.StreamUnaryCall) -> None:
+        """A stream the peer ended between writes: a refusal is a failure to report (it
+        would otherwise be replaced by a new stream without a word); anything else (the
+        peer restarting) just means a new stream."""
+        if await call.code() is grpc.StatusCode.PERMISSION_DENIED:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.PERMISSION_DENIED, grpc.aio.Metadata(),
+                                       await call.trailing_metadata(),
+                                       details=await call.details())
 
     def _grpc_reason(self, exc: Exception) -> dict[str, str]:
         """What to fix, where gRPC only says UNAVAILABLE: a TLS lane that cannot connect

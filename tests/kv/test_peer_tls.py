@@ -438,10 +438,10 @@ def test_the_grpc_peer_service_takes_batches_only_from_the_node_a_certificate_na
 
 def test_a_grpc_lane_streams_as_the_node_it_is_and_not_as_another(
         certs: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """PeerSender's StreamPieces lane with n2's certificate: as n3 it is refused, as n2
-    it delivers."""
-    def refused() -> list[logging.LogRecord]:
-        return [r for r in caplog.records if r.getMessage() == "peer refused"]
+    """PeerSender's StreamPieces lane with n2's certificate: as n3 it is refused (and says
+    so once, however many batches it tries), as n2 it delivers."""
+    def lines(message: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith(message)]
 
     async def scenario() -> list[Message]:
         async with GrpcReceiver(certs) as receiver:
@@ -451,8 +451,12 @@ def test_a_grpc_lane_streams_as_the_node_it_is_and_not_as_another(
             honest.start()
             impostor.start()
             try:
-                impostor.enqueue(append(2, "n3", "n1"))
-                await wait_for(refused, "the impostor refused")
+                for index in range(2, 40):  # a batch every 20 ms, as heartbeats would
+                    impostor.enqueue(append(index, "n3", "n1"))
+                    await asyncio.sleep(0.02)
+                    if lines("peer unreachable") and index > 20:
+                        break
+                await wait_for(lambda: lines("peer unreachable"), "the sender's failure line")
                 honest.enqueue(append(3, "n2", "n1"))
                 await wait_for(lambda: receiver.delivered, "the honest batch")
                 return list(receiver.delivered)
@@ -461,8 +465,12 @@ def test_a_grpc_lane_streams_as_the_node_it_is_and_not_as_another(
                 await impostor.close()
 
     assert asyncio.run(scenario()) == [append(3, "n2", "n1")]
-    [line] = refused()
+    [line] = lines("peer refused")
     assert line.certificate == "node 'n2'" and line.claimed == "n3"
+    [failure] = lines("peer unreachable")
+    assert failure.peer == "n1" and failure.code == "PERMISSION_DENIED"
+    assert "claim to come from 'n3'" in failure.reason
+    assert not lines("peer reachable again")
 
 
 def test_a_grpc_lane_dialling_n3_does_not_deliver_to_a_node_holding_n2s_certificate(
