@@ -66,7 +66,7 @@ def issue(certs: Path, out: Path, name: str, role: str, expired: bool = False) -
     authority = tls.Authority(
         serialization.load_pem_private_key((certs / "ca.key").read_bytes(), password=None),
         x509.load_pem_x509_certificate((certs / "ca.crt").read_bytes()))
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     dates = ({"not_before": now - datetime.timedelta(days=2),
               "not_after": now - datetime.timedelta(days=1)} if expired else {})
     key, cert = tls.issue(authority, name, role,
@@ -128,7 +128,7 @@ async def closed_by_peer(reader: asyncio.StreamReader) -> bool:
             answer = await asyncio.wait_for(reader.read(1), 5.0)
     except (ConnectionResetError, ssl.SSLError):
         return True
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return False
     return answer == b""
 
