@@ -1,0 +1,154 @@
+"""The trainer with mutual TLS (issue 24).
+
+A coordinator given certificates serves TLS and requires a certificate from its CA: a
+plaintext caller, a caller without a certificate and one whose certificate another CA
+signed are refused by the handshake, and an `admin` certificate (not a worker's) by the
+coordinator itself; each refusal is one line on both sides (gRPC's "Handshake failed ..." or
+the coordinator's "refused: ...", and the worker's "what to fix"), and the coordinator goes
+on serving the workers it should. A whole run with TLS, store included, ends bit-for-bit
+where the one-process loop does.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.trainer import certs
+from system.trainer import worker as worker_module
+from system.trainer.config import TrainConfig
+from system.trainer.coordinator import Coordinator, CoordinatorOptions
+from system.trainer.lease import LeaseRecord
+from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
+from system.trainer.tensors import to_tensor
+
+CONFIG = TrainConfig(dataset="breast_cancer", workers=1, steps=10, batch_size=8, job="tls")
+
+
+@pytest.fixture(scope="module")
+def cas(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """This job's CA and certificates, and another CA's."""
+    base = tmp_path_factory.mktemp("tls")
+    return (certs.generate(base / "ours", workers=1).directory,
+            certs.generate(base / "other", workers=1).directory)
+
+
+@pytest.fixture
+def coordinator(cas: tuple[Path, Path]):  # noqa: ANN201
+    """A coordinator's gRPC server with TLS, standing by (its answers need no store)."""
+    ours, _ = cas
+    coord = Coordinator(CONFIG, CoordinatorOptions(
+        coordinator_id="c-tls", kv_addresses=["127.0.0.1:1"],
+        tls=TlsFiles.in_dir(ours, certs.COORDINATOR)))
+    coord.server.start()
+    try:
+        yield coord
+    finally:
+        coord.server.stop(grace=None)
+        coord.kv.close()
+
+
+def push(channel: grpc.Channel) -> trainer_pb2.GradientReply:
+    return trainer_pb2_grpc.ParameterServerStub(channel).PushGradient(
+        trainer_pb2.GradientPush(job=CONFIG.job, worker=0, step=1, term=1,
+                                 gradient=to_tensor(np.zeros(3))), timeout=10)
+
+
+def channel_for(address: str, files: TlsFiles | None, ca: Path | None = None) -> grpc.Channel:
+    if files is None and ca is None:
+        return grpc.insecure_channel(address)
+    return grpc.secure_channel(address, grpc_channel_credentials(files, ca))
+
+
+def wait_for_line(capfd: pytest.CaptureFixture[str], text: str, seen: list[str]) -> str:
+    """The first line of this process's stderr containing `text` (gRPC's own server-side
+    log is written from its threads, perhaps after the client's call has returned)."""
+    deadline = time.monotonic() + 10
+    while True:
+        seen.extend(capfd.readouterr().err.splitlines())
+        found = [line for line in seen if text in line]
+        if found:
+            return found[0]
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"no line with {text!r} on stderr; saw {seen}")
+        time.sleep(0.02)
+
+
+def test_a_worker_with_this_ca_s_certificate_is_served(coordinator, cas) -> None:  # noqa: ANN001
+    ours, _ = cas
+    with channel_for(coordinator.address, TlsFiles.in_dir(ours, certs.worker_name(0))) as channel:
+        reply = push(channel)
+    assert not reply.accepted and reply.reason == "not-active"  # answered: standing by
+
+
+@pytest.mark.parametrize("caller", ["plaintext", "no certificate", "another CA", "admin"])
+def test_a_caller_that_is_not_a_worker_of_this_ca_is_refused_with_one_line_each_side(
+        coordinator, cas, capfd, caller: str) -> None:  # noqa: ANN001
+    ours, other = cas
+    server_says = {
+        "plaintext": "Handshake failed",  # gRPC's line: WRONG_VERSION_NUMBER
+        "no certificate": "PEER_DID_NOT_RETURN_A_CERTIFICATE",
+        "another CA": "CERTIFICATE_VERIFY_FAILED",
+        "admin": "refused: a gradient push needs a client or node certificate; "
+                 "the caller's names admin 'admin'",
+    }[caller]
+    files = {
+        "plaintext": None,
+        "no certificate": None,
+        # Trusts our CA (so it is not the worker refusing the coordinator), presents the
+        # other CA's worker certificate.
+        "another CA": TlsFiles(other / "worker-0.crt", other / "worker-0.key", ours / "ca.crt"),
+        "admin": TlsFiles.in_dir(ours, "admin"),
+    }[caller]
+    ca = ours / "ca.crt" if caller == "no certificate" else None
+    capfd.readouterr()
+    with channel_for(coordinator.address, files, ca) as channel, \
+            pytest.raises(grpc.RpcError) as refused:
+        push(channel)
+    seen: list[str] = []
+    assert wait_for_line(capfd, server_says, seen)
+    if caller == "admin":
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert [line for line in seen if "refused" in line] == [f"warning: coordinator c-tls {server_says}"]
+    # The worker's side: a line that says what to fix, not "Socket closed".
+    line = certs.explain(refused.value, coordinator.address, uses_tls=files is not None or ca is not None)
+    assert line is not None, refused.value.details()
+    assert ("--cert-file" in line or "--trusted-ca-file" in line or "refused this worker" in line), line
+    # And the coordinator goes on serving its workers.
+    with channel_for(coordinator.address, TlsFiles.in_dir(ours, certs.worker_name(0))) as channel:
+        assert push(channel).reason == "not-active"
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_plaintext_worker_says_once_what_to_fix(coordinator, monkeypatch, capsys) -> None:  # noqa: ANN001
+    """The worker process's own line (printed once however often it retries)."""
+    record = LeaseRecord(coordinator_id="c-tls", address=coordinator.address, term=1)
+    monkeypatch.setattr(worker_module, "read_lease", lambda kv, job, **_: (record, 1))
+    w = worker_module.Worker(CONFIG, 0, ["127.0.0.1:1"])
+    failures = []
+
+    def stop_after_three() -> None:
+        failures.append(1)
+        if len(failures) == 3:
+            raise _Stop
+
+    w._sleep_backoff = stop_after_three  # noqa: SLF001 - three failed calls, no waiting
+    try:
+        with pytest.raises(_Stop):
+            w.run()
+    finally:
+        w.kv.close()
+        if w._channel is not None:  # noqa: SLF001
+            w._channel.close()  # noqa: SLF001
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"error: worker 0: the coordinator at {coordinator.address} closed the "
+                     "connection before any call: if it uses TLS, give this worker "
+                     "--cert-file, --key-file and --trusted-ca-file"]
