@@ -70,6 +70,8 @@ def generate(out: Path, workers: int, store_nodes: list[str] | None = None) -> T
     """A throw-away CA and the certificates of a job (and of the store's nodes, when the run
     starts its own store and gives it these): `run --tls`."""
     clients = [worker_name(i) for i in range(workers)] + [RUN]
+    if store_nodes:
+        clients.append("client")  # what LocalCluster's own Status polling presents
     nodes = {name: [] for name in [COORDINATOR, *(store_nodes or [])]}
     tls.generate(out, nodes, clients=clients)
     return TrainerTls(directory=out)
@@ -101,15 +103,18 @@ def _trio(args: argparse.Namespace, prefix: str) -> TlsFiles | None:
         missing = [f"--{prefix.replace('_', '-')}{flag.replace('_', '-')}"
                    for flag, value in zip(flags, values, strict=True) if not value]
         raise tls.TlsError(f"TLS needs all three files: missing {' '.join(missing)}")
-    files = TlsFiles(*(Path(value) for value in values))
-    files.read()  # a missing or unreadable file is one line now, not a failed call later
-    return files
+    return TlsFiles(*(Path(value) for value in values))
 
 
-def from_args(args: argparse.Namespace) -> tuple[TlsFiles | None, TlsFiles | None]:
+def from_args(args: argparse.Namespace, read: bool = True) -> tuple[TlsFiles | None, TlsFiles | None]:
     """(this process's certificate, the store client's) from the flags; TlsError says
-    which flag or file is wrong."""
+    which flag or file is wrong (with `read`, the files are read now: a missing or
+    unreadable file is one line at start, not a failed call later)."""
     own, kv = _trio(args, ""), _trio(args, "kv_")
+    if read:
+        for files in (own, kv):
+            if files is not None:
+                files.read()
     return own, kv or own
 
 

@@ -62,14 +62,22 @@ def run_tls(args: argparse.Namespace):  # noqa: ANN201 - TrainerTls | None
     certificate, since coordinators serve with it), or none."""
     from system.trainer.certs import TrainerTls, from_args
 
-    own, kv = from_args(args)
-    if args.tls and own is not None:
-        raise ConfigError("--tls makes this run's certificates: give the store's with "
-                          "--kv-cert-file/--kv-key-file/--kv-trusted-ca-file, not --cert-file")
+    own, kv = from_args(args, read=False)
+    if args.tls:
+        if own is not None:
+            raise ConfigError("--tls makes this run's certificates: give the store's with "
+                              "--kv-cert-file/--kv-key-file/--kv-trusted-ca-file, not --cert-file")
+        if kv is not None and not args.kv:
+            raise ConfigError("--kv-cert-file is for a store given with --kv; the store `run` "
+                              "starts itself gets its certificates from --tls")
+    elif kv is not None and own is None:
+        raise ConfigError("--kv-cert-file needs --cert-file ... or --tls for the trainer's own traffic")
+    elif own is not None and not args.kv:
+        raise ConfigError("--cert-file is for a store given with --kv; the store `run` starts "
+                          "itself gets its certificates from --tls")
+    from_args(args)  # the combination is right: now the files themselves
     if args.tls:
         return TrainerTls(kv=kv) if kv is not None else None
-    if kv is not None and own is None:
-        raise ConfigError("--kv-cert-file needs --cert-file ... or --tls for the trainer's own traffic")
     return TrainerTls(shared=own, kv=kv if kv is not own else None) if own is not None else None
 
 

@@ -104,7 +104,10 @@ class TrainerRun:
         if self.kv_addresses is None:
             from system.kv.local_cluster import LocalCluster
 
-            self.cluster = LocalCluster(3, self.run_dir / "kv")
+            # With --tls the store's nodes get their certificates from this run's CA
+            # (LocalCluster uses a directory that holds one), so every process trusts one CA.
+            self.cluster = LocalCluster(3, self.run_dir / "kv",
+                                        tls_dir=self.tls.directory if self.generate_tls else None)
             self.cluster.start()
             self.cluster.wait_for_leader(timeout_s=30)
             self.kv_addresses = self.cluster.addresses

@@ -11,6 +11,8 @@ where the one-process loop does.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +26,10 @@ from system.trainer import worker as worker_module
 from system.trainer.config import TrainConfig
 from system.trainer.coordinator import Coordinator, CoordinatorOptions
 from system.trainer.lease import LeaseRecord
+from system.trainer.local import train_local
+from system.trainer.procs import REPO_ROOT
 from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
+from system.trainer.run import TrainerRun
 from system.trainer.tensors import to_tensor
 
 CONFIG = TrainConfig(dataset="breast_cancer", workers=1, steps=10, batch_size=8, job="tls")
@@ -152,3 +157,43 @@ def test_a_plaintext_worker_says_once_what_to_fix(coordinator, monkeypatch, caps
     assert lines == [f"error: worker 0: the coordinator at {coordinator.address} closed the "
                      "connection before any call: if it uses TLS, give this worker "
                      "--cert-file, --key-file and --trusted-ca-file"]
+
+
+@pytest.mark.integration
+def test_a_run_with_tls_everywhere_ends_bit_for_bit_equal_to_the_reference() -> None:
+    """`run --tls`: a throw-away CA for the run's own store, coordinators and workers; the
+    run (a standby included) ends exactly where the one-process loop does, and so where the
+    plaintext runs of test_trainer_failover.py do."""
+    config = TrainConfig(dataset="breast_cancer", workers=2, steps=40, batch_size=16,
+                         learning_rate=0.05, checkpoint_every=10, job="tls-run")
+    expected = train_local(config)
+    with TrainerRun(config, standbys=1, generate_tls=True) as run:
+        run.start()
+        assert (run.run_dir / "tls" / "ca.crt").exists()
+        assert run.cluster is not None and run.cluster.tls_dir == run.run_dir / "tls"
+        latest = run.wait_finished(120)
+        assert all("--cert-file" in proc.args for proc in run.procs.values())
+        status = run.status()  # over TLS, with the run's own certificate
+        logs = "".join(path.read_text(errors="replace") for path in run.run_dir.glob("*.log"))
+    assert latest.checkpoint.step == 40
+    assert latest.checkpoint.params.tobytes() == expected.params.tobytes()
+    assert latest.checkpoint.velocity.tobytes() == expected.velocity.tobytes()
+    assert status is None or status.coordinator_id
+    assert "Handshake failed" not in logs and "error:" not in logs, logs[-2000:]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--cert-file", "x.crt"], "TLS needs all three files: missing --key-file --trusted-ca-file"),
+    (["--tls", "--cert-file", "a", "--key-file", "b", "--trusted-ca-file", "c"],
+     "--tls makes this run's certificates"),
+    (["--cert-file", "/no/such.crt", "--key-file", "b", "--trusted-ca-file", "c",
+      "--kv", "127.0.0.1:1"], "cannot read the certificate /no/such.crt"),
+    (["--cert-file", "a", "--key-file", "b", "--trusted-ca-file", "c"], "--cert-file is for a store given with --kv"),
+])
+def test_run_s_tls_flags_wrong_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "system.trainer", "run", "--dataset",
+                             "breast_cancer", *args], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
