@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (argv if argv is not None else sys.argv[1:])[:1] in (["run"], ["inspect"]):
+        from system.trainer.certs import quiet_grpc_client_logs
+
+        quiet_grpc_client_logs()  # before anything imports grpc
     args = build_parser().parse_args(argv)
     if args.command == "coordinator":
         return _coordinator(args)

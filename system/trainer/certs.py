@@ -19,15 +19,18 @@ store's own (`--kv-cert-file` ...: a store with another CA).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-import grpc
+from typing import TYPE_CHECKING
 
 from system.kv import tls
 from system.kv.tls import TlsFiles
+
+if TYPE_CHECKING:  # grpc is imported where it is used: see quiet_grpc_client_logs
+    import grpc
 
 COORDINATOR = "coordinator"
 RUN = "trainer-run"
@@ -130,6 +133,8 @@ def explain(error: grpc.RpcError, address: str, uses_tls: bool) -> str | None:
     """What to fix, when a failed call to the coordinator at `address` was TLS refusing the
     connection (gRPC says only "Socket closed" or the handshake's OpenSSL error), else
     None (a coordinator that died or is paused: not a line worth printing)."""
+    import grpc
+
     code, details = error.code(), error.details() or ""
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return f"the coordinator at {address} refused this worker: {details}"
@@ -148,6 +153,21 @@ def explain(error: grpc.RpcError, address: str, uses_tls: bool) -> str | None:
         return (f"the coordinator at {address} closed the connection before any call: if it "
                 "uses TLS, give this worker --cert-file, --key-file and --trusted-ca-file")
     return None
+
+
+def quiet_grpc_client_logs() -> None:
+    """In `run` and `inspect` (clients only), before gRPC is first imported: no gRPC INFO
+    lines ("Handshake failed with error ...") above the one-line error that says what to
+    fix, unless the user set GRPC_VERBOSITY. gRPC reads the variable when it is imported;
+    it is taken back out at once, so the children (`run`'s coordinators and store nodes)
+    keep those lines: in a coordinator's log they are its side of a refused handshake."""
+    if "GRPC_VERBOSITY" in os.environ or "grpc" in sys.modules:
+        return
+    os.environ["GRPC_VERBOSITY"] = "ERROR"
+    try:
+        import grpc  # noqa: F401
+    finally:
+        del os.environ["GRPC_VERBOSITY"]
 
 
 class OnceEach:

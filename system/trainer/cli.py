@@ -215,7 +215,7 @@ def inspect_command(args: argparse.Namespace) -> int:
         head = store.read_head()
         lease, lease_version = read_lease(kv, args.job)
     except KVError as exc:
-        print(f"error: cannot read job {args.job!r} from {args.kv}: {str(exc).splitlines()[0][:160]}",
+        print(f"error: cannot read job {args.job!r} from {args.kv}: {str(exc).splitlines()[0][:400]}",
               file=sys.stderr)
         return 2
     finally:

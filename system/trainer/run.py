@@ -116,8 +116,12 @@ class TrainerRun:
         try:
             read_lease(self.kv, self.config.job, consistency="stale", timeout_s=2.0)
         except KVError as exc:
-            raise ConfigError(f"cannot reach the store at {self.worker_kv()}: "
-                              f"{str(exc).splitlines()[0][:160]}") from None
+            first = str(exc).splitlines()[0][:400]
+            if "TLS" in first and self.generate_tls and self.kv_addresses is not None:
+                # The trainer's own CA is not the store's: the flags that name the store's.
+                first += ("; a store with its own CA: --kv-cert-file, --kv-key-file, "
+                          "--kv-trusted-ca-file")
+            raise ConfigError(f"cannot reach the store at {self.worker_kv()}: {first}") from None
         self.started_at = time.monotonic()
         for _ in range(1 + self.standbys):
             self.start_coordinator()

@@ -197,3 +197,43 @@ def test_run_s_tls_flags_wrong_are_one_line_and_exit_2(args: list[str], message:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+@pytest.mark.integration
+def test_run_tls_against_a_tls_store_with_its_own_ca_then_inspect(tmp_path: Path) -> None:
+    """`run --tls --kv ... --kv-cert-file ...`: the trainer's processes use the run's CA
+    between themselves and the store's client certificate towards the store; `inspect`
+    reads the history with that certificate."""
+    from system.kv.local_cluster import LocalCluster
+
+    with LocalCluster(3, tmp_path / "kv", tls_dir=tmp_path / "store-tls") as cluster:
+        cluster.start()
+        cluster.wait_for_leader(timeout_s=30)
+        kv = ",".join(cluster.addresses)
+        store = cluster.tls_files("client")
+
+        def trainer(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "system.trainer", *args], cwd=REPO_ROOT,
+                                  capture_output=True, text=True, timeout=120)
+
+        ran = trainer("run", "--tls", "--kv", kv, *store.args("kv-"), "--job", "tls-cli",
+                      "--dataset", "breast_cancer", "--workers", "2", "--standbys", "0",
+                      "--steps", "30", "--checkpoint-every", "10",
+                      "--object-dir", str(tmp_path / "objects"))
+        assert ran.returncode == 0, ran.stderr[-2000:]
+        assert "held-out accuracy" in ran.stdout
+        shown = trainer("inspect", "--kv", kv, "--job", "tls-cli", *store.args())
+        assert shown.returncode == 0, shown.stderr
+        assert ":step-30" in shown.stdout and "done" in shown.stdout
+        # Without the store's certificates: one line each (no gRPC log line above it).
+        plaintext = trainer("inspect", "--kv", kv, "--job", "tls-cli")
+        assert plaintext.returncode == 2
+        lines = plaintext.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: cannot read job 'tls-cli' from {kv}: TLS"), lines
+        assert "--trusted-ca-file" in lines[0], lines[0]
+        other_ca = trainer("run", "--tls", "--kv", kv, "--job", "tls-cli-2",
+                           "--dataset", "breast_cancer", "--workers", "1", "--steps", "5")
+        assert other_ca.returncode == 2
+        lines = other_ca.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is not signed by the CA" in lines[0], other_ca.stderr
+        assert lines[0].endswith("--kv-cert-file, --kv-key-file, --kv-trusted-ca-file"), lines[0]
