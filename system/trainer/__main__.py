@@ -47,12 +47,11 @@ def _coordinator(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from system.kv.tls import TlsError
+    from system.trainer import certs
     from system.trainer.config import TrainConfig
     from system.trainer.procs import die_with_parent
     from system.trainer.worker import Worker
-
-    from system.kv.tls import TlsError
-    from system.trainer import certs
 
     die_with_parent()
     try:

@@ -69,13 +69,15 @@ class TrainerTls:
         return args
 
 
-def generate(out: Path, workers: int, store_nodes: list[str] | None = None) -> TrainerTls:
+def generate(out: Path, workers: int, store_nodes: list[str] | None = None,
+             coordinator_hosts: list[str] | None = None) -> TrainerTls:
     """A throw-away CA and the certificates of a job (and of the store's nodes, when the run
-    starts its own store and gives it these): `run --tls`."""
+    starts its own store and gives it these): `run --tls`. `coordinator_hosts`: names or
+    addresses workers dial besides localhost and 127.0.0.1 (a container's name)."""
     clients = [worker_name(i) for i in range(workers)] + [RUN]
     if store_nodes:
         clients.append("client")  # what LocalCluster's own Status polling presents
-    nodes = {name: [] for name in [COORDINATOR, *(store_nodes or [])]}
+    nodes = {COORDINATOR: list(coordinator_hosts or []), **{n: [] for n in store_nodes or []}}
     tls.generate(out, nodes, clients=clients)
     return TrainerTls(directory=out)
 

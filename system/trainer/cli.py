@@ -199,10 +199,9 @@ def run_command(args: argparse.Namespace) -> int:
 
 def inspect_command(args: argparse.Namespace) -> int:
     from system.kv.client import KVClient, KVError
+    from system.trainer.certs import from_args
     from system.trainer.checkpoint_store import CheckpointStore
     from system.trainer.lease import read_lease
-
-    from system.trainer.certs import from_args
 
     try:
         _, kv_tls = from_args(args)

@@ -29,9 +29,8 @@ import grpc
 
 from system.kv.client import CasMismatch, KVClient, KVError
 from system.kv.tls import TlsError, TlsFiles, grpc_server_credentials
-from system.trainer import certs
+from system.trainer import certs, data, local, model, pause_points
 from system.trainer import checkpoint as codec
-from system.trainer import data, local, model, pause_points
 from system.trainer.checkpoint_store import CheckpointStore, Latest, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.coordinator_core import CoordinatorCore

@@ -29,9 +29,8 @@ import grpc
 
 from system.kv.client import KVClient, KVError
 from system.kv.tls import grpc_channel_credentials
-from system.trainer import certs
+from system.trainer import certs, data
 from system.trainer import checkpoint as codec
-from system.trainer import data
 from system.trainer.checkpoint_store import CheckpointStore, Latest
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.lease import LeaseRecord, read_lease
