@@ -171,14 +171,15 @@ def test_a_run_with_tls_everywhere_ends_bit_for_bit_equal_to_the_reference() -> 
         run.start()
         assert (run.run_dir / "tls" / "ca.crt").exists()
         assert run.cluster is not None and run.cluster.tls_dir == run.run_dir / "tls"
+        # A coordinator answers Status over TLS, to the run's own certificate.
+        status = run.wait_until(run.status, 60, "a coordinator's Status over TLS")
         latest = run.wait_finished(120)
         assert all("--cert-file" in proc.args for proc in run.procs.values())
-        status = run.status()  # over TLS, with the run's own certificate
         logs = "".join(path.read_text(errors="replace") for path in run.run_dir.glob("*.log"))
     assert latest.checkpoint.step == 40
     assert latest.checkpoint.params.tobytes() == expected.params.tobytes()
     assert latest.checkpoint.velocity.tobytes() == expected.velocity.tobytes()
-    assert status is None or status.coordinator_id
+    assert status.coordinator_id.startswith("c")
     assert "Handshake failed" not in logs and "error:" not in logs, logs[-2000:]
 
 
