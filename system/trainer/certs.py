@@ -150,8 +150,9 @@ def explain(error: grpc.RpcError, address: str, uses_tls: bool) -> str | None:
                 f"that signed the coordinator's certificate ({details[-120:]})")
     if "Socket closed" in details and "failed to connect" in details:
         if uses_tls:
-            return (f"TLS handshake with {address} failed: check that the coordinator uses TLS "
-                    "and that its CA is --trusted-ca-file (it closed the connection)")
+            return (f"TLS handshake with {address} failed: the coordinator closed the "
+                    "connection; check that it uses TLS, that its CA is --trusted-ca-file and "
+                    "that the same CA signed --cert-file")
         return (f"the coordinator at {address} closed the connection before any call: if it "
                 "uses TLS, give this worker --cert-file, --key-file and --trusted-ca-file")
     return None

@@ -160,27 +160,62 @@ def test_a_plaintext_worker_says_once_what_to_fix(coordinator, monkeypatch, caps
 
 
 @pytest.mark.integration
-def test_a_run_with_tls_everywhere_ends_bit_for_bit_equal_to_the_reference() -> None:
-    """`run --tls`: a throw-away CA for the run's own store, coordinators and workers; the
-    run (a standby included) ends exactly where the one-process loop does, and so where the
-    plaintext runs of test_trainer_failover.py do."""
+def test_a_run_with_tls_everywhere_refuses_intruders_and_ends_bit_for_bit(tmp_path: Path) -> None:
+    """`run --tls`: a throw-away CA for the run's own store, coordinators and workers. Two
+    intruding worker processes (with the store's certificate, so they find the coordinator
+    in the lease record) are refused by the coordinator while the real workers are
+    stopped: one plaintext, one presenting another CA's certificate. Each says once what
+    to fix, the coordinator's log has gRPC's handshake line, and the run (a standby
+    included) then ends exactly where the one-process loop does, and so where the
+    plaintext runs of test_trainer_failover.py do. No timing: the real workers are
+    SIGSTOPped, and the gradient deadline is far away, so no gradient is skipped meanwhile."""
     config = TrainConfig(dataset="breast_cancer", workers=2, steps=40, batch_size=16,
                          learning_rate=0.05, checkpoint_every=10, job="tls-run")
     expected = train_local(config)
-    with TrainerRun(config, standbys=1, generate_tls=True) as run:
+    other = certs.generate(tmp_path / "other", workers=1).directory
+    with TrainerRun(config, standbys=1, generate_tls=True, gradient_deadline_s=600) as run:
         run.start()
-        assert (run.run_dir / "tls" / "ca.crt").exists()
-        assert run.cluster is not None and run.cluster.tls_dir == run.run_dir / "tls"
+        ours = run.run_dir / "tls"
+        assert (ours / "ca.crt").exists() and run.cluster.tls_dir == ours
+        assert all("--cert-file" in proc.args for proc in run.procs.values())
         # A coordinator answers Status over TLS, to the run's own certificate.
         status = run.wait_until(run.status, 60, "a coordinator's Status over TLS")
+        for worker in ("w0", "w1"):
+            run.pause(worker)
+        store = TlsFiles.in_dir(ours, certs.RUN).args("kv-")
+        foreign = TlsFiles(other / "worker-0.crt", other / "worker-0.key", ours / "ca.crt")
+        intruders = {"x-plaintext": store, "x-other-ca": [*foreign.args(), *store]}
+        for name, flags in intruders.items():
+            run.procs[name] = run.spawn_process(  # killed by run.close() with the rest
+                name, ["worker", "--index", "0", "--config", config.to_json(),
+                       "--kv", run.worker_kv(), *flags], run.run_dir / f"{name}.log")
+        said = {
+            "x-plaintext": "closed the connection before any call: if it uses TLS, give this "
+                           "worker --cert-file, --key-file and --trusted-ca-file",
+            "x-other-ca": "TLS handshake with",
+        }
+
+        def log(name: str) -> str:
+            path = run.run_dir / f"{name}.log"
+            return path.read_text(errors="replace") if path.exists() else ""
+
+        for name, line in said.items():
+            run.wait_until(lambda name=name, line=line: line in log(name), 60, f"{name}'s line")
+        coordinator = status.coordinator_id
+        run.wait_until(lambda: "WRONG_VERSION_NUMBER" in log(coordinator)  # plaintext
+                       and "CERTIFICATE_VERIFY_FAILED" in log(coordinator), 60,  # another CA
+                       "the coordinator's side of both refusals")
+        for worker in ("w0", "w1"):
+            run.resume(worker)
         latest = run.wait_finished(120)
-        assert all("--cert-file" in proc.args for proc in run.procs.values())
-        logs = "".join(path.read_text(errors="replace") for path in run.run_dir.glob("*.log"))
+        intruder_lines = {name: [x for x in log(name).splitlines() if x.startswith("error:")]
+                          for name in intruders}
+        workers_logs = log("w0") + log("w1")
     assert latest.checkpoint.step == 40
     assert latest.checkpoint.params.tobytes() == expected.params.tobytes()
     assert latest.checkpoint.velocity.tobytes() == expected.velocity.tobytes()
-    assert status.coordinator_id.startswith("c")
-    assert "Handshake failed" not in logs and "error:" not in logs, logs[-2000:]
+    assert all(len(lines) == 1 for lines in intruder_lines.values()), intruder_lines
+    assert "error:" not in workers_logs and "Handshake failed" not in workers_logs, workers_logs[-2000:]
 
 
 @pytest.mark.parametrize("args,message", [
