@@ -7,6 +7,9 @@
         [--address HOST:PORT]      membership, one server at a time (add = as a learner)
     python -m system.kv serve --id n4 --listen ... --peers n1=...,n2=... --join ...
         a new member (added with `member add`) joining an existing cluster
+    python -m system.kv certs --out DIR --nodes n1,n2,n3 [--clients NAME ...] [--admins NAME ...]
+        a CA and a key and certificate per node, client and admin, for mutual TLS
+        (serve --cert-file DIR/n1.crt --key-file DIR/n1.key --trusted-ca-file DIR/ca.crt)
 
 Exit codes of `serve`: 0 after a graceful stop (SIGTERM / Ctrl-C), 2 for a bad command line
 or refused unsafe mode, 3 when the data directory is corrupt (the message names the file
@@ -94,6 +97,113 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _parse_cert_nodes(text: str) -> dict[str, list[str]]:
+    """`n1=10.0.0.1+db1.example,n2,n3` -> {"n1": ["10.0.0.1", "db1.example"], "n2": [], ...}
+    ('+' joins a node's extra names: ',' separates nodes, ':' is in IPv6 and HOST:PORT)."""
+    nodes: dict[str, list[str]] = {}
+    for item in text.split(","):
+        node_id, _, extra = item.strip().partition("=")
+        if not node_id or node_id in nodes:
+            raise argparse.ArgumentTypeError(
+                f"bad node {item!r}: expected ID or ID=ADDR+ADDR, each id once, e.g. "
+                f"n1=10.0.0.1+db1.example,n2,n3")
+        nodes[node_id] = [a for a in extra.split("+") if a]
+    return nodes
+
+
+def _names(values: list[str]) -> list[str]:
+    """`--clients a b` and `--clients a,b` alike."""
+    return [name for value in values for name in value.split(",") if name]
+
+
+def _client_tls_flags(parser: argparse.ArgumentParser, note: str) -> None:
+    group = parser.add_argument_group("TLS", f"for a cluster started with certificates; {note}")
+    group.add_argument("--cert-file", "--cert", dest="cert_file", type=Path, default=None,
+                       help="this client's certificate")
+    group.add_argument("--key-file", "--key", dest="key_file", type=Path, default=None,
+                       help="its private key")
+    group.add_argument("--trusted-ca-file", "--cacert", dest="trusted_ca_file", type=Path,
+                       default=None, help="the cluster's CA (ca.crt)")
+
+
+def client_tls_from_args(args: argparse.Namespace):  # noqa: ANN201 - TlsFiles | None
+    """The client's TlsFiles from --cert-file/--key-file/--trusted-ca-file, None without
+    them; ValueError names what is missing, TlsError what is wrong with a file."""
+    from system.kv.tls import TlsFiles
+
+    given = {"--cert-file": args.cert_file, "--key-file": args.key_file,
+             "--trusted-ca-file": args.trusted_ca_file}
+    if not any(given.values()):
+        return None
+    missing = [flag for flag, value in given.items() if value is None]
+    if missing:
+        raise ValueError(f"TLS needs --cert-file, --key-file and --trusted-ca-file; "
+                         f"missing {', '.join(missing)}")
+    files = TlsFiles(args.cert_file, args.key_file, args.trusted_ca_file)
+    files.read()
+    return files
+
+
+def node_tls_from_args(args: argparse.Namespace):  # noqa: ANN201 - NodeTls | None
+    """`serve`'s TLS settings, every file read and checked (certificate and key belong
+    together, the certificate is this node's); None without TLS flags. ValueError or
+    TlsError says what is wrong, in one line."""
+    from system.kv import tls
+
+    client_flags = {"--cert-file": args.cert_file, "--key-file": args.key_file,
+                    "--trusted-ca-file": args.trusted_ca_file}
+    peer_flags = {"--peer-cert-file": args.peer_cert_file, "--peer-key-file": args.peer_key_file,
+                  "--peer-trusted-ca-file": args.peer_trusted_ca_file}
+    if not any(client_flags.values()):
+        given = [flag for flag, value in peer_flags.items() if value is not None]
+        if given or args.client_cert_auth:
+            raise ValueError(f"{', '.join(given) or '--client-cert-auth'} needs TLS on the "
+                             f"client port too: give --cert-file, --key-file and "
+                             f"--trusted-ca-file (nodes also talk there)")
+        return None
+    missing = [flag for flag, value in client_flags.items() if value is None]
+    if missing:
+        raise ValueError(f"TLS needs --cert-file, --key-file and --trusted-ca-file; "
+                         f"missing {', '.join(missing)}")
+    if (args.peer_cert_file is None) != (args.peer_key_file is None):
+        raise ValueError("--peer-cert-file and --peer-key-file go together (or leave both "
+                         "out to use --cert-file and --key-file)")
+    client = tls.TlsFiles(args.cert_file, args.key_file, args.trusted_ca_file)
+    peer = tls.TlsFiles(args.peer_cert_file or args.cert_file,
+                        args.peer_key_file or args.key_file,
+                        args.peer_trusted_ca_file or args.trusted_ca_file)
+    for files, flag in ((client, "--cert-file"), (peer, "--peer-cert-file")):
+        tls.server_ssl_context(files)  # readable, parses, key matches certificate
+        holder = tls.identity_of_pem(files.read()[0])
+        if holder != tls.Identity(args.id, "node"):
+            raise ValueError(f"{flag} {files.cert} names {holder}, not node {args.id!r}: give "
+                             f"this node its own certificate (python -m system.kv certs)")
+    return tls.NodeTls(client=client, peer=peer)
+
+
+def certs(args: argparse.Namespace) -> int:
+    """`certs`: write the CA and every certificate and key; print what was written."""
+    from system.kv import tls
+
+    clients, admins = _names(args.clients), _names(args.admins)
+    try:
+        out = tls.generate(args.out, args.nodes, clients=clients, admins=admins,
+                           days=args.days)
+    except (tls.TlsError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{out / 'ca.crt'}  CA certificate: give it to every node and client "
+          f"(--trusted-ca-file)")
+    print(f"{out / 'ca.key'}  CA key (0600): only `certs` needs it; keep it off the nodes")
+    wanted = ([(n, "node", tls.node_sans(n, a)) for n, a in args.nodes.items()]
+              + [(n, "client", []) for n in clients] + [(n, "admin", []) for n in admins])
+    for name, role, sans in wanted:
+        names = f"; names {', '.join(sans)}" if sans else ""
+        print(f"{out / (name + '.crt')}  {role} {name}{names}, valid {args.days} days")
+        print(f"{out / (name + '.key')}  its key (0600)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m system.kv", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -146,6 +256,25 @@ def build_parser() -> argparse.ArgumentParser:
                             "price of a second round of messages per write at low load")
     serve.add_argument("--unsafe", default=None,
                        help="TEST ONLY: run a deliberately broken canary (needs MAO_ALLOW_UNSAFE=1)")
+    tls_flags = serve.add_argument_group(
+        "TLS", "mutual TLS on the client port and for Raft traffic (files from `certs`); "
+               "all three of a kind or none. With them every caller must present a "
+               "certificate from the CA: KV calls take any, ChangeMembership an admin's, "
+               "Introduce and Raft traffic the certificate of the node they speak for")
+    tls_flags.add_argument("--cert-file", type=Path, default=None,
+                           help="this node's certificate (names its id), for the client port")
+    tls_flags.add_argument("--key-file", type=Path, default=None, help="its private key")
+    tls_flags.add_argument("--trusted-ca-file", type=Path, default=None,
+                           help="the CA whose certificates callers must present")
+    tls_flags.add_argument("--client-cert-auth", action="store_true",
+                           help="require client certificates: always so with TLS (accepted "
+                                "as etcd operators write it)")
+    tls_flags.add_argument("--peer-cert-file", type=Path, default=None,
+                           help="certificate for Raft traffic, both ways (default --cert-file)")
+    tls_flags.add_argument("--peer-key-file", type=Path, default=None,
+                           help="its private key (default --key-file)")
+    tls_flags.add_argument("--peer-trusted-ca-file", type=Path, default=None,
+                           help="the CA of the peers' certificates (default --trusted-ca-file)")
 
     member = sub.add_parser("member", help="list or change the membership of a running cluster")
     member.add_argument("action", choices=("list", "add", "promote", "remove"),
@@ -160,6 +289,24 @@ def build_parser() -> argparse.ArgumentParser:
                              "then send it Raft traffic over plain TCP (else over gRPC)")
     member.add_argument("--timeout-s", type=float, default=30.0,
                         help="how long to keep trying (promote waits for the learner to catch up)")
+    _client_tls_flags(member, "changes need an admin certificate (`certs --admins`)")
+
+    certs = sub.add_parser(
+        "certs", help="make a CA and the keys and certificates of nodes, clients and admins",
+        description="Writes DIR/ca.crt and ca.key (keep ca.key to yourself) and NAME.crt and "
+                    "NAME.key per node, client and admin. Every key file is 0600. A node's "
+                    "certificate names its id, localhost and 127.0.0.1; give more names or "
+                    "addresses as ID=ADDR+ADDR (a host, an IP or HOST:PORT), e.g. "
+                    "--nodes n1=10.0.0.1+db1.example,n2=10.0.0.2,n3")
+    certs.add_argument("--out", type=Path, required=True, help="directory to write into")
+    certs.add_argument("--nodes", type=_parse_cert_nodes, required=True,
+                       help="ID[=ADDR+ADDR...],...: the nodes, each with extra names")
+    certs.add_argument("--clients", nargs="*", default=[], metavar="NAME",
+                       help="client certificates (role client: KV operations)")
+    certs.add_argument("--admins", nargs="*", default=["admin"], metavar="NAME",
+                       help="admin certificates (role admin: membership changes too); "
+                            "default: one named admin")
+    certs.add_argument("--days", type=_positive_int, default=365, help="validity in days")
 
     cluster = sub.add_parser("cluster", help="run a local cluster of nodes until Ctrl-C")
     cluster.add_argument("--nodes", type=_positive_int, default=3)
@@ -186,6 +333,14 @@ def serve(args: argparse.Namespace) -> int:
     if args.id in args.peers:
         print(f"error: --peers lists this node's own id {args.id!r}; list only the others",
               file=sys.stderr)
+        return 2
+    from system.kv.tls import TlsError
+
+    try:
+        node_tls = node_tls_from_args(args)
+    except (ValueError, TlsError) as exc:
+        print(f"error: node {args.id} refuses to start: {exc}", file=sys.stderr)
+        log.error("refused to start", extra={"reason": str(exc)})
         return 2
 
     try:
@@ -225,6 +380,7 @@ def serve(args: argparse.Namespace) -> int:
         eager_commit=args.eager_commit,
         peer_listen_address=args.peer_listen or "",
         peer_links=args.peer_links,
+        tls=node_tls,
     )
     try:
         # Whose directory it is comes first: another node's directory is a wrong command
@@ -376,9 +532,17 @@ def member(args: argparse.Namespace) -> int:
         print(f"error: --peer-address is for member add, not member {args.action}",
               file=sys.stderr)
         return 2
+    from system.kv.tls import TlsError
+
+    try:
+        files = client_tls_from_args(args)
+    except (ValueError, TlsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.action == "list":
-            st = member_client.status_with_leader(addresses, timeout_s=args.timeout_s)
+            st = member_client.status_with_leader(addresses, timeout_s=args.timeout_s,
+                                                  tls=files)
             for node_id, node_address in sorted(st.member_addresses.items()):
                 kind = "voter" if node_id in st.voters else (
                     "learner" if node_id in st.learners else "not a member")
@@ -390,13 +554,20 @@ def member(args: argparse.Namespace) -> int:
                       f"{f' ({st.node_id} sends it raft over {raft})' if raft else ''}")
             return 0
         answer = member_client.change(addresses, args.action, args.id, args.address,
-                                      peer_address=args.peer_address, timeout_s=args.timeout_s)
+                                      peer_address=args.peer_address, timeout_s=args.timeout_s,
+                                      tls=files)
     except member_client.MembershipInvalid as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except member_client.MembershipRefused as exc:
         print(f"error: refused: {exc}", file=sys.stderr)
         return 1
+    except member_client.MembershipDenied as exc:
+        print(f"error: permission denied: {exc}", file=sys.stderr)
+        return 1
+    except member_client.MembershipTls as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except member_client.MembershipTimeout as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
@@ -495,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     if args.command == "member":
         return member(args)
+    if args.command == "certs":
+        return certs(args)
     return cluster(args)
 
 

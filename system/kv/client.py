@@ -15,6 +15,10 @@ Outcomes, as the harness needs them (Jepsen's ok / fail / info):
 - `Indeterminate`: at least one attempt may have applied (timeout, broken connection,
   leader lost mid-write) and no later attempt settled it (info). Retrying the same call
   with the same `request_id` is safe and settles it.
+- `PermissionDenied` (a TLS cluster refused this client's certificate for the call) and
+  `TlsFailure` (the handshake failed: plaintext to a TLS node, a CA that does not match,
+  a certificate that does not name the node or has expired): nothing was applied; the
+  message says what to check. Raised at once: retrying cannot mend a certificate.
 
 What it must never do: retry a write under a new request id, or report "certainly failed"
 for a write that might have applied. Not thread-safe per instance beyond gRPC's own
@@ -37,6 +41,8 @@ import grpc
 from system.kv.limits import value_limit_of_refusal
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 from system.kv.session import Session, error_of
+from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.kv.tls_failure import explain
 from system.kv.transport import CHANNEL_OPTIONS
 
 if TYPE_CHECKING:
@@ -137,6 +143,16 @@ class Unavailable(KVError):
     """No node could serve the request before the deadline; certainly not applied."""
 
 
+class TlsFailure(Unavailable):
+    """The TLS handshake with a node failed for a reason of certificates (or TLS on one
+    side only); nothing was sent. The message names the node and what to check."""
+
+
+class PermissionDenied(KVError):
+    """The node verified this client's certificate and refused it this call (e.g. a
+    membership change without the admin role); the message is the node's reason."""
+
+
 class Indeterminate(KVError):
     """The write may or may not have applied; retry with the same request id to settle it."""
 
@@ -220,12 +236,17 @@ class KVClient:
     deadline on a loaded machine — the deadline is the bound that matters). Arguments
     are checked before anything is sent (InvalidArgument naming the field); keys longer
     than `max_key_bytes` (UTF-8; the node's default limit) are refused here too.
+
+    `tls`: this client's certificate, key and the cluster's CA, for a cluster started with
+    certificates (mutual TLS; each node's certificate must name the address dialled). The
+    files are read here: TlsError now, not at the first call.
     """
 
     def __init__(self, addresses: Sequence[str] | Mapping[str, str], *, timeout_s: float = 5.0,
                  retries: int = 100, attempt_timeout_s: float | None = None,
                  client_id: str | None = None, max_key_bytes: int = 1024,
-                 session: bool = True, unsafe: ClientNewRequestId | None = None) -> None:
+                 session: bool = True, unsafe: ClientNewRequestId | None = None,
+                 tls: TlsFiles | None = None) -> None:
         if not addresses:
             raise ValueError("KVClient needs at least one node address")
         _check_timeout("timeout_s", timeout_s)
@@ -251,6 +272,8 @@ class KVClient:
         self._next = 0
         # Test-only: a client-library canary (system/kv/unsafe.py); None in every real use.
         self.unsafe = unsafe
+        self.tls = tls
+        self._credentials = grpc_channel_credentials(tls) if tls is not None else None
 
     # ----- public API ------------------------------------------------------------------
 
@@ -360,10 +383,20 @@ class KVClient:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+                channel = (grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+                           if self._credentials is None else
+                           grpc.secure_channel(address, self._credentials,
+                                               options=list(CHANNEL_OPTIONS)))
                 self._channels[address] = channel
                 stub = self._stubs[address] = kv_pb2_grpc.KVStub(channel)
             return stub
+
+    def _raise_tls_failure(self, address: str, details: str) -> None:
+        """TlsFailure when a connection that was never made failed for a reason of
+        certificates (or TLS on one side only); else nothing: the node is down, retry."""
+        reason = explain(address, details, self.tls)
+        if reason:
+            raise TlsFailure(f"TLS handshake with {address} failed: {reason}")
 
     def _check_key(self, key: object) -> None:
         if not isinstance(key, str):
@@ -469,6 +502,10 @@ class KVClient:
                     per_attempt_s *= 2
                 if result.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise InvalidArgument(result.details) from None
+                if result.code == grpc.StatusCode.PERMISSION_DENIED:
+                    raise PermissionDenied(f"{address} refused: {result.details}") from None
+                if result.never_sent:
+                    self._raise_tls_failure(address, result.details)
                 if result.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not result.from_server:
                     # gRPC itself refused the message: the node's port, unread, because it
                     # is over what --max-value-bytes allows (system/kv/limits.py), or this

@@ -29,6 +29,8 @@ from google.protobuf.message import Message as ProtoMessage
 
 from system.kv.proto import kv_pb2
 from system.kv.session import take_batch
+from system.kv.tls import TlsFiles, grpc_channel_credentials, target_name_option
+from system.kv.tls_failure import explain
 from system.kv.transport import CHANNEL_OPTIONS
 
 FORWARDED_BY = "kv-forwarded-by"
@@ -148,27 +150,40 @@ class _LeaderSession:
 
 
 class Forwarder:
-    """One channel and one Session stream per leader address, shared by every request
-    this node forwards there."""
+    """One channel and one Session stream per leader (address and id), shared by every
+    request this node forwards there.
 
-    def __init__(self, node_id: str) -> None:
+    With `tls` (the node's own certificate for the client port), the hop is mutual TLS:
+    the leader sees this node's certificate, and this node checks that the leader's
+    certificate names the leader id it meant, whatever address it dialled."""
+
+    def __init__(self, node_id: str, tls: TlsFiles | None = None) -> None:
         self.node_id = node_id
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._sessions: dict[str, _LeaderSession] = {}
+        self.tls = tls
+        self._channels: dict[tuple[str, str], grpc.aio.Channel] = {}
+        self._sessions: dict[tuple[str, str], _LeaderSession] = {}
         self.forwarded = 0  # requests sent on (for the operator and the tests)
 
-    def _session(self, address: str) -> _LeaderSession:
-        session = self._sessions.get(address)
+    def _session(self, address: str, leader_id: str) -> _LeaderSession:
+        key = (address, leader_id)
+        session = self._sessions.get(key)
         if session is None or session.failure is not None:
-            channel = self._channels.get(address)
+            channel = self._channels.get(key)
             if channel is None:
-                channel = self._channels[address] = grpc.aio.insecure_channel(
-                    address, options=list(CHANNEL_OPTIONS))
-            session = self._sessions[address] = _LeaderSession(channel, self.node_id)
+                channel = self._channels[key] = self._channel(address, leader_id)
+            session = self._sessions[key] = _LeaderSession(channel, self.node_id)
         return session
 
+    def _channel(self, address: str, leader_id: str) -> grpc.aio.Channel:
+        if self.tls is None:
+            return grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+        # Without a leader id (never, from server.py) the address is what is checked.
+        options = [*CHANNEL_OPTIONS, *([target_name_option(leader_id)] if leader_id else [])]
+        return grpc.aio.secure_channel(address, grpc_channel_credentials(self.tls),
+                                       options=options)
+
     async def call(self, address: str, kind: str, request: ProtoMessage,
-                   timeout_s: float | None, write: bool) -> ProtoMessage:
+                   timeout_s: float | None, write: bool, leader_id: str = "") -> ProtoMessage:
         """The leader's answer to `request` (`kind`: "put", "get" or "delete");
         raises ForwardFailed."""
         frame = kv_pb2.SessionRequest()
@@ -176,7 +191,7 @@ class Forwarder:
         self.forwarded += 1
         timeout_s = timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S
         try:
-            answer = await self._session(address).call(frame, timeout_s)
+            answer = await self._session(address, leader_id).call(frame, timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - timeout, broken stream, no connection
@@ -184,6 +199,11 @@ class Forwarder:
                 what = "no answer within the deadline"
             elif isinstance(error, grpc.aio.AioRpcError):
                 what = f"{error.code().name}: {error.details()}"
+                if self.tls is not None and _never_connected(error):
+                    # A failed handshake: say why (in a thread: it may probe the leader).
+                    reason = await asyncio.to_thread(explain, address, error.details() or "",
+                                                     self.tls, leader_id)
+                    what = f"TLS handshake failed: {reason}" if reason else what
             else:
                 what = str(error) or type(error).__name__
             never_sent = isinstance(error, grpc.aio.AioRpcError) and _never_connected(error)

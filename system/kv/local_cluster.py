@@ -6,6 +6,12 @@ from its peers, over plain TCP, on a second: `--peer-listen`, `--peer-links`), a
 operations a person or a fault-injection test needs: kill with any signal, pause/resume
 (SIGSTOP/SIGCONT), restart, Status polling, and waiting for a condition with a deadline.
 
+With `tls_dir`, every node runs with mutual TLS (`--cert-file ... --trusted-ca-file`):
+the certificates are made there by `tls.generate` (nodes n1..nN, a client named
+`client`, an admin named `admin`) unless the directory holds a CA already, the cluster's
+own Status polling uses the client certificate, and `tls_files(name)` gives a test the
+files of any of them (`issue_node` makes one for a node added later).
+
 It is part of the system, not of the harness: `python -m system.kv cluster` and the
 trainer's `TrainerRun` start it, and the system never imports the harness. The harness's
 local platform builds on it (nemesis/platforms/local_cluster.py adds the fault-injecting
@@ -37,6 +43,7 @@ from typing import Self, TypeVar
 from system import child_processes
 from system.kv.proto import kv_pb2
 from system.kv.status_probe import StatusProbe
+from system.kv.tls import TlsFiles
 from system.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +93,7 @@ class LocalCluster:
         per_node_args: Mapping[str, Sequence[str]] | None = None,
         env: Mapping[str, str] | None = None,
         tcp_peers: bool = True,
+        tls_dir: Path | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError(f"a cluster needs at least one node, got {nodes}")
@@ -115,7 +123,13 @@ class LocalCluster:
         self.processes: dict[str, subprocess.Popen] = {}
         self._expected_exit: set[str] = set()
         self._reported_exit: set[str] = set()
-        self._probe = StatusProbe()
+        self.tls_dir = Path(tls_dir) if tls_dir is not None else None
+        if self.tls_dir is not None and not (self.tls_dir / "ca.crt").exists():
+            from system.kv import tls
+
+            tls.generate(self.tls_dir, {node_id: [] for node_id in self.specs},
+                         clients=["client"], admins=["admin"])
+        self._probe = StatusProbe(tls=self.tls_files("client") if self.tls_dir else None)
         # Last line of defence if the owner forgets close(): kill the groups.
         self._finalizer = weakref.finalize(self, _kill_all, self.processes)
 
@@ -141,8 +155,33 @@ class LocalCluster:
             sys.executable, "-m", "system.kv", "serve",
             "--id", node_id, "--listen", spec.address, "--peers", peers, *tcp,
             "--data-dir", str(spec.data_dir), "--log-file", str(spec.log_file),
+            *(self.tls_files(node_id).args() if self.tls_dir is not None else []),
             *self.node_args, *self.per_node_args.get(node_id, []), *extra_args,
         ]
+
+    def tls_files(self, name: str) -> TlsFiles:
+        """The certificate, key and CA of `name` (a node id, "client", "admin") in
+        `tls_dir`; ValueError on a cluster without TLS."""
+        if self.tls_dir is None:
+            raise ValueError("this cluster runs without TLS (no tls_dir)")
+        return TlsFiles.in_dir(self.tls_dir, name)
+
+    def issue_node(self, node_id: str, addresses: Sequence[str] = ()) -> TlsFiles:
+        """A node certificate for `node_id` (a member added at run time), signed by the
+        cluster's CA in `tls_dir`."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+
+        from system.kv import tls
+
+        files = self.tls_files(node_id)
+        authority = tls.Authority(
+            serialization.load_pem_private_key((files.ca.parent / "ca.key").read_bytes(), None),
+            x509.load_pem_x509_certificate(files.ca.read_bytes()))
+        key, cert = tls.issue(authority, node_id, "node", tls.node_sans(node_id, addresses))
+        tls.write_key(files.key, key)
+        tls.write_cert(files.cert, cert)
+        return files
 
     def peer_address(self, src: str, dst: str) -> str:
         """Where node `src` reaches node `dst`'s client port (gRPC peer lanes, forwarding)."""
@@ -344,4 +383,6 @@ class LocalCluster:
     def client(self, **kwargs: object):  # noqa: ANN201 - KVClient, imported lazily
         from system.kv.client import KVClient
 
+        if self.tls_dir is not None:
+            kwargs.setdefault("tls", self.tls_files("client"))
         return KVClient(self.addresses, **kwargs)  # type: ignore[arg-type]

@@ -7,6 +7,9 @@ make yet — a learner not caught up, another change in flight, the leader's ter
 committed — is retried until the deadline; a change it refuses for good is
 `MembershipRefused`; bad arguments are `MembershipInvalid`; no answer in time is
 `MembershipTimeout` (the change may still happen: the caller checks the membership).
+With `tls`, calls are mutual TLS with that certificate: a change needs an admin's
+(`MembershipDenied` with the node's reason otherwise), and a handshake that fails for a
+reason of certificates is `MembershipTls` at once, with what to check.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Sequence
 import grpc
 
 from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.kv.tls_failure import explain
 from system.kv.transport import CHANNEL_OPTIONS
 
 CHANGES = {"add": "add-learner", "promote": "promote", "remove": "remove"}
@@ -40,9 +45,34 @@ class MembershipTimeout(MembershipError):
     """No member made or refused the change before the deadline."""
 
 
+class MembershipDenied(MembershipError):
+    """The node refused the caller's certificate for this call (PERMISSION_DENIED: a
+    change needs an admin certificate); the message is the node's reason."""
+
+
+class MembershipTls(MembershipError):
+    """The TLS handshake with a member failed for a reason of certificates."""
+
+
+def _channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
+    if tls is None:
+        return grpc.insecure_channel(target, options=list(CHANNEL_OPTIONS))
+    return grpc.secure_channel(target, grpc_channel_credentials(tls),
+                               options=list(CHANNEL_OPTIONS))
+
+
+def _check_handshake(target: str, exc: grpc.RpcError, tls: TlsFiles | None) -> None:
+    """Raise MembershipTls when `exc` is a failed handshake that retrying will not mend."""
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        reason = explain(target, exc.details() or "", tls)
+        if reason:
+            raise MembershipTls(f"TLS handshake with {target} failed: {reason}") from None
+
+
 def change(addresses: Sequence[str], action: str, node_id: str, address: str = "", *,
            peer_address: str = "", timeout_s: float = 30.0,
-           on_retry=None) -> kv_pb2.ChangeMembershipResponse:  # noqa: ANN001
+           on_retry=None,  # noqa: ANN001
+           tls: TlsFiles | None = None) -> kv_pb2.ChangeMembershipResponse:
     """Carry out `action` ("add", "promote" or "remove") of `node_id` through any of
     `addresses` (HOST:PORT of members); returns the leader's answer once committed.
     `peer_address` (add): the new member's --peer-listen, reached over plain TCP."""
@@ -56,7 +86,7 @@ def change(addresses: Sequence[str], action: str, node_id: str, address: str = "
     while time.monotonic() < deadline:
         target = queue.pop(0)
         queue.append(target)
-        with grpc.insecure_channel(target, options=list(CHANNEL_OPTIONS)) as channel:
+        with _channel(target, tls) as channel:
             remaining = max(0.5, deadline - time.monotonic())
             try:
                 return kv_pb2_grpc.KVStub(channel).ChangeMembership(request,
@@ -66,6 +96,9 @@ def change(addresses: Sequence[str], action: str, node_id: str, address: str = "
                 last_error = f"{target}: {details}"
                 if code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise MembershipInvalid(details) from None
+                if code == grpc.StatusCode.PERMISSION_DENIED:
+                    raise MembershipDenied(f"{target}: {details}") from None
+                _check_handshake(target, exc, tls)
                 if code == grpc.StatusCode.FAILED_PRECONDITION:
                     if not any(t in details for t in _TRANSIENT):
                         raise MembershipRefused(details) from None
@@ -84,7 +117,8 @@ def change(addresses: Sequence[str], action: str, node_id: str, address: str = "
 
 
 def status_with_leader(addresses: Sequence[str], *, timeout_s: float = 10.0,
-                       leader_only: bool = False) -> kv_pb2.StatusResponse:
+                       leader_only: bool = False,
+                       tls: TlsFiles | None = None) -> kv_pb2.StatusResponse:
     """The Status of the first of `addresses` that knows a leader (with `leader_only`: of
     the leader itself, whose membership is the newest); MembershipTimeout if none does
     before the deadline."""
@@ -92,12 +126,13 @@ def status_with_leader(addresses: Sequence[str], *, timeout_s: float = 10.0,
     last_error = "no member answered"
     while time.monotonic() < deadline:
         for target in addresses:
-            with grpc.insecure_channel(target, options=list(CHANNEL_OPTIONS)) as channel:
+            with _channel(target, tls) as channel:
                 try:
                     st = kv_pb2_grpc.KVStub(channel).Status(
                         kv_pb2.StatusRequest(),
                         timeout=min(2.0, max(0.2, deadline - time.monotonic())))
                 except grpc.RpcError as exc:
+                    _check_handshake(target, exc, tls)
                     last_error = f"{target}: {exc.details() or exc.code().name}"
                     continue
             if st.role == "leader" or (st.leader_id and not leader_only):

@@ -61,6 +61,7 @@ from system.kv.state_machine import (
     encode_put,
 )
 from system.kv.storage import DurableStorage
+from system.kv.tls import NodeTls, TlsFiles, grpc_channel_credentials, target_name_option
 from system.kv.transfers import SnapshotSends
 from system.kv.transport import Transport
 from system.raft.core import (
@@ -125,6 +126,10 @@ class NodeConfig:
     # peer_listen_address or a proxy in front of it; the others are reached over gRPC.
     peer_listen_address: str = ""
     peer_links: Mapping[NodeId, str] = field(default_factory=dict)
+    # Mutual TLS (`serve --cert-file ... --peer-cert-file ...`; system/kv/tls.py): None =
+    # plaintext everywhere. `tls.client` secures the client port and this node's calls to
+    # other nodes' client ports (forwarding, Introduce); `tls.peer` the Raft traffic.
+    tls: NodeTls | None = None
 
     @property
     def voters(self) -> tuple[NodeId, ...]:
@@ -232,10 +237,12 @@ class Node:
         self._snapshot_task: asyncio.Task[None] | None = None
         self.trace = StageTrace.from_environment(config.node_id)  # None unless KV_STAGE_TRACE
         self.transport = Transport(config.node_id, config.peers, trace=self.trace,
-                                   tcp_links=config.peer_links)
+                                   tcp_links=config.peer_links,
+                                   tls=config.tls.peer if config.tls else None)
         self._peer_server: PeerListener | None = None  # the TCP peer listener
         self._synced_membership: Membership | None = None  # what _sync_peers last applied
-        self.forwarder = Forwarder(config.node_id)  # requests sent on to the leader
+        # requests sent on to the leader
+        self.forwarder = Forwarder(config.node_id, config.tls.client if config.tls else None)
         self.snapshots_installed = 0
         self.last_installed_snapshot_index = 0
         self.snapshot_sends = SnapshotSends(config.node_id)  # as leader, for Status and logs
@@ -285,7 +292,7 @@ class Node:
         if self.config.peer_listen_address:
             self._peer_server = await serve_peers(
                 self.config.peer_listen_address, self.config.node_id, self.is_known_peer,
-                self.deliver)
+                self.deliver, tls=self.config.tls.peer if self.config.tls else None)
         self.transport.start()
         self._drive_task = self._loop.create_task(self._drive_forever(), name="raft-drive")
         self._tick_task = self._loop.create_task(self._tick_forever(), name="raft-tick")
@@ -987,8 +994,15 @@ class Node:
                 try:
                     answer = await _call_introduce(address, kv_pb2.IntroduceRequest(
                         cluster_id=cluster_id, node_id=node_id,
-                        member_id=self.identity.member_id))
-                except Exception:  # noqa: BLE001 - a peer down or unreachable: ask later
+                        member_id=self.identity.member_id), peer,
+                        self.config.tls.client if self.config.tls else None)
+                except Exception as exc:  # noqa: BLE001 - a peer down or unreachable: ask later
+                    refused = _refusal(exc)
+                    if refused and refused not in warned:
+                        # A peer that refuses our certificate: say so once, not every 0.5 s.
+                        warned.add(refused)
+                        log.error("%s refused our Introduce: %s", peer, refused,
+                                  extra={"node": node_id, "peer": peer})
                     continue
                 if answer.node_id != peer and answer.verdict != "conflict":
                     # A wrong address: another node (or this one) answered for `peer`.
@@ -1053,15 +1067,32 @@ def _some(addresses: Mapping[str, str]) -> str:
     return ",".join(sorted(addresses.values())) or "HOST:PORT"
 
 
-async def _call_introduce(address: str, request):  # noqa: ANN001, ANN202
+async def _call_introduce(address: str, request, peer: NodeId = "",  # noqa: ANN001, ANN202
+                          tls: TlsFiles | None = None):
+    """Introduce to `peer` at `address`; with `tls`, as this node's certificate, and only
+    to a node whose certificate names `peer`."""
     import grpc
 
     from system.kv.proto import kv_pb2, kv_pb2_grpc
 
-    async with grpc.aio.insecure_channel(address) as channel:
+    if tls is None:
+        channel = grpc.aio.insecure_channel(address)
+    else:
+        channel = grpc.aio.secure_channel(address, grpc_channel_credentials(tls), options=(
+            [target_name_option(peer)] if peer else []))
+    async with channel:
         stub = kv_pb2_grpc.KVStub(channel)
         answer: kv_pb2.IntroduceResponse = await stub.Introduce(request, timeout=1.0)
         return answer
+
+
+def _refusal(exc: Exception) -> str:
+    """The reason of a PERMISSION_DENIED answer, else ""."""
+    import grpc
+
+    if isinstance(exc, grpc.RpcError) and exc.code() == grpc.StatusCode.PERMISSION_DENIED:
+        return exc.details() or "permission denied"
+    return ""
 
 
 def member_info(address: str, peer_address: str = "") -> str:

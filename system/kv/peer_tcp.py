@@ -262,7 +262,8 @@ class PeerListener:
 
 
 async def serve_peers(address: str, node_id: str, is_known: Callable[[str], bool],
-                      deliver: Callable[[list[Message]], None]) -> PeerListener:
+                      deliver: Callable[[list[Message]], None],
+                      tls: object = None) -> PeerListener:  # t24-node only: see transport.py
     """Listen for peer connections on `address` (host:port); OSError says why not."""
     host, _, port = address.rpartition(":")
     loop = asyncio.get_running_loop()

@@ -41,6 +41,7 @@ from system.kv.proto import kv_pb2
 from system.kv.session import take_batch
 from system.kv.stage_trace import now_ns, received_ns
 from system.kv.state_machine import CommandRejected, DeleteResult, PutResult
+from system.kv.tls import Identity, check_role, grpc_identity, grpc_server_credentials
 from system.kv.transport import CHANNEL_OPTIONS, PeerService
 from system.raft.core import MembershipChangeRefused
 
@@ -287,7 +288,7 @@ class KVService:
             raise self._not_leader(exc)
         try:
             return await self.node.forwarder.call(exc.leader_address, method, request,
-                                                  timeout_s, write)
+                                                  timeout_s, write, leader_id=exc.leader_id or "")
         except ForwardFailed as failed:
             raise _Reject(failed.code, failed.message, failed.outcome, failed.metadata) from None
 
@@ -360,10 +361,43 @@ def _call_info(context: grpc.aio.ServicerContext) -> tuple[float | None, bool]:
     return context.time_remaining(), forwarded
 
 
+# Who may call what on a TLS port: a verified certificate of any role may use the KV
+# operations and Status (the handshake already required one); these need more. Each
+# returns None when `caller` may make the call, else the one line that says why not.
+Authorize = Callable[[Identity | None, ProtoMessage], "str | None"]
+
+
+def admin_only(caller: Identity | None, request: ProtoMessage) -> str | None:
+    return check_role(caller, ("admin",), "ChangeMembership")
+
+
+def introducing_node(caller: Identity | None, request: ProtoMessage) -> str | None:
+    """Introduce: only a node, and only as itself (n2's certificate cannot introduce n3:
+    a welcome is what lets a node vote)."""
+    refusal = check_role(caller, ("node",), "Introduce")
+    if refusal is None and caller is not None and caller.name != request.node_id:
+        refusal = (f"Introduce as node {request.node_id!r} needs that node's certificate; "
+                   f"the caller's names {caller}")
+    return refusal
+
+
+def _refuse_unauthorized(authorize: Authorize, context: grpc.aio.ServicerContext,
+                         request: ProtoMessage, method_name: str) -> None:
+    caller = grpc_identity(context)
+    refusal = authorize(caller, request)
+    if refusal is not None:
+        log.warning("refused a call: %s", refusal, extra={
+            "method": method_name, "caller": str(caller) if caller else "none",
+            "peer": context.peer(), "reason": refusal})
+        raise _Reject(grpc.StatusCode.PERMISSION_DENIED, refusal)
+
+
 def _handler(parse: type[ProtoMessage], method: Callable[..., Awaitable[ProtoMessage]],
-             tracing: bool = False, forwardable: bool = False) -> grpc.RpcMethodHandler:
+             tracing: bool = False, forwardable: bool = False,
+             authorize: Authorize | None = None) -> grpc.RpcMethodHandler:
     """A unary handler taking raw bytes, so bad payloads get INVALID_ARGUMENT with a reason.
-    `forwardable` methods get the caller's deadline and whether the call was forwarded."""
+    `forwardable` methods get the caller's deadline and whether the call was forwarded.
+    `authorize` (TLS ports only) may refuse the caller with PERMISSION_DENIED."""
 
     async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         if tracing:
@@ -376,6 +410,8 @@ def _handler(parse: type[ProtoMessage], method: Callable[..., Awaitable[ProtoMes
                 raise _Reject(grpc.StatusCode.INVALID_ARGUMENT,
                               f"request is not a valid {parse.DESCRIPTOR.full_name} protobuf: {exc}"
                               ) from None
+            if authorize is not None:
+                _refuse_unauthorized(authorize, context, request, parse.DESCRIPTOR.name)
             if forwardable:
                 response = await method(request, *_call_info(context))
             else:
@@ -605,20 +641,30 @@ def build_server(node: Node) -> grpc.aio.Server:
                                       ("grpc.max_receive_message_length", limit)])
     kv = KVService(node)
     tracing = node.trace is not None
+    secure = node.config.tls is not None
     handlers = {
         "Put": _handler(kv_pb2.PutRequest, kv.put, tracing=tracing, forwardable=True),
         "Get": _handler(kv_pb2.GetRequest, kv.get, forwardable=True),
         "Delete": _handler(kv_pb2.DeleteRequest, kv.delete, forwardable=True),
         "Session": _session_handler(kv, tracing),
         "Status": _handler(kv_pb2.StatusRequest, kv.status),
-        "ChangeMembership": _handler(kv_pb2.ChangeMembershipRequest, kv.change_membership),
-        "Introduce": _handler(kv_pb2.IntroduceRequest, kv.introduce),
+        "ChangeMembership": _handler(kv_pb2.ChangeMembershipRequest, kv.change_membership,
+                                     authorize=admin_only if secure else None),
+        "Introduce": _handler(kv_pb2.IntroduceRequest, kv.introduce,
+                              authorize=introducing_node if secure else None),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(KV_SERVICE, handlers),))
-    peer = PeerService(node.config.node_id, node.is_known_peer, node.deliver)
+    peer = PeerService(node.config.node_id, node.is_known_peer, node.deliver,
+                       require_identity=secure)
     raft_pb2_grpc.add_RaftPeerServicer_to_server(peer, server)
     try:
-        port = server.add_insecure_port(node.config.listen_address)
+        if secure:
+            # Client certificates always required: grpc cannot ask for an optional one,
+            # and nodes identify themselves here (Introduce, Raft over gRPC).
+            port = server.add_secure_port(node.config.listen_address, grpc_server_credentials(
+                node.config.tls.client, require_client_auth=True))
+        else:
+            port = server.add_insecure_port(node.config.listen_address)
     except RuntimeError:  # grpc >= 1.50 raises where older versions returned 0
         port = 0
     if port == 0:

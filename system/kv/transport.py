@@ -439,7 +439,11 @@ class Transport:
 
     def __init__(self, node_id: NodeId, peers: Mapping[NodeId, str],
                  trace: StageTrace | None = None,
-                 tcp_links: Mapping[NodeId, str] | None = None) -> None:
+                 tcp_links: Mapping[NodeId, str] | None = None,
+                 tls: object = None) -> None:
+        # t24-node only: the agreed keyword, so node.py's wiring runs; t24-peer's
+        # transport.py (mutual TLS on every lane) replaces this at the merge.
+        self.tls = tls
         self.node_id = node_id
         self.trace = trace
         self._static_links = dict(tcp_links or {})  # the command line's: they always win
@@ -530,7 +534,9 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
     """Receives batches from peers and hands each message to `deliver`."""
 
     def __init__(self, node_id: NodeId, known_peers: Iterable[NodeId] | Callable[[str], bool],
-                 deliver: Callable[[list[Message]], None]) -> None:
+                 deliver: Callable[[list[Message]], None],
+                 require_identity: bool = False) -> None:
+        self._require_identity = require_identity  # t24-node only: see Transport.__init__
         self._node_id = node_id
         if callable(known_peers):
             self._is_known: Callable[[str], bool] = known_peers
