@@ -3,7 +3,7 @@
     python -m nemesis run --faults partition,kill|all --duration 120 [--nodes 5] [--workload kv]
         [--platform docker|local|sim] [--seed N] [--store DIR] [--concurrency N] [--rate N]
         [--interval S] [--read-consistency linearizable|stale] [--mix get=20,put=15,...]
-        [--unsafe NAME]
+        [--unsafe NAME] [--tls]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
     python -m nemesis shrink RUN_DIR [--test-out FILE]   minimise a failing --platform sim run
     python -m nemesis explore --platform sim --runs N [--seed S] [--unsafe NAME]
@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="linearizability search budget per key (default %(default)s)")
     run.add_argument("--junit", type=Path, default=None, metavar="FILE",
                      help="also write JUnit XML (one test case per checker) for CI")
+    run.add_argument("--tls", action="store_true",
+                     help="mutual TLS on every node port, with certificates of a CA made for "
+                          "this run in a temporary directory (removed at the end; the run "
+                          "folder gets ca.crt only); local and docker platforms")
 
     chk = sub.add_parser("check", help="re-check a stored run from its history")
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
@@ -313,6 +317,12 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.platform == "sim" and args.workload != "kv":
         return _refuse(f"--platform sim runs the kv workload only (the simulator holds the "
                        f"store, not the trainer); got --workload {args.workload}")
+    if args.tls and args.platform == "sim":
+        return _refuse("--tls needs real nodes (--platform local or docker): the simulator's "
+                       "nodes exchange messages in memory, with no network to encrypt")
+    if args.tls and args.workload == "trainer":
+        return _refuse("--tls runs the kv workload only for now: the trainer's processes "
+                       "take no certificates yet")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
     if args.interval * 2 > args.duration and faults != ["none"]:
@@ -340,7 +350,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
         unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit,
-        faults_all=faults_all, mix=args.mix)
+        faults_all=faults_all, mix=args.mix, tls=args.tls)
     return run(config)
 
 

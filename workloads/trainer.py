@@ -900,7 +900,8 @@ class TrainerWorkload(Workload):
             self._open.pop(slot)
         key = head_key(self.config.job)
         deadline = time.monotonic() + timeout_s
-        client = KVClient(list(ctx.addresses.values()), timeout_s=3.0, client_id="final-read")
+        client = KVClient(list(ctx.addresses.values()), timeout_s=3.0, client_id="final-read",
+                          tls=ctx.tls)
         process = READ_PROCESS
         try:
             while True:
