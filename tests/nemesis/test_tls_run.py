@@ -247,3 +247,27 @@ def test_docker_tls_run_is_valid_and_keeps_its_keys_out_of_the_run_folder(tmp_pa
     assert sum(results["faults"].values()) >= 2
     _no_private_key_in(run_dir)
     assert _ca_dirs(run_id) == []
+
+
+@pytest.mark.integration
+def test_membership_steps_present_the_admin_certificate(tmp_path: Path) -> None:
+    """The nemesis's member fault goes through `Platform.change_membership`: with --tls it
+    must present the admin certificate, which a node demands (the client's is refused)."""
+    from nemesis.platforms.base import ClusterConfig
+    from nemesis.platforms.local import LocalPlatform
+    from system.kv import member_client
+
+    tls = RunTls("kv-membership-tls-test")
+    platform = LocalPlatform(ClusterConfig(nodes=3, run_id="kv-membership-tls-test",
+                                           work_dir=tmp_path, tls=tls))
+    try:
+        platform.start()
+        _wait(platform.ready, 60, "a leader with every node up and confirmed")
+        with pytest.raises(member_client.MembershipDenied, match="admin"):
+            member_client.change(list(platform.client_addresses.values()), "remove", "n3",
+                                 tls=platform.client_tls, timeout_s=20)
+        platform.change_membership("remove", "n3", timeout_s=30)
+        assert platform.membership()[0] == {"n1", "n2"}
+    finally:
+        platform.close()
+        tls.close()
