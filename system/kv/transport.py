@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
 import grpc
@@ -26,6 +27,15 @@ from google.protobuf.message import DecodeError
 
 from system.kv.proto import raft_pb2, raft_pb2_grpc
 from system.kv.stage_trace import StageTrace
+from system.kv.tls import (
+    Identity,
+    TlsFiles,
+    check_role,
+    grpc_channel_credentials,
+    grpc_identity,
+    identity_of_pem,
+    target_name_option,
+)
 from system.raft.messages import Message, MessageType
 from system.raft.types import Entry, EntryKind, NodeId, SnapshotMeta
 
@@ -242,6 +252,56 @@ def _retransmission_key(message: Message) -> tuple[object, ...] | None:
     return None
 
 
+def _check_own_certificate(node_id: NodeId, tls: TlsFiles) -> None:
+    """Say at start, once, what every peer would otherwise refuse message by message:
+    this node's certificate must name it, as a node."""
+    cert, _, _ = tls.read()
+    identity = identity_of_pem(cert)
+    if identity.role != "node" or identity.name != node_id:
+        log.error("this node's peer certificate does not name it: peers will refuse its "
+                  "Raft messages", extra={"node": node_id, "certificate": str(tls.cert),
+                                          "names": str(identity)})
+
+
+def peer_refusal(identity: Identity | None, src: str) -> str | None:
+    """None when a peer holding `identity`'s certificate may send Raft messages as
+    `src`, else the one line that says why not (a node holding n2's certificate cannot
+    speak as n3; a client's or an admin's cannot speak at all)."""
+    why = check_role(identity, ("node",), "Raft traffic")
+    if why is None and identity is not None and identity.name != src:
+        why = (f"the peer's certificate names {identity} but its messages claim to come "
+               f"from {src!r}")
+    return why
+
+
+class RefusalLog:
+    """One warning per refused peer and reason a minute: a refused peer retries every
+    half second or so, and each attempt would otherwise be a line. The next line after
+    a quiet minute says how many were left out."""
+
+    WINDOW_S = 60.0
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = logger
+        self._last: dict[tuple[str, ...], float] = {}
+        self._left_out: dict[tuple[str, ...], int] = {}
+
+    def refused(self, key: tuple[str, ...], message: str, **extra: str) -> None:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self.WINDOW_S:
+            self._left_out[key] = self._left_out.get(key, 0) + 1
+            return
+        if len(self._last) > 1024:  # strangers' varied names must not grow it forever
+            self._last.clear()
+            self._left_out.clear()
+        self._last[key] = now
+        left_out = self._left_out.pop(key, 0)
+        if left_out:
+            extra["same_refusals_not_logged"] = str(left_out)
+        self._log.warning(message, extra=extra)
+
+
 class PeerSender:
     """Sends one lane's messages for one peer: a bounded queue drained by one task into one
     stream at a time, so the peer receives batches in queue order."""
@@ -257,8 +317,10 @@ class PeerSender:
         max_queue_bytes: int = 512 * 1024 * 1024,
         max_batch_bytes: int = 64 * 1024 * 1024,
         trace: StageTrace | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
         self.src = src
+        self.tls = tls  # mutual TLS: present this node's certificate, check the peer's
         self.trace = trace  # KV_STAGE_TRACE: when appends and answers are handed to gRPC
         self.peer_id = peer_id
         self.address = address
@@ -283,7 +345,12 @@ class PeerSender:
         self._wakeup = asyncio.Event()
         # A channel of its own per lane (local subchannel pool = its own TCP connection).
         options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
-        self._channel = grpc.aio.insecure_channel(self.address, options=options)
+        if self.tls is None:
+            self._channel = grpc.aio.insecure_channel(self.address, options=options)
+        else:  # the peer's certificate must name the peer id, whatever address it has
+            self._channel = grpc.aio.secure_channel(
+                self.address, grpc_channel_credentials(self.tls),
+                options=(*options, target_name_option(self.peer_id)))
         # BatchPiece bytes in (see encode_batch, batch_pieces), SendAck out.
         self._stream_rpc = self._channel.stream_unary(
             _PIECES_METHOD, request_serializer=None,
@@ -383,7 +450,7 @@ class PeerSender:
                 if call is not None:
                     call.cancel()
                     call = None
-                self._failed(code=code, details=str(exc)[:300])
+                self._failed(code=code, details=str(exc)[:300], **self._grpc_reason(exc))
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, 0.5)
                 continue
@@ -391,6 +458,29 @@ class PeerSender:
                 self._forget(message)
             self._reached()
             backoff_s = 0.02
+
+    def _grpc_reason(self, exc: Exception) -> dict[str, str]:
+        """What to fix, where gRPC only says UNAVAILABLE: a TLS lane that cannot connect
+        failed its handshake, or the peer refused this node's certificate (its log says
+        which). Empty when there is nothing to add."""
+        if not isinstance(exc, grpc.aio.AioRpcError):
+            return {}
+        if exc.code() is grpc.StatusCode.PERMISSION_DENIED:
+            return {"reason": f"peer {self.peer_id} refused: {exc.details()}"}
+        if self.tls is None or exc.code() is not grpc.StatusCode.UNAVAILABLE:
+            return {}
+        peer, details = self.peer_id, exc.details() or ""
+        if "Hostname Verification" in details:
+            why = (f"peer {peer}'s certificate does not name {peer!r}: {self.address} is not "
+                   f"{peer}'s address, or {peer} holds another node's certificate")
+        elif "certificate verify failed" in details.lower():
+            why = (f"peer {peer}'s certificate is not signed by this node's CA "
+                   f"{self.tls.ca}, or has expired")
+        else:
+            why = (f"TLS connection to peer {peer} at {self.address} failed: check that "
+                   f"{peer} serves TLS, that its certificate names {peer!r} and is signed "
+                   f"by {self.tls.ca}, and that its CA signed {self.tls.cert}")
+        return {"reason": why}
 
     def _failed(self, **details: str) -> None:
         """A write failed: say so once per outage, and drop what is queued (probably
@@ -440,12 +530,12 @@ class Transport:
     def __init__(self, node_id: NodeId, peers: Mapping[NodeId, str],
                  trace: StageTrace | None = None,
                  tcp_links: Mapping[NodeId, str] | None = None,
-                 tls: object = None) -> None:
-        # t24-node only: the agreed keyword, so node.py's wiring runs; t24-peer's
-        # transport.py (mutual TLS on every lane) replaces this at the merge.
-        self.tls = tls
+                 tls: TlsFiles | None = None) -> None:
         self.node_id = node_id
         self.trace = trace
+        self.tls = tls  # every lane, gRPC or TCP, of every peer, added ones too
+        if tls is not None:
+            _check_own_certificate(node_id, tls)
         self._static_links = dict(tcp_links or {})  # the command line's: they always win
         self._tcp_links = dict(self._static_links)  # in use, with those of added members
         self._control = {pid: self._sender(pid, addr, "control") for pid, addr in peers.items()}
@@ -471,8 +561,10 @@ class Transport:
         if link:
             from system.kv.peer_tcp import TcpPeerSender  # (it builds on PeerSender)
 
-            return TcpPeerSender(self.node_id, peer_id, link, lane=lane, trace=self.trace)
-        return PeerSender(self.node_id, peer_id, address, lane=lane, trace=self.trace)
+            return TcpPeerSender(self.node_id, peer_id, link, lane=lane, trace=self.trace,
+                                 tls=self.tls)
+        return PeerSender(self.node_id, peer_id, address, lane=lane, trace=self.trace,
+                          tls=self.tls)
 
     def set_peer(self, peer_id: NodeId, address: str, link: str = "") -> None:
         """Reach `peer_id` at `address` from now on (a member added by a membership
@@ -531,12 +623,15 @@ class Transport:
 
 
 class PeerService(raft_pb2_grpc.RaftPeerServicer):
-    """Receives batches from peers and hands each message to `deliver`."""
+    """Receives batches from peers and hands each message to `deliver`.
+
+    With `require_identity` (a port that requires client certificates), a batch is
+    accepted only from a node certificate that names the batch's sender; the caller's
+    identity is looked up once per call (a stream carries many batches)."""
 
     def __init__(self, node_id: NodeId, known_peers: Iterable[NodeId] | Callable[[str], bool],
                  deliver: Callable[[list[Message]], None],
                  require_identity: bool = False) -> None:
-        self._require_identity = require_identity  # t24-node only: see Transport.__init__
         self._node_id = node_id
         if callable(known_peers):
             self._is_known: Callable[[str], bool] = known_peers
@@ -544,20 +639,24 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
             known = frozenset(known_peers)
             self._is_known = known.__contains__
         self._deliver = deliver
+        self._require_identity = require_identity
+        self._refusals = RefusalLog(log)
 
     async def Send(self, request: raft_pb2.MessageBatch, context: grpc.aio.ServicerContext
                    ) -> raft_pb2.SendAck:  # noqa: N802 - gRPC method name
-        await self._receive(request, context)
+        await self._receive(request, context, self._caller(context))
         return raft_pb2.SendAck()
 
     async def Stream(self, request_iterator: AsyncIterator[raft_pb2.MessageBatch],
                      context: grpc.aio.ServicerContext) -> raft_pb2.SendAck:  # noqa: N802
+        caller = self._caller(context)
         async for request in request_iterator:
-            await self._receive(request, context)
+            await self._receive(request, context, caller)
         return raft_pb2.SendAck()
 
     async def StreamPieces(self, request_iterator: AsyncIterator[raft_pb2.BatchPiece],
                            context: grpc.aio.ServicerContext) -> raft_pb2.SendAck:  # noqa: N802
+        caller = self._caller(context)
         pieces: list[bytes] = []
         size = 0
         async for piece in request_iterator:
@@ -577,11 +676,23 @@ class PeerService(raft_pb2_grpc.RaftPeerServicer):
             del data
             if request is None:  # abort outside the except: see server._handler
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, bad)
-            await self._receive(request, context)
+            await self._receive(request, context, caller)
         return raft_pb2.SendAck()
 
+    def _caller(self, context: grpc.aio.ServicerContext) -> Identity | None:
+        return grpc_identity(context) if self._require_identity else None
+
     async def _receive(self, request: raft_pb2.MessageBatch,
-                       context: grpc.aio.ServicerContext) -> None:
+                       context: grpc.aio.ServicerContext, caller: Identity | None) -> None:
+        if self._require_identity:
+            why = peer_refusal(caller, request.src)
+            if why is not None:
+                self._refusals.refused(
+                    (context.peer().rpartition(":")[0], str(caller), request.src),
+                    "peer refused", **{"from": context.peer(), "certificate": str(caller),
+                                       "claimed": request.src, "reason": why})
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"node {self._node_id} refuses Raft messages: {why}")
         if not self._is_known(request.src):
             await context.abort(
                 grpc.StatusCode.PERMISSION_DENIED,
