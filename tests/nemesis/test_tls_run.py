@@ -47,6 +47,18 @@ def _wait(condition, timeout_s: float, what: str, proc: subprocess.Popen | None 
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    """After a failed assertion: SIGTERM lets the harness tear its cluster and its
+    certificate directory down (SIGKILL would leave them to `clean`)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
 def _run_id(tmp_path: Path) -> str | None:
     try:
         test = (tmp_path / "store" / "latest").resolve() / "test.json"
@@ -118,9 +130,7 @@ def test_local_tls_run_is_valid_and_keeps_its_keys_out_of_the_run_folder(tmp_pat
             secure.close()
         out, _ = proc.communicate(timeout=240)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _stop(proc)
     assert proc.returncode == 0, out
     assert "with mutual TLS" in out and " --tls" in out  # the reproduce line keeps it
     results = json.loads((run_dir / "results.json").read_text())
@@ -145,9 +155,7 @@ def test_ctrl_c_removes_the_runs_certificate_directory(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _stop(proc)
     assert proc.returncode == 3 and "interrupted" in out, out
     assert _ca_dirs(run_id) == []
     assert _node_commands(run_id) == {}
@@ -237,9 +245,7 @@ def test_docker_tls_run_is_valid_and_keeps_its_keys_out_of_the_run_folder(tmp_pa
         assert len(_ca_dirs(run_id)) == 1
         out, _ = proc.communicate(timeout=600)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        _stop(proc)
     assert proc.returncode == 0, out
     run_dir = (tmp_path / "store" / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
