@@ -28,30 +28,44 @@ def _coordinator(args: argparse.Namespace) -> int:
     die_with_parent()
     install()
     config = TrainConfig.from_json(args.config)
-    options = CoordinatorOptions(
-        coordinator_id=args.id, kv_addresses=parse_kv(args.kv), listen=args.listen,
-        checkpoint_store=args.checkpoint_store, object_dir=args.object_dir,
-        chunk_bytes=args.chunk_bytes, lease_s=args.lease_s,
-        gradient_deadline_s=args.gradient_deadline_s, event_log=args.event_log, unsafe=args.unsafe)
+    from system.kv.tls import TlsError
+    from system.trainer import certs
     from system.trainer.unsafe import UnsafeRefused
 
     try:
+        tls, kv_tls = certs.from_args(args)
+        options = CoordinatorOptions(
+            coordinator_id=args.id, kv_addresses=parse_kv(args.kv), listen=args.listen,
+            checkpoint_store=args.checkpoint_store, object_dir=args.object_dir,
+            chunk_bytes=args.chunk_bytes, lease_s=args.lease_s,
+            gradient_deadline_s=args.gradient_deadline_s, event_log=args.event_log,
+            unsafe=args.unsafe, tls=tls, kv_tls=kv_tls)
         return Coordinator(config, options).run()
-    except (ConfigError, UnsafeRefused) as exc:
+    except (ConfigError, UnsafeRefused, TlsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
 
 
 def _worker(args: argparse.Namespace) -> int:
+    from system.kv.tls import TlsError
+    from system.trainer import certs
     from system.trainer.config import TrainConfig
     from system.trainer.procs import die_with_parent
     from system.trainer.worker import Worker
 
     die_with_parent()
-    return Worker(TrainConfig.from_json(args.config), args.index, parse_kv(args.kv)).run()
+    try:
+        tls, kv_tls = certs.from_args(args)
+        worker = Worker(TrainConfig.from_json(args.config), args.index, parse_kv(args.kv),
+                        tls=tls, kv_tls=kv_tls)
+    except TlsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2  # not restarted by `run`: the same files would fail the same way
+    return worker.run()
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from system.trainer.certs import add_arguments as add_tls_arguments
     from system.trainer.cli import add_inspect_arguments, add_run_arguments
 
     parser = argparse.ArgumentParser(prog="python -m system.trainer", description=__doc__)
@@ -70,14 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gradient-deadline-s", type=float, default=5.0)
     c.add_argument("--event-log", default="")
     c.add_argument("--unsafe", default="", help="test-only canary (system/trainer/unsafe.py)")
+    add_tls_arguments(c)
     w = sub.add_parser("worker", help="(internal) one worker process")
     w.add_argument("--index", type=int, required=True)
     w.add_argument("--config", required=True)
     w.add_argument("--kv", required=True)
+    add_tls_arguments(w)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (argv if argv is not None else sys.argv[1:])[:1] in (["run"], ["inspect"]):
+        from system.trainer.certs import quiet_grpc_client_logs
+
+        quiet_grpc_client_logs()  # before anything imports grpc
     args = build_parser().parse_args(argv)
     if args.command == "coordinator":
         return _coordinator(args)

@@ -9,6 +9,8 @@ import time
 
 from tabulate import tabulate
 
+from system.kv.tls import TlsError
+from system.trainer.certs import add_arguments as add_tls_arguments
 from system.trainer.config import DATASETS, ConfigError, TrainConfig
 
 # Defaults per dataset that reach scikit-learn's accuracy (tests/trainer/test_trainer_math.py).
@@ -42,11 +44,41 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gradient-deadline-s", type=float, default=5.0)
     p.add_argument("--run-dir", default=None, help="keep logs and event logs here")
     p.add_argument("--timeout-s", type=float, default=3600.0)
+    p.add_argument("--tls", action="store_true",
+                   help="mutual TLS with a throw-away CA made in the run directory for this run's "
+                        "coordinators, workers and (without --kv) its store")
+    add_tls_arguments(p)
 
 
 def add_inspect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv", required=True, help="store addresses host:port,...")
     p.add_argument("--job", default="default")
+    add_tls_arguments(p)
+
+
+def run_tls(args: argparse.Namespace):  # noqa: ANN201 - TrainerTls | None
+    """`run`'s certificates: --tls (generated at start; a --kv store's own CA through
+    --kv-cert-file ...), or one certificate for every process (--cert-file ...: a `node`
+    certificate, since coordinators serve with it), or none."""
+    from system.trainer.certs import TrainerTls, from_args
+
+    own, kv = from_args(args, read=False)
+    if args.tls:
+        if own is not None:
+            raise ConfigError("--tls makes this run's certificates: give the store's with "
+                              "--kv-cert-file/--kv-key-file/--kv-trusted-ca-file, not --cert-file")
+        if kv is not None and not args.kv:
+            raise ConfigError("--kv-cert-file is for a store given with --kv; the store `run` "
+                              "starts itself gets its certificates from --tls")
+    elif kv is not None and own is None:
+        raise ConfigError("--kv-cert-file needs --cert-file ... or --tls for the trainer's own traffic")
+    elif own is not None and not args.kv:
+        raise ConfigError("--cert-file is for a store given with --kv; the store `run` starts "
+                          "itself gets its certificates from --tls")
+    from_args(args)  # the combination is right: now the files themselves
+    if args.tls:
+        return TrainerTls(kv=kv) if kv is not None else None
+    return TrainerTls(shared=own, kv=kv if kv is not own else None) if own is not None else None
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -95,13 +127,15 @@ def run_command(args: argparse.Namespace) -> int:
         config.validate()
         if args.standbys < 0:
             raise ConfigError("--standbys must be 0 or more")
+        tls = run_tls(args)
         run = TrainerRun(config, standbys=args.standbys,
                          kv=args.kv.split(",") if args.kv else None,
                          checkpoint_store=args.checkpoint_store,
                          run_dir=Path(args.run_dir) if args.run_dir else None,
                          lease_s=args.lease_s, gradient_deadline_s=args.gradient_deadline_s,
-                         object_dir=Path(args.object_dir).resolve())
-    except ConfigError as exc:
+                         object_dir=Path(args.object_dir).resolve(),
+                         tls=tls, generate_tls=args.tls)
+    except (ConfigError, TlsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     tty = sys.stderr.isatty()
@@ -150,7 +184,7 @@ def run_command(args: argparse.Namespace) -> int:
         ]
         print(tabulate(rows, tablefmt="simple"))
         return 0
-    except (ConfigError, CheckpointError) as exc:
+    except (ConfigError, CheckpointError, TlsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except RunTimeout as exc:
@@ -165,16 +199,22 @@ def run_command(args: argparse.Namespace) -> int:
 
 def inspect_command(args: argparse.Namespace) -> int:
     from system.kv.client import KVClient, KVError
+    from system.trainer.certs import from_args
     from system.trainer.checkpoint_store import CheckpointStore
     from system.trainer.lease import read_lease
 
-    kv = KVClient(args.kv.split(","), timeout_s=5.0)
+    try:
+        _, kv_tls = from_args(args)
+    except TlsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    kv = KVClient(args.kv.split(","), timeout_s=5.0, tls=kv_tls)
     try:
         store = CheckpointStore(kv, args.job)
         head = store.read_head()
         lease, lease_version = read_lease(kv, args.job)
     except KVError as exc:
-        print(f"error: cannot read job {args.job!r} from {args.kv}: {str(exc).splitlines()[0][:160]}",
+        print(f"error: cannot read job {args.job!r} from {args.kv}: {str(exc).splitlines()[0][:400]}",
               file=sys.stderr)
         return 2
     finally:

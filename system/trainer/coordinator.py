@@ -28,8 +28,9 @@ from pathlib import Path
 import grpc
 
 from system.kv.client import CasMismatch, KVClient, KVError
+from system.kv.tls import TlsError, TlsFiles, grpc_server_credentials
+from system.trainer import certs, data, local, model, pause_points
 from system.trainer import checkpoint as codec
-from system.trainer import data, local, model, pause_points
 from system.trainer.checkpoint_store import CheckpointStore, Latest, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.coordinator_core import CoordinatorCore
@@ -58,13 +59,27 @@ class CoordinatorOptions:
     event_log: str = ""  # JSON-lines file of the core's events ("" = none)
     done_grace_s: float = 3.0  # keep answering "done" this long so workers see it
     unsafe: str = ""  # a test canary from unsafe.py (refused without MAO_ALLOW_UNSAFE=1)
+    tls: TlsFiles | None = None  # serve TLS with this certificate, worker certificates required
+    kv_tls: TlsFiles | None = None  # the store client's certificate
 
 
 class Servicer(trainer_pb2_grpc.ParameterServerServicer):
     def __init__(self, coord: Coordinator) -> None:
         self.c = coord
 
+    def _check_caller(self, context, what: str) -> None:  # noqa: ANN001 - grpc.ServicerContext
+        """With TLS, a caller whose certificate is not a worker's (an admin's) is refused:
+        one line here (once per caller and call), PERMISSION_DENIED with the reason there."""
+        if self.c.options.tls is None:
+            return
+        why = certs.check_caller(context, what)
+        if why is not None:
+            self.c.refusals.print(f"coordinator {self.c.options.coordinator_id} refused: {why}",
+                                  prefix="warning: ")
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+
     def GetParameters(self, request, context):  # noqa: N802, ANN001, ANN201
+        self._check_caller(context, "a parameter pull")
         with self.c.cond:
             core = self.c.core
             if core is not None and self.c.active:
@@ -98,6 +113,7 @@ class Servicer(trainer_pb2_grpc.ParameterServerServicer):
         return reply
 
     def PushGradient(self, request, context):  # noqa: N802, ANN001, ANN201
+        self._check_caller(context, "a gradient push")
         c = self.c
         grad = from_tensor(request.gradient)
         with c.cond:
@@ -129,12 +145,22 @@ class Coordinator:
         self.loss = float("nan")
         self.accuracy = float("nan")
         self.head_meta: codec.Metadata | None = None
+        self.refusals = certs.OnceEach()
         self.kv = KVClient(options.kv_addresses, timeout_s=max(1.0, options.lease_s),
-                           client_id=options.coordinator_id)
+                           client_id=options.coordinator_id, tls=options.kv_tls)
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=config.workers + 8),
                                   options=GRPC_OPTIONS)
         trainer_pb2_grpc.add_ParameterServerServicer_to_server(Servicer(self), self.server)
-        port = self.server.add_insecure_port(options.listen)
+        if options.tls is not None:
+            # Mutual TLS: a caller without a certificate from our CA never gets a call in
+            # (gRPC's own line on this side: "Handshake failed with error ...").
+            try:
+                credentials = grpc_server_credentials(options.tls, require_client_auth=True)
+            except TlsError as exc:
+                raise ConfigError(str(exc)) from None
+            port = self.server.add_secure_port(options.listen, credentials)
+        else:
+            port = self.server.add_insecure_port(options.listen)
         if port == 0:
             raise ConfigError(f"cannot listen on {options.listen}")
         self.address = f"{options.listen.rsplit(':', 1)[0]}:{port}"

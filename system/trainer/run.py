@@ -28,8 +28,9 @@ from typing import TypeVar
 import grpc
 
 from system.kv.client import KVClient, KVError
+from system.kv.tls import grpc_channel_credentials
+from system.trainer import certs, data
 from system.trainer import checkpoint as codec
-from system.trainer import data
 from system.trainer.checkpoint_store import CheckpointStore, Latest
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.lease import LeaseRecord, read_lease
@@ -38,6 +39,7 @@ from system.trainer.procs import kill_group, spawn
 from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
 
 T = TypeVar("T")
+STORE_NODES = ["n1", "n2", "n3"]  # the ids of the store `run` starts without --kv
 
 
 class RunTimeout(AssertionError):
@@ -56,7 +58,8 @@ class TrainerRun:
                  chunk_bytes: int = 4 * 1024 * 1024, restart: bool = True,
                  object_dir: Path | None = None,
                  first_coordinator_env: dict[str, str] | None = None,
-                 first_coordinator_args: list[str] | None = None) -> None:
+                 first_coordinator_args: list[str] | None = None,
+                 tls: certs.TrainerTls | None = None, generate_tls: bool = False) -> None:
         config.validate()
         n_rows = data.n_train_rows(config)
         data.shard_bounds(n_rows, config.workers, 0)  # ConfigError if too many workers
@@ -80,23 +83,44 @@ class TrainerRun:
         self._coordinator_count = 0
         self.run_token = uuid.uuid4().hex[:6]
         self.started_at = 0.0
+        # TLS: the certificates given, or (generate_tls, `run --tls`) a throw-away CA made
+        # in the run directory at start, for this run's processes and its own store.
+        self.tls = tls
+        self.generate_tls = generate_tls
+        self._status_credentials = None
 
     # ----- starting --------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.generate_tls:
+            kv = self.tls.kv if self.tls is not None else None  # a --kv store's own CA
+            self.tls = certs.generate(self.run_dir / "tls", self.config.workers,
+                                      STORE_NODES if self.kv_addresses is None else [])
+            if kv is not None:
+                self.tls = certs.TrainerTls(directory=self.tls.directory, kv=kv)
+        if self.tls is not None:
+            self._status_credentials = grpc_channel_credentials(self.tls.files(certs.RUN))
         if self.kv_addresses is None:
             from system.kv.local_cluster import LocalCluster
 
-            self.cluster = LocalCluster(3, self.run_dir / "kv")
+            # With --tls the store's nodes get their certificates from this run's CA
+            # (LocalCluster uses a directory that holds one), so every process trusts one CA.
+            self.cluster = LocalCluster(3, self.run_dir / "kv",
+                                        tls_dir=self.tls.directory if self.generate_tls else None)
             self.cluster.start()
             self.cluster.wait_for_leader(timeout_s=30)
             self.kv_addresses = self.cluster.addresses
-        self.kv = KVClient(self.kv_addresses, timeout_s=5.0, client_id="trainer-run")
+        self.kv = KVClient(self.kv_addresses, timeout_s=5.0, client_id="trainer-run",
+                           tls=self.tls.kv_files(certs.RUN) if self.tls is not None else None)
         try:
             read_lease(self.kv, self.config.job, consistency="stale", timeout_s=2.0)
         except KVError as exc:
-            raise ConfigError(f"cannot reach the store at {self.worker_kv()}: "
-                              f"{str(exc).splitlines()[0][:160]}") from None
+            first = str(exc).splitlines()[0][:400]
+            if "TLS" in first and self.generate_tls and self.kv_addresses is not None:
+                # The trainer's own CA is not the store's: the flags that name the store's.
+                first += ("; a store with its own CA: --kv-cert-file, --kv-key-file, "
+                          "--kv-trusted-ca-file")
+            raise ConfigError(f"cannot reach the store at {self.worker_kv()}: {first}") from None
         self.started_at = time.monotonic()
         for _ in range(1 + self.standbys):
             self.start_coordinator()
@@ -116,7 +140,7 @@ class TrainerRun:
              "--chunk-bytes", str(self.chunk_bytes),
              "--event-log", str(self.run_dir / f"events-{cid}.jsonl"),
              *(self.first_coordinator_args if self._coordinator_count == 1 else []),
-             *self.coordinator_args],
+             *self.coordinator_args, *self.tls_args(certs.COORDINATOR)],
             self.run_dir / f"{cid}.log",
             {**(self.first_coordinator_env or {} if self._coordinator_count == 1 else {}),
              **self.coordinator_env, **self.coordinator_env_for(cid)} or None)
@@ -146,11 +170,16 @@ class TrainerRun:
         coordinator and each node)."""
         return ",".join(self.kv_addresses or [])
 
+    def tls_args(self, name: str) -> list[str]:
+        """The certificate flags of trainer process `name` (none without TLS)."""
+        return self.tls.args(name) if self.tls is not None else []
+
     def start_worker(self, worker: int) -> None:
         name = f"w{worker}"
         self.procs[name] = self.spawn_process(
             name, ["worker", "--index", str(worker), "--config", self.config.to_json(),
-                   "--kv", self.worker_kv()], self.run_dir / f"{name}.log")
+                   "--kv", self.worker_kv(), *self.tls_args(certs.worker_name(worker))],
+            self.run_dir / f"{name}.log")
         self.expected_exit.discard(name)
 
     # ----- observing -------------------------------------------------------------------
@@ -172,7 +201,8 @@ class TrainerRun:
                 return None
             address = record.address
         try:
-            with grpc.insecure_channel(address) as channel:
+            with (grpc.secure_channel(address, self._status_credentials)
+                  if self._status_credentials is not None else grpc.insecure_channel(address)) as channel:
                 return trainer_pb2_grpc.ParameterServerStub(channel).Status(
                     trainer_pb2.StatusRequest(), timeout=1.0)
         except grpc.RpcError:
@@ -187,9 +217,10 @@ class TrainerRun:
         return out
 
     def config_error(self) -> str | None:
-        """The one-line error of a coordinator that refused the configuration (exit 2)."""
+        """The one-line error of a coordinator that refused the configuration, or of a
+        worker that could not use its certificate (exit 2)."""
         for name, proc in self.procs.items():
-            if name.startswith("c") and proc.poll() == 2:
+            if proc.poll() == 2:
                 lines = (self.run_dir / f"{name}.log").read_text(errors="replace").strip().splitlines()
                 errors = [line for line in lines if line.startswith("error: ")]
                 return (errors[-1] if errors else lines[-1] if lines else "exit 2").removeprefix("error: ")
@@ -221,7 +252,7 @@ class TrainerRun:
             if code is None or name in self.expected_exit:
                 continue
             self.expected_exit.add(name)
-            if name.startswith("w") and code != 0:
+            if name.startswith("w") and code not in (0, 2):  # 2: its files are unusable
                 self.start_worker(int(name[1:]))
             elif name.startswith("c") and code not in (0, 2):
                 # A deposed coordinator (3) is retired for good, but the job still wants a

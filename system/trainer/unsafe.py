@@ -99,7 +99,7 @@ def cas_without_request_id(kv: KVClient, key: str, value: bytes, expected_versio
     if client is None:
         client = _single_attempt[id(kv)] = KVClient(kv.node_addresses or kv.addresses, retries=0,
                                                     timeout_s=kv.timeout_s,
-                                                    client_id=f"{kv.client_id}-no-rid")
+                                                    client_id=f"{kv.client_id}-no-rid", tls=kv.tls)
     return client.cas(key, value, expected_version, request_id=None).version
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import grpc
 
 from system.kv.client import KVClient, KVError
+from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.trainer import certs
 from system.trainer.config import TrainConfig
 from system.trainer.coordinator import GRPC_OPTIONS
 from system.trainer.lease import read_lease
@@ -43,10 +45,15 @@ class WorkerStats:
 
 class Worker:
     def __init__(self, config: TrainConfig, worker: int,
-                 kv_addresses: list[str] | dict[str, str]) -> None:
+                 kv_addresses: list[str] | dict[str, str], *, tls: TlsFiles | None = None,
+                 kv_tls: TlsFiles | None = None) -> None:
         self.config, self.worker = config, worker
         self.shard = WorkerShard(config, worker)
-        self.kv = KVClient(kv_addresses, timeout_s=2.0, client_id=f"worker-{worker}")
+        self.kv = KVClient(kv_addresses, timeout_s=2.0, client_id=f"worker-{worker}", tls=kv_tls)
+        # With TLS: this worker's certificate, and the coordinator's is checked to name the
+        # host of the address in the lease record.
+        self._credentials = grpc_channel_credentials(tls) if tls is not None else None
+        self._refusals = certs.OnceEach()
         self.max_term = 0
         self.stats = WorkerStats()
         self._channel: grpc.Channel | None = None
@@ -72,7 +79,11 @@ class Worker:
         if record.address != self._address or self._channel is None:
             if self._channel is not None:
                 self._channel.close()
-            self._channel = grpc.insecure_channel(record.address, options=GRPC_OPTIONS)
+            if self._credentials is not None:
+                self._channel = grpc.secure_channel(record.address, self._credentials,
+                                                    options=GRPC_OPTIONS)
+            else:
+                self._channel = grpc.insecure_channel(record.address, options=GRPC_OPTIONS)
             self._address = record.address
         # A failed call drops the stub, not the address: when the lease still names the same
         # coordinator (paused, slow, restarting on its port) the stub is made again on the
@@ -80,6 +91,15 @@ class Worker:
         # stub stayed None and the run loop's assertion crashed the worker (16-35 times a run).
         self._stub = trainer_pb2_grpc.ParameterServerStub(self._channel)
         return True
+
+    def _failed(self, error: grpc.RpcError) -> None:
+        """A failed call: look the coordinator up again after a backoff. A TLS refusal is
+        one line in this worker's log (once), saying what to fix."""
+        line = certs.explain(error, self._address, uses_tls=self._credentials is not None)
+        if line is not None:
+            self._refusals.print(f"worker {self.worker}: {line}")
+        self._stub = None
+        self._sleep_backoff()
 
     def run(self) -> int:
         after_step = 0
@@ -98,9 +118,8 @@ class Worker:
                     reply = self._stub.GetParameters(trainer_pb2.ParametersRequest(
                         job=self.config.job, worker=self.worker, after_step=after_step,
                         term=self.max_term, wait_s=WAIT_S), timeout=RPC_TIMEOUT_S)
-                except grpc.RpcError:
-                    self._stub = None
-                    self._sleep_backoff()
+                except grpc.RpcError as exc:
+                    self._failed(exc)
                     continue
             current, reply = reply, None
             if not current.serving or current.term < self.max_term:
@@ -119,9 +138,8 @@ class Worker:
                 pushed = self._stub.PushGradient(trainer_pb2.GradientPush(
                     job=self.config.job, worker=self.worker, step=current.step, term=current.term,
                     gradient=to_tensor(grad), rows=rows, wait_s=WAIT_S), timeout=RPC_TIMEOUT_S)
-            except grpc.RpcError:
-                self._stub = None
-                self._sleep_backoff()
+            except grpc.RpcError as exc:
+                self._failed(exc)
                 continue
             self._backoff_s = BACKOFF_MIN_S
             after_step = current.step
