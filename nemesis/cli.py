@@ -320,9 +320,6 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.tls and args.platform == "sim":
         return _refuse("--tls needs real nodes (--platform local or docker): the simulator's "
                        "nodes exchange messages in memory, with no network to encrypt")
-    if args.tls and args.workload == "trainer":
-        return _refuse("--tls runs the kv workload only for now: the trainer's processes "
-                       "take no certificates yet")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
     if args.interval * 2 > args.duration and faults != ["none"]:

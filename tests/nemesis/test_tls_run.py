@@ -203,9 +203,52 @@ def test_clean_removes_the_certificates_of_a_killed_harness(tmp_path: Path) -> N
         orphan.close()
 
 
-def test_tls_is_refused_on_the_simulator_and_for_the_trainer_in_one_line(tmp_path: Path) -> None:
-    for args, expected in ((["--platform", "sim"], "--tls needs real nodes"),
-                           (["--platform", "local", "--workload", "trainer"], "trainer")):
+def _trainer_commands(ca_dir: Path) -> dict[str, list[str]]:
+    """`system.trainer` processes started with the run's certificates, by --cert-file's name."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode().split("\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if "system.trainer" in argv and "--cert-file" in argv:
+            cert = Path(_flag(argv, "--cert-file"))
+            if cert.is_relative_to(ca_dir):
+                found[cert.stem] = argv
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_local_trainer_tls_run_is_valid(tmp_path: Path) -> None:
+    """The trainer's coordinators and workers present their own certificates to each
+    other (a CA of the trainer's) and the run's client certificate to the store."""
+    proc = _nemesis(tmp_path, "--platform", "local", "--tls", "--workload", "trainer",
+                    "--nodes", "3", "--duration", "20", "--interval", "5", "--faults", "kill",
+                    "--seed", "27")
+    try:
+        run_id = _wait(lambda: _run_id(tmp_path), 60, "test.json", proc)
+        (ca_dir,) = _wait(lambda: _ca_dirs(run_id), 60, "the CA directory", proc)
+        trainer = _wait(lambda: (c if {"coordinator", "worker-0"} <= set(c := _trainer_commands(ca_dir))
+                                 else None), 120, "a coordinator and a worker with TLS", proc)
+        for name, argv in trainer.items():
+            assert _flag(argv, "--trusted-ca-file") == str(ca_dir / "trainer" / "ca.crt")
+            assert _flag(argv, "--key-file") == str(ca_dir / "trainer" / f"{name}.key")
+            assert _flag(argv, "--kv-cert-file") == str(ca_dir / "trainer" / "kv-client.crt")
+            assert _flag(argv, "--kv-trusted-ca-file") == str(ca_dir / "trainer" / "kv-ca.crt")
+        assert not (ca_dir / "trainer" / "ca.key").exists()
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, out
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    assert json.loads((run_dir / "results.json").read_text())["valid"] is True
+    _no_private_key_in(run_dir)
+    assert _ca_dirs(run_id) == []
+
+
+def test_tls_is_refused_on_the_simulator_in_one_line(tmp_path: Path) -> None:
+    for args, expected in ((["--platform", "sim"], "--tls needs real nodes"),):
         result = subprocess.run(
             [sys.executable, "-m", "nemesis", "run", "--tls", "--store", str(tmp_path / "store"),
              "--duration", "5", *args], cwd=tmp_path, capture_output=True, text=True,
