@@ -320,3 +320,40 @@ def test_membership_steps_present_the_admin_certificate(tmp_path: Path) -> None:
     finally:
         platform.close()
         tls.close()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.skipif(not DOCKER, reason=f"needs a Docker engine ({DOCKER_REASON})")
+def test_docker_trainer_tls_run_is_valid(tmp_path: Path) -> None:
+    """Trainer containers read their certificates from the run's temporary directory
+    (bind-mounted read-only); a coordinator's certificate names its address on the run's
+    network, which the workers check."""
+    proc = _nemesis(tmp_path, "--platform", "docker", "--tls", "--workload", "trainer",
+                    "--nodes", "3", "--duration", "25", "--interval", "6", "--faults", "kill",
+                    "--seed", "28")
+    try:
+        run_id = _wait(lambda: _run_id(tmp_path), 600, "test.json (the image may build)", proc)
+        (ca_dir,) = _wait(lambda: _ca_dirs(run_id), 60, "the CA directory", proc)
+
+        def trainer_args() -> list[list[str]]:
+            ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=mao.run={run_id}",
+                                  "--filter", "label=mao.kind=trainer"], capture_output=True,
+                                 text=True, timeout=60, check=True).stdout.split()
+            return [json.loads(subprocess.run(["docker", "inspect", i], capture_output=True,
+                                              text=True, timeout=60).stdout or "[{}]")[0].get("Args", [])
+                    for i in ids]
+
+        args = _wait(lambda: [a for a in trainer_args() if "--cert-file" in a], 180,
+                     "trainer containers", proc)
+        for argv in args:
+            assert Path(_flag(argv, "--cert-file")).is_relative_to(ca_dir / "trainer")
+            assert _flag(argv, "--kv-cert-file") == str(ca_dir / "trainer" / "kv-client.crt")
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0, out
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    assert json.loads((run_dir / "results.json").read_text())["valid"] is True
+    _no_private_key_in(run_dir)
+    assert _ca_dirs(run_id) == []
