@@ -3,14 +3,15 @@
     python -m nemesis run --faults partition,kill|all --duration 120 [--nodes 5] [--workload kv]
         [--platform docker|local|sim] [--seed N] [--store DIR] [--concurrency N] [--rate N]
         [--interval S] [--read-consistency linearizable|stale] [--mix get=20,put=15,...]
-        [--unsafe NAME]
+        [--unsafe NAME] [--tls]
     python -m nemesis check RUN_DIR       re-check a stored run, no cluster needed
     python -m nemesis shrink RUN_DIR [--test-out FILE]   minimise a failing --platform sim run
     python -m nemesis explore --platform sim --runs N [--seed S] [--unsafe NAME]
         [--budget-s S] [--tests-out DIR] [--set FLAG=VALUE]   many runs, settings drawn
     python -m nemesis clean [--run ID]    remove what a crashed run left behind
     python -m nemesis report RUN_DIR [--junit FILE]   regenerate report.html (and JUnit XML)
-    python -m nemesis serve [--store DIR] [--port 8080] [--host 127.0.0.1]   browse the store
+    python -m nemesis serve [--store DIR] [--port 8080] [--host 127.0.0.1] [--token T]
+        browse the store (beyond loopback only with the token it prints)
     python -m nemesis show RUN_DIR [--key K]          the report as text for a terminal
 
 Exit codes: 0 valid, 1 invalid, 2 unknown, 3 harness error (bad flags included: they are
@@ -112,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="linearizability search budget per key (default %(default)s)")
     run.add_argument("--junit", type=Path, default=None, metavar="FILE",
                      help="also write JUnit XML (one test case per checker) for CI")
+    run.add_argument("--tls", action="store_true",
+                     help="mutual TLS on every node port, with certificates of a CA made for "
+                          "this run in a temporary directory (removed at the end; the run "
+                          "folder gets ca.crt only); local and docker platforms")
 
     chk = sub.add_parser("check", help="re-check a stored run from its history")
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
@@ -186,7 +191,11 @@ def _add_report_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers a
     serve.add_argument("--store", type=Path, default=Path("store"), help="default %(default)s/")
     serve.add_argument("--port", type=int, default=8080, help="default %(default)s; 0 = any free")
     serve.add_argument("--host", default="127.0.0.1",
-                       help="address to bind (default %(default)s: this machine only)")
+                       help="address to bind (default %(default)s: this machine only); any "
+                            "other needs the token, printed at start")
+    serve.add_argument("--token", default=None,
+                       help="the token to require (default: $NEMESIS_SERVE_TOKEN, else one "
+                            "drawn at start when --host is not loopback)")
     show = sub.add_parser("show", help="print a stored run's verdict, tables and counterexample")
     show.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
     show.add_argument("--key", default=None, help="the invalid key whose counterexample to draw")
@@ -194,17 +203,29 @@ def _add_report_commands(sub) -> None:  # noqa: ANN001 - argparse's subparsers a
 
 def _report_commands(args: argparse.Namespace) -> int:
     if args.command == "serve":
-        from nemesis.report.serve import make_server
+        import secrets
+
+        from nemesis.report.serve import TOKEN_ENV, TokenRequired, is_loopback, make_server
 
         if not args.store.is_dir():
             return _refuse(f"{args.store} is not a folder; give the store with --store DIR "
                            f"(python -m nemesis run writes to ./store)")
+        token = args.token or os.environ.get(TOKEN_ENV) or None
+        if token is None and not is_loopback(args.host):
+            token = secrets.token_urlsafe(32)
         try:
-            server = make_server(args.store, args.host, args.port)
+            server = make_server(args.store, args.host, args.port, token)
+        except TokenRequired as exc:
+            return _refuse(f"--token / ${TOKEN_ENV}: {exc}")
         except OSError as exc:
             return _refuse(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
         host, port = server.server_address[:2]
-        print(f"serving {args.store.resolve()} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+        shown = f"[{host}]" if ":" in host else host
+        address = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+        print(f"serving {args.store.resolve()} at {address} (Ctrl-C stops)", flush=True)
+        if token:
+            print(f"every request needs the token: open that address once (a cookie keeps it) "
+                  f"or send 'Authorization: Bearer {token}'", flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
@@ -296,6 +317,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.platform == "sim" and args.workload != "kv":
         return _refuse(f"--platform sim runs the kv workload only (the simulator holds the "
                        f"store, not the trainer); got --workload {args.workload}")
+    if args.tls and args.platform == "sim":
+        return _refuse("--tls needs real nodes (--platform local or docker): the simulator's "
+                       "nodes exchange messages in memory, with no network to encrypt")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
     if args.interval * 2 > args.duration and faults != ["none"]:
@@ -323,7 +347,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
         unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit,
-        faults_all=faults_all, mix=args.mix)
+        faults_all=faults_all, mix=args.mix, tls=args.tls)
     return run(config)
 
 

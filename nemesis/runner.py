@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
 import sys
 import threading
@@ -27,6 +28,7 @@ from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
+from nemesis.tls_run import RunTls
 from system.kv.unsafe import ALLOW_ENV_VAR, CLIENT_CANARIES
 from system.kv.unsafe import CANARIES as STORE_CANARIES
 from system.raft.unsafe import VARIANTS as CORE_VARIANTS
@@ -70,6 +72,9 @@ class RunConfig:
     # False: no report.html (`explore` writes it only for failing runs: the plots cost
     # about as much CPU as a short simulated run)
     write_report: bool = True
+    # --tls: every node port mutual TLS, certificates from a CA made for this run alone
+    # (nemesis/tls_run.py; its keys never enter the run folder)
+    tls: bool = False
 
     def reproduce(self) -> str:
         faults = "all" if self.faults_all else ",".join(self.faults)
@@ -85,6 +90,8 @@ class RunConfig:
             parts.append(f"--read-consistency {self.read_consistency}")
         if self.workload == "kv":
             parts.append(f"--mix {format_mix(self.mix or DEFAULT_MIX)}")
+        if self.tls:
+            parts.append("--tls")
         if self.unsafe:
             # A canary runs only with the environment's permission: the line must carry it.
             parts.insert(0, f"{ALLOW_ENV_VAR}=1")
@@ -104,8 +111,8 @@ def prepare_platform(config: RunConfig) -> dict[str, Any]:
     return {"image": ensure_image()}
 
 
-def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | None = None
-                  ) -> Platform:
+def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | None = None,
+                  tls: RunTls | None = None) -> Platform:
     env: dict[str, str] = {}
     node_args = list(config.node_args)
     if config.unsafe and config.unsafe in STORE_CANARIES:
@@ -118,7 +125,7 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | No
     # lose-unsynced needs every node's data on a layer that holds writes until fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
                             node_args=tuple(node_args), env=env,
-                            lazy_disk="lose-unsynced" in config.faults)
+                            lazy_disk="lose-unsynced" in config.faults, tls=tls)
     if config.platform == "docker":
         from nemesis.platforms.docker import DockerPlatform
 
@@ -283,10 +290,14 @@ def run(config: RunConfig, out=None) -> int:  # noqa: ANN001 - a text stream
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    # Made before the signal handlers, removed after everything else, whatever ends the run.
+    tls = RunTls(run_id) if config.tls else None
     try:
         with _Signals() as signals:
-            return _run(config, run_dir, run_id, out, signals, prepared)
+            return _run(config, run_dir, run_id, out, signals, prepared, tls)
     finally:
+        if tls is not None:
+            tls.close()
         root.removeHandler(handler)
         handler.close()
 
@@ -356,7 +367,7 @@ def test_map(config: RunConfig, run_id: str, workload: Workload) -> dict[str, An
 
 
 def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C901
-         signals: _Signals, prepared: dict[str, Any]) -> int:
+         signals: _Signals, prepared: dict[str, Any], tls: RunTls | None = None) -> int:
     workload = make_workload(config)
     test = test_map(config, run_id, workload)
     _print(out, f"run folder: {run_dir}")
@@ -395,10 +406,14 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     nemesis: Nemesis | None = None
     ctx: RunContext | None = None
     try:
-        platform = make_platform(config, run_id, run_dir, **prepared)
+        platform = make_platform(config, run_id, run_dir, **prepared, tls=tls)
         check_platform(config.faults, platform)
-        _print(out, f"starting {config.nodes} nodes on {config.platform} ...")
+        _print(out, f"starting {config.nodes} nodes on {config.platform}"
+                    f"{' with mutual TLS' if tls is not None else ''} ...")
         platform.start()
+        if tls is not None:  # the certificate only: what the nodes presented can be checked
+            shutil.copyfile(tls.ca, run_dir / "ca.crt")
+            run_info["tls"] = {"ca_certificate": "ca.crt", "client": platform.client_tls.cert.name}
         leader = wait_for_start(platform, LEADER_TIMEOUT_S, run_dir / "nodes")
         _print(out, f"leader {leader}; running the {config.workload} workload for "
                     f"{config.duration_s:g} s with faults {','.join(config.faults)} "
@@ -406,8 +421,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         started = time.monotonic()
         deadline = started + config.duration_s
         ctx = RunContext(addresses=platform.client_addresses, history=history, seed=config.seed,
-                         platform=platform,
-                         deadline=deadline)
+                         platform=platform, deadline=deadline, tls=platform.client_tls)
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
                           interval_s=config.interval_s, record=record,
                           targets=workload if isinstance(workload, ProcessTargets) else None)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from histories.write import HistoryWriter
+from system.kv.tls import TlsFiles
 
 
 class WorkloadError(Exception):
@@ -34,6 +35,7 @@ class RunContext:
     deadline: float  # time.monotonic() at which clients stop invoking
     stop: threading.Event = field(default_factory=threading.Event)
     platform: Any = None  # the Platform (a workload with processes of its own runs them there)
+    tls: TlsFiles | None = None  # --tls: the clients' certificate (role client), key and CA
 
 
 @dataclass

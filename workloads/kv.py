@@ -232,7 +232,7 @@ class KVWorkload(Workload):
         # The client's own attempt timeout (short, doubling) gives up on a silent (paused,
         # cut) node well before the op's deadline and tries the next node, same request id.
         return KVClient(ordered, timeout_s=self.op_timeout_s, client_id=f"p{process}",
-                        unsafe=self.client_canary)
+                        unsafe=self.client_canary, tls=ctx.tls)
 
     def start(self, ctx: RunContext) -> None:
         for thread_no in range(self.concurrency):
@@ -358,7 +358,8 @@ class KVWorkload(Workload):
         operations) until it succeeds or `timeout_s` runs out."""
         deadline = time.monotonic() + timeout_s
         process = self.concurrency * 1_000_000  # far above any retired client's id
-        client = KVClient(ctx.addresses, timeout_s=self.op_timeout_s, client_id="final")
+        client = KVClient(ctx.addresses, timeout_s=self.op_timeout_s, client_id="final",
+                          tls=ctx.tls)
         read, failed = 0, []
         try:
             for key in list(self.pool.touched):

@@ -90,6 +90,7 @@ import json
 import logging
 import random
 import re
+import shutil
 import signal
 import threading
 import time
@@ -98,6 +99,8 @@ from typing import Any
 
 from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
 from system.kv.client import ATTEMPT_TIMEOUT_S, KVClient, KVError
+from system.kv.tls import TlsFiles
+from system.trainer import certs
 from system.trainer import checkpoint as codec
 from system.trainer.checkpoint_store import head_key
 from system.trainer.config import TrainConfig
@@ -148,6 +151,25 @@ def coordinator_process(cid: str, channel: str = "checkpoint") -> int:
     """c1-xxxx -> 101: a coordinator's integer process in the history (per channel)."""
     match = re.match(r"c(\d+)-", cid)
     return CHANNELS[channel] + (int(match.group(1)) if match else 99)
+
+
+def make_trainer_tls(store_client: TlsFiles, workers: int, coordinator_hosts: list[str]
+                     ) -> certs.TrainerTls:
+    """--tls: the trainer's certificates (system/trainer/certs.py: a coordinator
+    certificate every coordinator presents, one per worker, the run's own) from a CA of
+    their own, in `trainer/` of the run's temporary certificate directory (never the run
+    folder), and a copy of the store's client certificate, which every trainer process
+    presents to the store (`--kv-cert-file ...`). The trainer CA's key is deleted once they
+    are made: a restarted process reuses its name's certificate, so nothing else is signed,
+    and on Docker this directory is what the trainer containers see."""
+    directory = store_client.cert.parent / "trainer"
+    made = certs.generate(directory, workers, coordinator_hosts=coordinator_hosts)
+    (directory / "ca.key").unlink()
+    kv = TlsFiles(directory / "kv-client.crt", directory / "kv-client.key", directory / "kv-ca.crt")
+    for source, target in zip((store_client.cert, store_client.key, store_client.ca),
+                              (kv.cert, kv.key, kv.ca), strict=True):
+        shutil.copy2(source, target)  # the key keeps its 0600
+    return certs.TrainerTls(directory=made.directory, kv=kv)
 
 
 class _Run(TrainerRun):
@@ -304,11 +326,17 @@ class TrainerWorkload(Workload):
         run_dir = Path(ctx.history.path).parent / "trainer"
         run_dir.mkdir(parents=True, exist_ok=True)
         containers = None
+        trainer_tls = None
         if getattr(ctx.platform, "name", "") == "docker":  # the processes run where the nodes do
             containers = DockerTrainerProcesses(ctx.platform, run_dir.resolve())
+        if ctx.tls is not None:
+            trainer_tls = make_trainer_tls(ctx.tls, self.config.workers,
+                                           containers.coordinator_hosts() if containers else [])
+            if containers is not None:
+                containers.tls_dir = trainer_tls.directory
         self.run = _Run(self.config, standbys=self.standbys, nodes=dict(ctx.addresses),
                         containers=containers, run_dir=run_dir.resolve(), lease_s=self.lease_s,
-                        gradient_deadline_s=self.gradient_deadline_s)
+                        gradient_deadline_s=self.gradient_deadline_s, tls=trainer_tls)
         if self.unsafe:
             self.run.coordinator_args = ["--unsafe", self.unsafe]
             self.run.coordinator_env = {"MAO_ALLOW_UNSAFE": "1"}
@@ -900,7 +928,8 @@ class TrainerWorkload(Workload):
             self._open.pop(slot)
         key = head_key(self.config.job)
         deadline = time.monotonic() + timeout_s
-        client = KVClient(list(ctx.addresses.values()), timeout_s=3.0, client_id="final-read")
+        client = KVClient(list(ctx.addresses.values()), timeout_s=3.0, client_id="final-read",
+                          tls=ctx.tls)
         process = READ_PROCESS
         try:
             while True:

@@ -8,7 +8,13 @@ container carries the run's labels (kind `trainer`): the platform's close() and 
 nemesis clean` remove it with the nodes; `close()` here removes them first.
 
 The run folder's `trainer/` directory is bind-mounted at the same path (event logs,
-process logs, pause-point arm files): this part needs the engine on this machine.
+process logs, pause-point arm files): this part needs the engine on this machine. With
+`--tls`, so is the trainer's certificate directory (`tls_dir`, read-only, at the same path:
+the flags name host paths); it lives in the run's temporary directory, never in the run
+folder, and holds the trainer's certificates and keys and the store's client certificate
+— not the CA keys, the store nodes' or the admin's. The coordinator certificate names
+every address a trainer container can get (.101 to .249 of the run's /24): a worker checks
+the address in the lease record, and a coordinator gets whichever address is next.
 
 Faults, as on the store's nodes: kill = SIGKILL of the container; pause = the cgroup
 freezer (`docker pause`); a coordinator stopped at a pause point (it SIGSTOPs itself; the
@@ -34,6 +40,7 @@ from system.trainer.blas import BLAS_THREAD_VARIABLES
 
 COORDINATOR_PORT = 7100
 FIRST_HOST = 101  # trainer containers' addresses: .101, .102, ... of the run's /24
+LAST_HOST = 249
 POLL_CACHE_S = 0.2  # an engine call per process at most this often (the supervisor polls)
 
 
@@ -86,6 +93,11 @@ class DockerTrainerProcesses:
         self._next = FIRST_HOST
         self._count = 0
         self.procs: list[ContainerProcess] = []
+        self.tls_dir: Path | None = None  # --tls: the trainer's certificates (read-only)
+
+    def coordinator_hosts(self) -> list[str]:
+        """Every address a trainer container may get: what a coordinator certificate names."""
+        return [str(self._network.network_address + i) for i in range(FIRST_HOST, LAST_HOST + 1)]
 
     def start(self, name: str, args: list[str], log_path: Path,
               extra_env: dict[str, str] | None) -> ContainerProcess:
@@ -93,7 +105,7 @@ class DockerTrainerProcesses:
 
         ip = str(self._network.network_address + self._next)
         self._next += 1
-        if self._next >= 250:
+        if self._next > LAST_HOST:
             self._next = FIRST_HOST  # long runs reuse the addresses of exited processes
         if args and args[0] == "coordinator":
             args = [*args, "--listen", f"{ip}:{COORDINATOR_PORT}"]
@@ -105,7 +117,9 @@ class DockerTrainerProcesses:
         container_name = f"{self.platform.prefix}-{name}-{self._count}"
         host_config = api.create_host_config(
             cap_add=["NET_ADMIN"], network_mode=self.platform.network_name, init=True,
-            binds={str(self.run_dir): {"bind": str(self.run_dir), "mode": "rw"}})
+            binds={str(self.run_dir): {"bind": str(self.run_dir), "mode": "rw"},
+                   **({str(self.tls_dir): {"bind": str(self.tls_dir), "mode": "ro"}}
+                      if self.tls_dir is not None else {})})
         networking = api.create_networking_config(
             {self.platform.network_name: api.create_endpoint_config(ipv4_address=ip)})
         try:

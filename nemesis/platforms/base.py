@@ -22,8 +22,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from system.kv.proto import kv_pb2
+
+if TYPE_CHECKING:
+    from nemesis.tls_run import RunTls
+    from system.kv.tls import TlsFiles
 
 
 def last_line(text: str, limit: int = 300) -> str:
@@ -56,7 +61,10 @@ class ClusterConfig:
     copied under `work_dir/nodes/` by `collect_logs`. `node_args` go to every `serve`
     (e.g. `--unsafe no-dedup`); `env` is added to every node's environment (e.g.
     MAO_ALLOW_UNSAFE=1). `lazy_disk` puts every node's data directory on a layer that
-    holds writes until fsync (the `lose-unsynced` fault needs it: `power_loss`).
+    holds writes until fsync (the `lose-unsynced` fault needs it: `power_loss`). `tls`
+    (`--tls`): the run's certificate directory, which the platform fills before a node
+    starts (it knows where they are reached) and every node, probe, client and membership
+    step then uses.
     """
 
     nodes: int
@@ -65,6 +73,7 @@ class ClusterConfig:
     node_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     lazy_disk: bool = False
+    tls: RunTls | None = None
 
 
 class Platform(abc.ABC):
@@ -199,6 +208,19 @@ class Platform(abc.ABC):
         """The last line an exited node printed (its refusal to start, say), or ''."""
         return ""
 
+    # ----- TLS (--tls) ---------------------------------------------------------------
+
+    @property
+    def client_tls(self) -> TlsFiles | None:
+        """The workload's certificate (role client), once `start()` made it; None
+        without TLS."""
+        return self.config.tls.client if self.config.tls is not None else None
+
+    @property
+    def admin_tls(self) -> TlsFiles | None:
+        """The certificate membership changes need (role admin); None without TLS."""
+        return self.config.tls.admin if self.config.tls is not None else None
+
     # ----- membership ----------------------------------------------------------------
 
     def supports_membership(self) -> bool:
@@ -213,7 +235,7 @@ class Platform(abc.ABC):
 
         address = self.member_address(node_id) if action == "add" else ""
         member_client.change(list(self.client_addresses.values()), action, node_id, address,
-                             timeout_s=timeout_s)
+                             timeout_s=timeout_s, tls=self.admin_tls)
 
     def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
         """(voters, learners) in effect on the leader. Raises MembershipTimeout when no
@@ -221,7 +243,8 @@ class Platform(abc.ABC):
         from system.kv import member_client
 
         st = member_client.status_with_leader(list(self.client_addresses.values()),
-                                              timeout_s=timeout_s, leader_only=True)
+                                              timeout_s=timeout_s, leader_only=True,
+                                              tls=self.client_tls)
         return set(st.voters), set(st.learners)
 
     # ----- network -------------------------------------------------------------------

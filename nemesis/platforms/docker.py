@@ -29,6 +29,13 @@ What it does:
   platform has installed the current rules of that node, so a node restarted inside a
   partition stays partitioned from its first packet;
 - `supports_delay()` is False: tc netem is absent on these machines.
+- with `tls` (`run --tls`), `start()` makes the run's certificates once the addresses are
+  known — each node's names its id, its container's name, its address on the run's network
+  and 127.0.0.1 (where the published port is reached) — and copies each node's key,
+  certificate and the CA certificate into its container at TLS_DIR (`put_archive`, before
+  the first start: no bind mount, so a remote engine works too; the key 0600, and only that
+  node's). Nodes then serve both ports with mutual TLS; the Status probe, the workload and
+  the membership steps present the run's client or admin certificate.
 - with `lazy_disk`, the container also gets /dev/fuse and CAP_SYS_ADMIN, and its shell
   (pid 1, no longer exec'd away) mounts the lazy layer (`nemesis.lazyfs`) at LAZY_DATA_DIR
   over DATA_DIR on the volume, runs the node on LAZY_DATA_DIR, and when the node exits
@@ -70,8 +77,10 @@ from nemesis.platforms.base import (
     last_line,
 )
 from nemesis.platforms.image import LABEL_KIND, LABEL_PROJECT, PROJECT, ensure_image
+from nemesis.tls_run import node_flags
 from system.kv.proto import kv_pb2
 from system.kv.status_probe import StatusProbe
+from system.kv.tls import TlsFiles
 from system.ports import free_ports
 
 LABEL_RUN = "mao.run"
@@ -89,6 +98,7 @@ LAZY_CONTROL = f"{READY_DIR}/lazyfs.sock"
 LAZY_FLUSH = (f"if [ -S {LAZY_CONTROL} ]; then "  # no layer up yet: nothing to flush
               f"python3 -m nemesis.lazyfs flush {LAZY_CONTROL} >/dev/null; fi")
 SUBNET_POOL = ipaddress.ip_network("10.213.0.0/16")
+TLS_DIR = "/etc/mao-tls"  # in the container's own filesystem: it lives as long as the container
 START_GATE_S = 60  # a node whose rules were not installed by then exits 75
 T = TypeVar("T")
 
@@ -336,6 +346,12 @@ class DockerPlatform(Platform):
         hosts = list(subnet.hosts())
         for i, node_id in enumerate(self.node_ids, start=1):
             self._ips[node_id] = str(hosts[9 + i])  # .11, .12, ...
+        if self.config.tls is not None:
+            self.config.tls.generate({n: [f"{self.prefix}-{n}", self._ips[n]]
+                                      for n in self.node_ids})
+            with contextlib.suppress(Exception):
+                self._probe.close()
+            self._probe = StatusProbe(tls=self.client_tls)
         for node_id in self.node_ids:
             self._create_node(node_id, image)
         for node_id in self.node_ids:
@@ -400,7 +416,7 @@ class DockerPlatform(Platform):
                  "--peer-listen", f"{self._ips[node_id]}:{PEER_PORT}",
                  *(["--peer-links", links] if others else []),
                  "--data-dir", LAZY_DATA_DIR if self.config.lazy_disk else DATA_DIR,
-                 "--log-file", LOG_FILE, *self.config.node_args]
+                 "--log-file", LOG_FILE, *self._tls_flags(node_id), *self.config.node_args]
         # The gate: the node starts only once the platform has installed its link rules in
         # this (fresh) network namespace and touched READY_DIR/ready.
         gate = (f'i=0; while [ ! -e {READY_DIR}/ready ]; do i=$((i+1)); '
@@ -410,6 +426,37 @@ class DockerPlatform(Platform):
         if not self.config.lazy_disk:
             return ["sh", "-c", gate + 'exec "$@"', "gate", *serve]
         return ["sh", "-c", self._lazy_script(node_id, gate), "gate", *serve]
+
+    def _tls_flags(self, node_id: str) -> list[str]:
+        if self.config.tls is None:
+            return []
+        return node_flags(TlsFiles(Path(TLS_DIR, f"{node_id}.crt"), Path(TLS_DIR, f"{node_id}.key"),
+                                   Path(TLS_DIR, "ca.crt")))
+
+    def _copy_tls(self, node_id: str, container) -> None:  # noqa: ANN001 - a docker Container
+        """This node's certificate and key and the CA certificate into its container."""
+        import docker.errors
+
+        if self.config.tls is None:
+            return
+        files = self.config.tls.files(node_id)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            folder = tarfile.TarInfo(TLS_DIR.strip("/"))
+            folder.type, folder.mode = tarfile.DIRTYPE, 0o700
+            tar.addfile(folder)
+            for source, name, mode in ((files.cert, f"{node_id}.crt", 0o644),
+                                       (files.key, f"{node_id}.key", 0o600),
+                                       (files.ca, "ca.crt", 0o644)):
+                data = source.read_bytes()
+                info = tarfile.TarInfo(f"{TLS_DIR.strip('/')}/{name}")
+                info.size, info.mode = len(data), mode
+                tar.addfile(info, io.BytesIO(data))
+        try:
+            container.put_archive("/", buffer.getvalue())
+        except docker.errors.APIError as exc:
+            raise PlatformError(f"could not copy {node_id}'s certificates into "
+                                f"{container.name}: {_one_line(exc)}") from None
 
     def _lazy_script(self, node_id: str, gate: str) -> str:
         """The shell stays pid 1: it mounts the layer, runs the node, forwards SIGTERM to
@@ -466,6 +513,7 @@ class DockerPlatform(Platform):
                                 f"If an earlier run with this id crashed, run "
                                 f"`python -m nemesis clean`.") from None
         self._containers[node_id] = self.client.containers.get(created["Id"])
+        self._copy_tls(node_id, self._containers[node_id])
         self._ports[node_id] = port
         self._applied[node_id] = None
 

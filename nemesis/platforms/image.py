@@ -258,8 +258,10 @@ def _requirement_api():  # noqa: ANN202
 # the build imports the node's modules in the image, so a missing one fails the build. The
 # harness's own dependencies (matplotlib, scikit-learn, ...) stay out of the image.
 # The trainer's coordinators and workers (`python -m system.trainer`) need numpy,
-# threadpoolctl and tabulate (its CLI) besides; the lazy disk (`nemesis.lazyfs`) mfusepy.
-NODE_PACKAGES = ("grpcio", "protobuf", "crc32c", "numpy", "threadpoolctl", "tabulate", "mfusepy")
+# threadpoolctl and tabulate (its CLI) besides; the lazy disk (`nemesis.lazyfs`) mfusepy;
+# every node cryptography (system/kv/tls.py, imported by the node whether or not it runs TLS).
+NODE_PACKAGES = ("grpcio", "protobuf", "crc32c", "numpy", "threadpoolctl", "tabulate", "mfusepy",
+                 "cryptography")
 
 
 def runtime_requirements() -> list[str]:

@@ -34,6 +34,8 @@ from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, last_
 from nemesis.platforms.lazy_mount import LazyMount, force_unmount, lazy_mounts
 from nemesis.platforms.local_cluster import LocalCluster
 from nemesis.platforms.tcp_proxy import ProxyMode
+from nemesis.tls_run import TEMP_PREFIX as TLS_PREFIX
+from nemesis.tls_run import peer_flags
 from system.kv.proto import kv_pb2
 
 RUN_ENV_VAR = "MAO_RUN_ID"
@@ -51,8 +53,15 @@ class LocalPlatform(Platform):
         (self._data_root / OWNER_FILE).write_text(str(os.getpid()))
         env = dict(config.env)
         env[RUN_ENV_VAR] = config.run_id
+        per_node: dict[str, list[str]] = {}
+        if config.tls is not None:
+            # Every node is reached at 127.0.0.1 (clients directly, peers through the link
+            # proxies), which every node certificate names; peers check the node id.
+            config.tls.generate({node_id: [] for node_id in self.node_ids})
+            per_node = {n: peer_flags(config.tls.files(n)) for n in self.node_ids}
         self.cluster = LocalCluster(config.nodes, self._data_root, node_args=config.node_args,
-                                    env=env, proxy_peer_links=True)
+                                    per_node_args=per_node, env=env, proxy_peer_links=True,
+                                    tls_dir=config.tls.directory if config.tls else None)
         # The layer carries the run's id and our pid like a node, so `clean` kills it too.
         mount_env = {RUN_ENV_VAR: config.run_id, "KV_PARENT_PID": str(os.getpid())}
         self._mounts: dict[str, LazyMount] = {}
@@ -258,7 +267,11 @@ def clean(run_id: str | None = None) -> list[str]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(int(entry.name), signal.SIGKILL)
             removed.append(f"process {entry.name} (run {found})")
-    for path in Path(tempfile.gettempdir()).glob(f"{TEMP_PREFIX}{run_id or ''}*"):
+    # The run's own data directories, and the certificate directories of --tls runs
+    # (nemesis/tls_run.py; on either platform), both owned the same way.
+    leftovers = [(prefix, path) for prefix in (TEMP_PREFIX, TLS_PREFIX)
+                 for path in Path(tempfile.gettempdir()).glob(f"{prefix}{run_id or ''}*")]
+    for prefix, path in leftovers:
         if not path.is_dir():
             continue
         if run_id is None:
@@ -266,7 +279,7 @@ def clean(run_id: str | None = None) -> list[str]:
                 owner = (path / OWNER_FILE).read_text().strip()
             except OSError:
                 owner = ""
-            if _alive(owner) or any(path.name.startswith(f"{TEMP_PREFIX}{r}-") for r in live_runs):
+            if _alive(owner) or any(path.name.startswith(f"{prefix}{r}-") for r in live_runs):
                 continue
         for mountpoint in lazy_mounts():  # a layer we killed above leaves a dead mount
             if mountpoint.is_relative_to(path.resolve()):

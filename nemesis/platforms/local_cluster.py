@@ -68,9 +68,11 @@ class LocalCluster(local_cluster.LocalCluster):
         env: Mapping[str, str] | None = None,
         proxy_peer_links: bool = False,
         tcp_peers: bool = True,
+        tls_dir: Path | None = None,
     ) -> None:
         super().__init__(nodes, base_dir, base_port=base_port, host=host, node_args=node_args,
-                         per_node_args=per_node_args, env=env, tcp_peers=tcp_peers)
+                         per_node_args=per_node_args, env=env, tcp_peers=tcp_peers,
+                         tls_dir=tls_dir)
         # With proxy_peer_links, node i reaches node j through its own proxy (i, j), so a
         # test can cut any directed link: a partition on one machine.
         self.link_proxies: dict[tuple[str, str], LinkProxy] = {}

@@ -131,6 +131,8 @@ def _overview(data: RunData) -> str:
         ("nodes / platform", f"{config.get('nodes', '?')} on {config.get('platform', '?')}"),
         ("duration", f"{config.get('duration_s', '?')} s asked, {data.duration_s:.1f} s recorded"),
         ("seed", config.get("seed", "?")),
+        ("transport", "mutual TLS on every node port, certificates of a CA made for this run "
+                      "(its certificate: ca.crt)" if config.get("tls") else "plaintext"),
         ("harness commit", test.get("source_version", "?")),
     ]
     if config.get("unsafe"):

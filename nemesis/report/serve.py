@@ -7,6 +7,11 @@
     /archive/<run path>.tar.gz  the run folder as an archive
 
 Bound to 127.0.0.1 unless told otherwise: run folders hold node logs and command lines.
+Bound to anything else it serves nothing without its token (`make_server(..., token=)`;
+the command line prints one it drew, or takes `--token` / NEMESIS_SERVE_TOKEN): given once
+as `?token=` it becomes an HttpOnly, SameSite=Strict cookie (and the URL loses it), or sent
+as `Authorization: Bearer TOKEN`; compared in constant time; anything else is a 401 with one
+line saying how to get in. On loopback a token is checked only if one was given.
 Must never serve anything outside the store: every path is decoded once, refused if any
 segment is `..` (or hides a separator or NUL), then resolved (symlinks included) and
 refused unless it is still inside the store's resolved root.
@@ -14,18 +19,22 @@ refused unless it is still inside the store's resolved root.
 
 from __future__ import annotations
 
+import hmac
 import html
 import io
+import ipaddress
 import logging
 import mimetypes
+import re
 import tarfile
 import threading
 from dataclasses import dataclass
 from http import HTTPStatus
+from http.cookies import CookieError, SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from nemesis.report.data import CRASHED, verdict_of
 from nemesis.store import read_json
@@ -157,11 +166,33 @@ def _listing(store: Path, folder: Path) -> str:
                  f"<ul>{''.join(items)}</ul>")
 
 
+TOKEN_ENV = "NEMESIS_SERVE_TOKEN"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server on this machine. A name other than
+    `localhost`, or 0.0.0.0 / :: (every interface), is not."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _same(given: str, token: str) -> bool:
+    # bytes: compare_digest refuses non-ASCII str, and a request can carry any
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
+
+
 class StoreHandler(BaseHTTPRequestHandler):
     store: Path  # set on the subclass made by make_server
+    token: str | None = None  # when set, nothing is served without it
     server_version = "nemesis-serve"
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.token is not None and not self._authorised():
+            return
         path = urlsplit(self.path).path
         try:
             if path in ("/", "/index.html"):
@@ -175,6 +206,53 @@ class StoreHandler(BaseHTTPRequestHandler):
             return self._error(HTTPStatus.NOT_FOUND, "no such page")
         except UnicodeDecodeError:
             return self._error(HTTPStatus.BAD_REQUEST, "the path is not valid UTF-8")
+
+    # --- the token ------------------------------------------------------------------------
+
+    def _cookie_name(self) -> str:
+        # cookies ignore the port: two servers on one host must not overwrite each other's
+        return f"nemesis_token_{self.server.server_address[1]}"
+
+    def _authorised(self) -> bool:
+        """True if the request carries the token; otherwise answers it (401, or the
+        redirect that swaps a `?token=` for the cookie) and returns False."""
+        assert self.token is not None
+        header = self.headers.get("Authorization", "")
+        if header[:7].lower() == "bearer " and _same(header[7:].strip(), self.token):
+            return True
+        try:
+            morsel = SimpleCookie(self.headers.get("Cookie", "")).get(self._cookie_name())
+        except CookieError:
+            morsel = None
+        if morsel is not None and _same(morsel.value, self.token):
+            return True
+        url = urlsplit(self.path)
+        query = parse_qsl(url.query, keep_blank_values=True)
+        given = [value for name, value in query if name == "token"]
+        if given and _same(given[-1], self.token):
+            # the cookie from now on, and the token out of the address bar and history
+            rest = urlencode([(n, v) for n, v in query if n != "token"])
+            self.send_response(HTTPStatus.SEE_OTHER)
+            self.send_header("Set-Cookie", f"{self._cookie_name()}={self.token}; Path=/; "
+                                           "HttpOnly; SameSite=Strict")
+            self.send_header("Location", url.path + (f"?{rest}" if rest else ""))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return False
+        why = ("wrong token" if given or header or morsel is not None else "no token")
+        log.warning("%s refused: %s", self.address_string(), why)
+        body = (f"401 Unauthorized ({why}): this store browser needs its token: open the "
+                f"address `python -m nemesis serve` printed (ending ?token=...), or send "
+                f"'Authorization: Bearer TOKEN'\n").encode()
+        self.send_response(HTTPStatus.UNAUTHORIZED)
+        self.send_header("WWW-Authenticate", 'Bearer realm="nemesis serve"')
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        return False
+
+    # --- the store --------------------------------------------------------------------------
 
     def _run_file(self, relative: str, wants_folder: bool) -> None:
         target = resolve_inside(self.store, relative)
@@ -235,18 +313,34 @@ class StoreHandler(BaseHTTPRequestHandler):
         log.info("%s %s", self.address_string(), format % args)
 
 
-def make_server(store: Path, host: str = "127.0.0.1", port: int = 8080) -> ThreadingHTTPServer:
-    handler = type("BoundStoreHandler", (StoreHandler,), {"store": Path(store)})
+_TOKEN_SHAPE = re.compile(r"[A-Za-z0-9._~-]{16,}")
+
+
+class TokenRequired(ValueError):
+    """make_server was asked to listen beyond loopback without a token."""
+
+
+def make_server(store: Path, host: str = "127.0.0.1", port: int = 8080,
+                token: str | None = None) -> ThreadingHTTPServer:
+    """The store browser on host:port. Beyond loopback it needs `token` (refused without
+    one, so no caller can open run folders to the network by forgetting it); on loopback a
+    given token is checked all the same."""
+    if token is not None and not _TOKEN_SHAPE.fullmatch(token):
+        raise TokenRequired("a token must be at least 16 characters of A-Z a-z 0-9 - _ . ~ "
+                            "(it goes into a URL and a cookie as it is)")
+    if token is None and not is_loopback(host):
+        raise TokenRequired(f"serving on {host} (beyond this machine) needs a token")
+    handler = type("BoundStoreHandler", (StoreHandler,), {"store": Path(store), "token": token})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
 
 
-def serve_in_thread(store: Path, host: str = "127.0.0.1", port: int = 0
-                    ) -> tuple[ThreadingHTTPServer, threading.Thread]:
+def serve_in_thread(store: Path, host: str = "127.0.0.1", port: int = 0,
+                    token: str | None = None) -> tuple[ThreadingHTTPServer, threading.Thread]:
     """For tests and embedding: a server on its own thread; stop with server.shutdown()
     and server.server_close()."""
-    server = make_server(store, host, port)
+    server = make_server(store, host, port, token)
     thread = threading.Thread(target=server.serve_forever, name="nemesis-serve", daemon=True)
     thread.start()
     return server, thread
