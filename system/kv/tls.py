@@ -303,7 +303,7 @@ def _general_names(sans: Iterable[str]) -> list[x509.GeneralName]:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
