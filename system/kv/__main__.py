@@ -617,7 +617,11 @@ async def _serve_until_signal(node) -> int:  # noqa: ANN001 - a Node
                                "peers": ",".join(f"{k}={v}" for k, v in node.config.peers.items()),
                                "peer_listen": node.config.peer_listen_address,
                                "peer_links": ",".join(f"{k}={v}" for k, v in node.config.peer_links.items()),
-                               "unsafe": node.config.unsafe_mode or ""})
+                               "unsafe": node.config.unsafe_mode or "",
+                               # what an operator checks first when a peer or client is refused
+                               "tls": (f"mutual, certificate {node.config.tls.client.cert}, "
+                                       f"CA {node.config.tls.client.ca}"
+                                       if node.config.tls else "off (plaintext)")})
     await stop.wait()
     log.info("stopping: refusing new requests, finishing in-flight ones",
              extra={"node": node.config.node_id})

@@ -263,10 +263,16 @@ class TcpPeerSender(PeerSender):
                 return (f"peer {peer}'s certificate is not signed by this node's CA "
                         f"{tls.ca}: both nodes need the same --peer-trusted-ca-file")
             return f"peer {peer}'s certificate is refused: {exc.verify_message}"
-        if isinstance(exc, (ssl.SSLError, ConnectionResetError)):
+        if isinstance(exc, ssl.SSLError):
             return (f"TLS handshake with peer {peer} at {self.address} failed "
                     f"({str(exc) or type(exc).__name__}): "
                     f"check that {peer} serves TLS on its peer port")
+        if isinstance(exc, ConnectionResetError):
+            # A plaintext port resets a ClientHello, but so does a network cut or a
+            # proxy dropping the link: say both, rather than blame the configuration.
+            return (f"the connection to peer {peer} at {self.address} was reset during the "
+                    f"TLS handshake: the network or a proxy cut it, or {peer} does not "
+                    "serve TLS on its peer port")
         return repr(exc)[:300]
 
     async def _names_instead(self) -> str:

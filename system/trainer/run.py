@@ -110,6 +110,10 @@ class TrainerRun:
             self.cluster.start()
             self.cluster.wait_for_leader(timeout_s=30)
             self.kv_addresses = self.cluster.addresses
+        if self.generate_tls:
+            # Every certificate of the run exists now: the throw-away CA's key would only
+            # let whoever reads the run directory mint more.
+            (self.tls.directory / "ca.key").unlink(missing_ok=True)
         self.kv = KVClient(self.kv_addresses, timeout_s=5.0, client_id="trainer-run",
                            tls=self.tls.kv_files(certs.RUN) if self.tls is not None else None)
         try:

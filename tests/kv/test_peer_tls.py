@@ -330,7 +330,7 @@ def test_a_tls_sender_at_a_plaintext_peer_port_is_told_apart_from_a_stray_client
     [line] = refusals(caplog)
     assert "a TLS connection at a peer port without TLS" in line.reason
     [failure] = [r for r in caplog.records if r.getMessage().startswith("peer unreachable")]
-    assert "check that n2 serves TLS on its peer port" in failure.reason
+    assert "n2 does not serve TLS on its peer port" in failure.reason
 
 
 def test_a_peer_refused_again_and_again_is_one_line_not_a_flood(

@@ -177,6 +177,7 @@ def test_a_run_with_tls_everywhere_refuses_intruders_and_ends_bit_for_bit(tmp_pa
         run.start()
         ours = run.run_dir / "tls"
         assert (ours / "ca.crt").exists() and run.cluster.tls_dir == ours
+        assert not (ours / "ca.key").exists(), "the throw-away CA key must not outlive the start"
         assert all("--cert-file" in proc.args for proc in run.procs.values())
         # A coordinator answers Status over TLS, to the run's own certificate.
         status = run.wait_until(run.status, 60, "a coordinator's Status over TLS")
