@@ -103,7 +103,8 @@ class EtcdCluster:
             if any(v is None for v in views):
                 return None
             leaders = {v.leader_id for v in views}  # type: ignore[union-attr]
-            return leaders.pop() if len(leaders) == 1 and "" not in leaders else None
+            leader = leaders.pop() if len(leaders) == 1 else ""
+            return leader if leader in self.procs else None  # a killed one is no answer
         return wait_for("a leader all running members agree on", agreed, timeout_s)  # type: ignore[return-value]
 
 

@@ -74,31 +74,47 @@ def _members(response: object) -> list[Member]:
             for m in response.members]  # type: ignore[attr-defined]
 
 
+# Refusals etcd gives before proposing a change, that pass with time (strict reconfig
+# check, etcd 3.4's default): "unhealthy cluster" until the leader has been connected to
+# every member for 5 s (so also just after start), "not enough started members" while a
+# removal or promotion would leave too few voters up. Retried until the deadline.
+TRANSIENT = ("etcdserver: unhealthy cluster",
+             "etcdserver: re-configuration failed due to not enough started members")
+
+
 def _cluster_call(addresses: Sequence[str], method: str, request: object, *, timeout_s: float,
-                  tls: TlsFiles | None, what: str) -> object:
-    """`method` on the first member of `addresses` that answers; MemberError with the
-    last member's error once every one failed or the deadline passed."""
+                  tls: TlsFiles | None, what: str, retry_on: Sequence[str] = TRANSIENT,
+                  retry_every_s: float = 0.2) -> object:
+    """`method` on the first member of `addresses` that answers, again after a refusal
+    in `retry_on` until `timeout_s`; MemberError with the last error otherwise."""
     if not addresses:
         raise MemberError(f"{what}: no member address given")
     deadline = time.monotonic() + timeout_s
     last = ""
-    for address in addresses:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        channel = _channel(address, tls)
-        try:
-            stub = etcd_pb2_grpc.ClusterStub(channel)
-            return getattr(stub, method)(request, timeout=remaining, metadata=REQUIRE_LEADER)
-        except grpc.RpcError as exc:
-            last = f"{address}: {exc.code().name} {exc.details()}"
-            if outcome_of(exc.code(), exc.details() or "") != "not-applied":
-                # Refused (another member would say the same), or sent and unanswered: a
-                # change that may commit is never sent twice.
+    while True:
+        for address in addresses:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 break
-        finally:
-            channel.close()
-    raise MemberError(f"{what} failed: {last or 'deadline passed before any member answered'}")
+            channel = _channel(address, tls)
+            try:
+                stub = etcd_pb2_grpc.ClusterStub(channel)
+                return getattr(stub, method)(request, timeout=remaining, metadata=REQUIRE_LEADER)
+            except grpc.RpcError as exc:
+                details = exc.details() or ""
+                last = f"{address}: {exc.code().name} {details}"
+                if any(message in details for message in retry_on):
+                    break  # refused before proposing, for now: wait, then ask again
+                if outcome_of(exc.code(), details) != "not-applied":
+                    # Refused for good (another member would say the same), or sent and
+                    # unanswered: a change that may commit is never sent twice.
+                    raise MemberError(f"{what} failed: {last}") from None
+            finally:
+                channel.close()
+        if time.monotonic() + retry_every_s >= deadline:
+            raise MemberError(f"{what} failed within {timeout_s:g} s: "
+                              f"{last or 'no member answered'}")
+        time.sleep(retry_every_s)
 
 
 def member_list(addresses: Sequence[str], *, timeout_s: float = 5.0,
@@ -117,7 +133,7 @@ def find_member(members: Sequence[Member], name_or_peer_url: str) -> Member | No
     return None
 
 
-def add_learner(addresses: Sequence[str], peer_url: str, *, timeout_s: float = 5.0,
+def add_learner(addresses: Sequence[str], peer_url: str, *, timeout_s: float = 15.0,
                 tls: TlsFiles | None = None) -> Member:
     """Add a learner reached at `peer_url` (http(s)://host:port); returns it (its id; no
     name until it starts). Start it with `--initial-cluster-state existing` and an
@@ -142,33 +158,29 @@ def initial_cluster(members: Sequence[Member], name: str, peer_url: str) -> str:
 
 
 def promote(addresses: Sequence[str], name_or_peer_url: str, *, timeout_s: float = 30.0,
-            tls: TlsFiles | None = None, retry_every_s: float = 0.2) -> Member:
+            tls: TlsFiles | None = None) -> Member:
     """Promote the learner to a voting member, retrying while etcd says it is not yet in
     sync with the leader, until `timeout_s`. Returns the member as promoted."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        remaining = deadline - time.monotonic()
-        target = find_member(member_list(addresses, timeout_s=max(remaining, 0.5), tls=tls),
-                             name_or_peer_url)
-        if target is None:
-            raise MemberError(f"promote {name_or_peer_url}: no such member")
-        if not target.is_learner:
-            return target  # already a voter (an earlier attempt that timed out committed)
-        try:
-            _cluster_call(addresses, "MemberPromote", etcd_pb2.MemberPromoteRequest(ID=target.id),
-                          timeout_s=max(deadline - time.monotonic(), 0.5), tls=tls,
-                          what=f"promoting {name_or_peer_url} ({target.hex_id})")
-            return Member(target.id, target.name, target.peer_urls, target.client_urls, False)
-        except MemberError as exc:
-            if LEARNER_NOT_READY not in str(exc) or time.monotonic() + retry_every_s >= deadline:
-                if LEARNER_NOT_READY in str(exc):
-                    raise MemberError(f"promoting {name_or_peer_url}: the learner did not catch "
-                                      f"up with the leader within {timeout_s:g} s ({exc})") from None
-                raise
-            time.sleep(retry_every_s)
+    target = find_member(member_list(addresses, timeout_s=timeout_s, tls=tls), name_or_peer_url)
+    if target is None:
+        raise MemberError(f"promote {name_or_peer_url}: no such member")
+    if not target.is_learner:
+        return target  # already a voter (an earlier attempt that timed out committed)
+    try:
+        _cluster_call(addresses, "MemberPromote", etcd_pb2.MemberPromoteRequest(ID=target.id),
+                      timeout_s=max(deadline - time.monotonic(), 0.5), tls=tls,
+                      what=f"promoting {name_or_peer_url} ({target.hex_id})",
+                      retry_on=(*TRANSIENT, LEARNER_NOT_READY))
+    except MemberError as exc:
+        if LEARNER_NOT_READY in str(exc):
+            raise MemberError(f"promoting {name_or_peer_url}: the learner did not catch up "
+                              f"with the leader within {timeout_s:g} s ({exc})") from None
+        raise
+    return Member(target.id, target.name, target.peer_urls, target.client_urls, False)
 
 
-def remove(addresses: Sequence[str], name_or_peer_url: str, *, timeout_s: float = 5.0,
+def remove(addresses: Sequence[str], name_or_peer_url: str, *, timeout_s: float = 15.0,
            tls: TlsFiles | None = None) -> None:
     """Remove a member (voter or learner) by name or peer URL."""
     target = find_member(member_list(addresses, timeout_s=timeout_s, tls=tls), name_or_peer_url)
