@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from nemesis.systems.etcd import members
-from nemesis.systems.etcd.client import EtcdClient, TlsFailure
+from nemesis.systems.etcd.client import EtcdClient, NotFound, TlsFailure
 from nemesis.systems.etcd.node import EtcdMember, data_files, version
 from system.ports import free_ports
 from tests.systems.conftest import wait_for
@@ -49,9 +49,13 @@ def test_learner_added_started_promoted_and_removed(etcd_cluster_factory):
     assert members.membership(addresses) == ({"e1", "e2", "e3", "e4"}, set())
     with EtcdClient(cluster.addresses, timeout_s=10.0) as client:
         client.put("after-promote", b"x")
-        wait_for("e4 to serve the write",
-                 lambda: client.get("after-promote", consistency="stale", via="e4").version == 1,
-                 10.0)
+        def e4_has_it() -> bool:
+            try:
+                r = client.get("after-promote", consistency="stale", via="e4")
+            except NotFound:
+                return False  # not applied there yet
+            return r.node_id == "e4" and r.version == 1
+        wait_for("e4 to serve the write", e4_has_it, 10.0)
     members.remove(addresses, "e4")
     assert members.membership(addresses) == ({"e1", "e2", "e3"}, set())
     with pytest.raises(members.MemberError, match="no such member"):
