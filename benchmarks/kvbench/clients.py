@@ -16,7 +16,8 @@ from typing import Protocol
 
 import grpc
 
-from benchmarks.kvbench import etcd_rpc_pb2, etcd_rpc_pb2_grpc
+from nemesis.systems.etcd.proto import etcd_pb2 as etcd_rpc_pb2
+from nemesis.systems.etcd.proto import etcd_pb2_grpc as etcd_rpc_pb2_grpc
 from system.kv.client import SESSION_MAX_PAYLOAD_BYTES
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.kvbench import etcd_rpc_pb2, etcd_rpc_pb2_grpc
 from benchmarks.kvbench.clients import ClientKind, sync_channel
 from benchmarks.kvbench.processes import ManagedProcess
 from benchmarks.kvbench.target import CLUSTER_SIZE, Target
+from nemesis.systems.etcd.proto import etcd_pb2 as etcd_rpc_pb2
+from nemesis.systems.etcd.proto import etcd_pb2_grpc as etcd_rpc_pb2_grpc
 from system.ports import free_ports
 
 SETUP_HINT = "run `bash benchmarks/setup_kv_bench.sh` (installs Debian's etcd-server)"
