@@ -18,6 +18,17 @@ if ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
         echo "note: chromium/chromedriver missing and not root: the browser tests will skip"
     fi
 fi
+# etcd (Debian's etcd-server) is the second system the harness tests (nemesis/systems/etcd/)
+# and the benchmark's peer; its tests skip, saying so, where it cannot be installed.
+if ! command -v etcd >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing etcd-server (Debian) for the etcd system's tests"
+        apt-cache show etcd-server >/dev/null 2>&1 || apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+    else
+        echo "note: etcd missing and not root: the etcd system's tests will skip"
+    fi
+fi
 if python3 -c 'import sys; from nemesis.platforms.docker import docker_available; ok, why = docker_available(); print("docker:", why); sys.exit(0 if ok else 1)'; then
     python3 -m nemesis.platforms.image
 fi
