@@ -53,7 +53,7 @@ def _config(tmp_path: Path) -> runner.RunConfig:
 @pytest.fixture()
 def fake_cluster(monkeypatch: pytest.MonkeyPatch) -> FakePlatform:
     platform = FakePlatform(3)
-    monkeypatch.setattr(runner, "make_platform", lambda config, run_id, run_dir: platform)
+    monkeypatch.setattr(runner, "make_platform", lambda config, run_id, run_dir, **_: platform)
     monkeypatch.setattr(runner, "make_workload", lambda config: ScriptedWorkload())
     return platform
 
@@ -120,7 +120,7 @@ def test_the_run_folder_is_made_once_the_node_image_is_built(
 
     given: dict[str, Any] = {}
 
-    def make_platform(config, run_id, run_dir, image=None):  # noqa: ANN001, ANN202
+    def make_platform(config, run_id, run_dir, image=None, **_):  # noqa: ANN001, ANN202
         given.update(run_dir=run_dir, image=image)
         return FakePlatform(3)
 
