@@ -131,7 +131,8 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | No
     if any(f in FILE_FAULTS for f in config.faults):
         node_args += system.file_fault_args(FILE_FAULT_SNAPSHOT_ENTRIES, node_args)
     # Leader faults aimed at snapshot transfers need transfers that happen, and last.
-    node_args += windows.node_args(config.faults, config.workload, config.platform, node_args)
+    if system.status_windows:
+        node_args += windows.node_args(config.faults, config.workload, config.platform, node_args)
     # lose-unsynced needs every node's data on a layer that holds writes until fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
                             node_args=tuple(node_args), env=env,
@@ -152,8 +153,13 @@ def check_platform(faults: list[str], platform: Platform) -> None:
                            f"unsynced writes; the {platform.name} platform has none")
     if any(f in FILE_FAULTS for f in faults) and not platform.supports_file_faults():
         raise HarnessError(f"--faults {','.join(f for f in faults if f in FILE_FAULTS)} needs "
-                           f"a platform that can damage a stopped node's files; the "
-                           f"{platform.name} platform cannot")
+                           f"a platform that can damage a stopped node's files and a system "
+                           f"that names them; the {platform.name} platform running "
+                           f"{platform.system.name} cannot")
+    if "member" in faults and not platform.supports_membership():
+        raise HarnessError(f"--faults member needs membership changes; the "
+                           f"{platform.system.name} system on the {platform.name} platform "
+                           f"has none")
 
 
 def make_workload(config: RunConfig, system: System | None = None) -> Workload:
@@ -451,7 +457,8 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                           interval_s=config.interval_s, record=record,
                           targets=workload if isinstance(workload, ProcessTargets) else None)
         nemesis.deal_kinds = config.faults_all
-        if windows.aims_at_windows(config.faults, config.workload, config.platform):
+        if system.status_windows and windows.aims_at_windows(config.faults, config.workload,
+                                                              config.platform):
             run_info["windows"] = windows.Windows.attach(nemesis).counts
         workload.start(ctx)
         # The duration counts from a running workload (the trainer's containers take seconds

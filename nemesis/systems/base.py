@@ -177,6 +177,9 @@ class System(abc.ABC):
     name: str = ""
     # True only for our store: the sim platform runs its Raft core in memory (system/sim).
     simulated: bool = False
+    # True only for our store: its status carries the Raft fields (commit and config index,
+    # learners, snapshot transfers) that nemesis/windows.py times leader faults by.
+    status_windows: bool = False
     # Exit codes a node uses to refuse its data (the harness then rejoins it, docs/kv.md).
     refuses_data_exit_codes: tuple[int, ...] = ()
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 class StoreSystem(System):
     name = "store"
     simulated = True
+    status_windows = True
     # 3: the node refused its data directory (docs/kv.md, "Identity and rejoining").
     refuses_data_exit_codes = (3,)
 

@@ -349,5 +349,13 @@ def test_a_system_without_membership_makes_the_platform_say_so(tmp_path: Path) -
         assert not platform.supports_file_faults()
         with pytest.raises(Exception, match="no membership changes"):
             platform.membership()
+        # Refused before any node starts, in one line each.
+        from nemesis.runner import HarnessError, check_platform
+
+        with pytest.raises(HarnessError, match="member needs membership changes; the bare"):
+            check_platform(["kill", "member"], platform)
+        with pytest.raises(HarnessError, match="running bare cannot"):
+            check_platform(["truncate"], platform)
+        check_platform(["kill", "partition", "pause"], platform)
     finally:
         platform.close()
