@@ -208,6 +208,12 @@ class Platform(abc.ABC):
         """HOST:PORT to name in `member add` for this node: where its peers reach it.
         (Peers that route to it through a proxy keep doing so: --peers wins.)"""
 
+    def member_peer_address(self, node_id: str) -> str:
+        """HOST:PORT of this node's peer port as the other nodes reach it ("" when the
+        platform has none): what a system that registers peer URLs in its membership
+        (etcd) names in `member add`."""
+        return ""
+
     @abc.abstractmethod
     def is_running(self, node_id: str) -> bool:
         """The node's process/container exists and has not exited (paused counts as running)."""
@@ -243,9 +249,12 @@ class Platform(abc.ABC):
     def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
         """`member add|promote|remove` of `node_id`, through any node that answers; returns
         once committed. Raises what the system's `change_membership` raises."""
-        address = self.member_address(node_id) if action == "add" else ""
-        self.system.change_membership(list(self.client_addresses.values()), action, node_id,
-                                      address, timeout_s=timeout_s, tls=self.admin_tls)
+        adding = action == "add"
+        self.system.change_membership(
+            list(self.client_addresses.values()), action, node_id,
+            self.member_address(node_id) if adding else "",
+            peer_address=self.member_peer_address(node_id) if adding else "",
+            timeout_s=timeout_s, tls=self.admin_tls)
 
     def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
         """(voters, learners) in effect on the leader. Raises when no leader answers in

@@ -709,6 +709,10 @@ class DockerPlatform(Platform):
         self._container(node_id)  # an unknown node is an error, as elsewhere
         return f"{self._ips[node_id]}:{NODE_PORT}"
 
+    def member_peer_address(self, node_id: str) -> str:
+        self._container(node_id)
+        return f"{self._ips[node_id]}:{PEER_PORT}"
+
     def is_running(self, node_id: str) -> bool:
         state = self._state(node_id)
         return bool(state.get("Running")) or bool(state.get("Paused"))

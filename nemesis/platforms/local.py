@@ -192,6 +192,11 @@ class LocalPlatform(Platform):
     def member_address(self, node_id: str) -> str:
         return self.cluster.specs[node_id].address
 
+    def member_peer_address(self, node_id: str) -> str:
+        # The node's own peer port: the per-link proxies exist only for the links named
+        # on each node's command line (NodeSetup.peer_links).
+        return self.cluster.specs[node_id].peer_address
+
     def is_running(self, node_id: str) -> bool:
         return self.cluster.is_running(node_id)
 

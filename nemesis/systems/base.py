@@ -226,11 +226,14 @@ class System(abc.ABC):
         return False
 
     def change_membership(self, addresses: Sequence[str], action: str, node_id: str,
-                          address: str, *, timeout_s: float, tls: TlsFiles | None) -> None:
+                          address: str, *, peer_address: str, timeout_s: float,
+                          tls: TlsFiles | None) -> None:
         """`action` "add" (as a learner or non-voting member, reached at `address`: its
-        client address as peers see it), "promote" (to voter), "remove"; through any of
-        `addresses`; returns once committed, raises otherwise (a timeout may still
-        commit later: the harness reads `membership` again)."""
+        client address as peers see it, and `peer_address`: its peer port), "promote" (to
+        voter), "remove"; through any of `addresses`; returns once committed, raises
+        otherwise (a timeout may still commit later: the harness reads `membership`
+        again). The node added is then started with its usual `node_command` on an empty
+        data directory."""
         raise Unsupported(f"the {self.name} system has no membership changes here")
 
     def membership(self, addresses: Sequence[str], *, timeout_s: float,

@@ -98,8 +98,11 @@ class StoreSystem(System):
         return True
 
     def change_membership(self, addresses: Sequence[str], action: str, node_id: str,
-                          address: str, *, timeout_s: float, tls: TlsFiles | None) -> None:
+                          address: str, *, peer_address: str, timeout_s: float,
+                          tls: TlsFiles | None) -> None:
         from system.kv import member_client
+
+        # The store names a member by its client address; peers keep their --peer-links.
 
         member_client.change(list(addresses), action, node_id, address,
                              timeout_s=timeout_s, tls=tls)
