@@ -397,7 +397,7 @@ def test_map(config: RunConfig, run_id: str, workload: Workload,
 def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C901
          signals: _Signals, prepared: dict[str, Any], tls: RunTls | None = None) -> int:
     system = get_system(config.system)
-    workload = make_workload(config, system)
+    workload = make_workload(config)
     test = test_map(config, run_id, workload, system)
     _print(out, f"run folder: {run_dir}")
     if config.unsafe:
