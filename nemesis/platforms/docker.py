@@ -401,16 +401,20 @@ class DockerPlatform(Platform):
                                     f"crashed, run `python -m nemesis clean`.") from None
         raise PlatformError(f"no free subnet for the network {self.network_name}: {last_error}")
 
-    def _node_command(self, node_id: str) -> list[str]:
+    def _setup(self, node_id: str) -> NodeSetup:
+        """What `System.node_command` and `node_env` are told about `node_id`."""
         others = [p for p in self.node_ids if p != node_id]
-        serve = self.system.node_command(NodeSetup(
+        return NodeSetup(
             node_id=node_id, listen=f"{self._ips[node_id]}:{NODE_PORT}",
             peer_listen=f"{self._ips[node_id]}:{PEER_PORT}",
             peers={p: f"{self._ips[p]}:{NODE_PORT}" for p in others},
             peer_links={p: f"{self._ips[p]}:{PEER_PORT}" for p in others},
             data_dir=Path(LAZY_DATA_DIR if self.config.lazy_disk else DATA_DIR),
             log_file=Path(LOG_FILE), tls=self._tls_files(node_id), platform="docker",
-            extra_args=tuple(self.config.node_args)))
+            extra_args=tuple(self.config.node_args))
+
+    def _node_command(self, node_id: str) -> list[str]:
+        serve = self.system.node_command(self._setup(node_id))
         # The gate: the node starts only once the platform has installed its link rules in
         # this (fresh) network namespace and touched READY_DIR/ready.
         gate = (f'i=0; while [ ! -e {READY_DIR}/ready ]; do i=$((i+1)); '
@@ -480,7 +484,8 @@ class DockerPlatform(Platform):
         name = f"{self.prefix}-{node_id}"
         if not volume_exists:
             self.client.volumes.create(name=name, labels=self._label_dict("volume", node_id))
-        env = {"PYTHONUNBUFFERED": "1", **self.config.env}
+        env = {"PYTHONUNBUFFERED": "1", **self.system.node_env(self._setup(node_id)),
+               **self.config.env}
         (port,) = free_ports(1)
         lazy = self.config.lazy_disk
         host_config = api.create_host_config(

@@ -94,6 +94,12 @@ class LocalCluster(local_cluster.LocalCluster):
             return super().command(node_id, extra_args)
         return self.system.node_command(self.setup(node_id, extra_args))
 
+    def start_node(self, node_id: str, extra_args: Sequence[str] = (),
+                   env: Mapping[str, str] | None = None):  # noqa: ANN201 - a Popen
+        if self.system is not None:
+            env = {**self.system.node_env(self.setup(node_id, extra_args)), **(env or {})}
+        return super().start_node(node_id, extra_args, env)
+
     def setup(self, node_id: str, extra_args: Sequence[str] = ()) -> NodeSetup:
         """What `System.node_command` is told about `node_id`."""
         spec = self.specs[node_id]

@@ -311,6 +311,9 @@ class _Recording(StoreSystem):
         self.commands.append(setup.node_id)
         return super().node_command(setup)
 
+    def node_env(self, setup):  # noqa: ANN001, ANN201
+        return {"MAO_TEST_NODE_ENV": setup.node_id}
+
     def status(self, address, *, timeout_s, tls):  # noqa: ANN001, ANN201
         self.statuses += 1
         return super().status(address, timeout_s=timeout_s, tls=tls)
@@ -329,6 +332,9 @@ def test_the_local_platform_runs_and_asks_nodes_through_the_system(tmp_path: Pat
         assert sorted(system.commands) == ["n1", "n2", "n3"]
         leader = wait_until(platform.ready, 30.0, "a leader with every node up")
         assert system.statuses > 0 and leader in platform.node_ids
+        for node, proc in platform.cluster.processes.items():
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            assert f"MAO_TEST_NODE_ENV={node}".encode() in environ
         voters, learners = platform.membership()
         assert voters == {"n1", "n2", "n3"} and not learners
         platform.kill(leader)
