@@ -135,17 +135,23 @@ def _check(path):
     return operations, lin, check_lost_writes(operations)
 
 
-def test_kv_workload_history_is_linearizable_under_versioned_kv(etcd_cluster, tmp_path,
-                                                                 monkeypatch):
+def test_kv_workload_history_is_linearizable_under_versioned_kv(etcd_cluster, tmp_path):
     """The kv workload itself (every operation kind and version class) drives etcd for a
     few seconds through EtcdClient; the recorded history passes the versioned-kv model,
     and a history with one version changed does not (the check has teeth)."""
-    def etcd_client(addresses, *, timeout_s, client_id, tls=None, **_):
-        return EtcdClient(addresses, timeout_s=timeout_s, client_id=client_id, tls=tls)
-    monkeypatch.setattr(kv_workload, "KVClient", etcd_client)
+    from nemesis.systems.store import StoreKvClient, StoreSystem
+
+    class EtcdThroughTheStoreMapping(StoreSystem):
+        """The store's system with etcd's client in its place: EtcdClient raises the
+        store client's error types, so the store's outcome mapping applies as is."""
+
+        def kv_client(self, addresses, *, timeout_s, client_id, tls=None, **_):  # noqa: ANN001, ANN201
+            return StoreKvClient(EtcdClient(addresses, timeout_s=timeout_s,
+                                            client_id=client_id, tls=tls))
+
     path = tmp_path / "history.jsonl"
     workload = kv_workload.KVWorkload(concurrency=4, rate=200, op_timeout_s=5.0, keys=2,
-                                      ops_per_key=40)
+                                      ops_per_key=40, system=EtcdThroughTheStoreMapping())
     with HistoryWriter(path) as history:
         ctx = RunContext(dict(etcd_cluster.addresses), history, seed=7,
                          deadline=time.monotonic() + 3.0, stop=threading.Event())
