@@ -181,7 +181,7 @@ def start(setup_, node: str, **kwargs: object) -> Member:
 
 def test_it_listens_on_loopback_only(setup) -> None:
     proxy, _, _ = setup
-    assert proxy.address.startswith("127.0.0.1:")
+    assert proxy._listener.getsockname()[0] == "127.0.0.1"  # bound there, not 0.0.0.0
 
 
 def test_cutting_a_closes_its_open_connection_and_leaves_b_flowing(setup) -> None:
@@ -234,6 +234,8 @@ def test_a_restarted_member_with_a_new_pid_is_still_placed(setup) -> None:
     proxy, members, started = setup
     a = start(setup, "a")
     old_pid = a.pid
+    assert a.echo(a.open(), "first") == "got first"
+    assert proxy.connections() == {"a": 1}
     proxy.set_mode("a", ProxyMode.CUT)
     a.stop()
     del members[old_pid]
