@@ -42,7 +42,15 @@ connections (as TcpProxy does); dst's own connections to src go through src's pr
 
 What it must never do: listen anywhere but loopback, outlive `close()`, block on /proc
 (bounded work per connection), or attribute a connection to a member it cannot prove
-holds the socket. Linux only (it reads /proc).
+holds the socket. Linux only (it reads /proc), and the members must be processes this
+user may inspect (else their connections are not placed, and say so). What it trusts the
+caller for: `members()` is current; a dead member's pid reused by an unrelated process
+before the caller drops it would be taken for that member.
+
+Cost (measured on the 2-core dev machine, busy): placing a connection takes a median of
+1-5 ms (one read of /proc/net/tcp, ~360 lines, about 0.9 ms; then each member's
+descriptors), at most ~50 ms under load; the budget is 0.2 s. It is paid once per
+connection, in the acceptor: etcd's peers hold a few long-lived streams each.
 """
 
 from __future__ import annotations
@@ -111,11 +119,14 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _holds(pid: int, target: str) -> bool:
-    """Whether process pid has a descriptor on `target` ("socket:[inode]")."""
+def _holds(pid: int, target: str) -> bool | None:
+    """Whether process pid has a descriptor on `target` ("socket:[inode]"); None if its
+    descriptors cannot be read (another user's process): then nobody can say it does not."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
+    except PermissionError:
+        return None
+    except OSError:  # gone: it holds nothing
         return False
     for fd in fds:
         try:
@@ -136,6 +147,7 @@ def find_owner(inode: int, members: Mapping[int, str], deadline: float,
     seen: set[int] = set()
     queue = [(pid, node) for pid, node in members.items()]
     complete = True
+    unreadable: list[int] = []
     while queue:
         pid, node = queue.pop(0)
         if pid in seen:
@@ -144,15 +156,22 @@ def find_owner(inode: int, members: Mapping[int, str], deadline: float,
             complete = False
             break
         seen.add(pid)
-        if _holds(pid, target):
+        holds = _holds(pid, target)
+        if holds:
             owners.add(node)
+        elif holds is None:
+            unreadable.append(pid)
         queue += [(child, node) for child in _children(pid)]
     if len(owners) > 1:
         return None, f"held by more than one member: {sorted(owners)}"
+    if unreadable:
+        complete = False
     if owners and complete:
         return owners.pop(), ""
     if owners:  # another member's tree was not searched to the end: it may hold it too
         return None, f"found in {sorted(owners)} but the search ran out of budget"
+    if unreadable:
+        return None, f"cannot read the descriptors of pids {unreadable}"
     if not complete:
         return None, f"not found within {max_pids} processes / the time budget"
     return None, "not a member"
@@ -165,7 +184,7 @@ class SourceAwareProxy(Forwarder):
 
     def __init__(self, target: str, members: Callable[[], Mapping[int, str]],
                  listen_port: int = 0, *, seed: int | None = None,
-                 budget_s: float = 0.05) -> None:
+                 budget_s: float = 0.2) -> None:
         self._members = members
         self._budget_s = budget_s
         self._modes: dict[Hashable, ProxyMode] = {}

@@ -367,3 +367,14 @@ def test_close_leaves_no_threads_or_sockets() -> None:
         m.stop()
         proxy.close()
         server.close()
+
+
+def test_a_member_whose_descriptors_cannot_be_read_is_not_called_a_non_member(monkeypatch) -> None:
+    """Another user's process (hidepid, no ptrace right): the search cannot say the
+    socket is not there, so it is unplaced, not a non-member (nor a member)."""
+    from nemesis.platforms import source_proxy
+
+    monkeypatch.setattr(source_proxy, "_holds", lambda pid, target: None)
+    monkeypatch.setattr(source_proxy, "_children", lambda pid: [])
+    node, reason = find_owner(12345, {os.getpid(): "a"}, deadline=float("inf"))
+    assert node is None and reason.startswith("cannot read"), reason
