@@ -40,6 +40,17 @@ new ones; other senders' connections are untouched. Reply traffic of a connectio
 back through the same proxy, so cutting src -> dst also cuts dst's answers on src's
 connections (as TcpProxy does); dst's own connections to src go through src's proxy.
 
+A cut is of the connections src opens to dst, which for etcd is not a one-way cut of
+messages: a member receives a peer's raft messages on the stream it dials to that peer
+(rafthttp's stream reader), and sends its own on the streams the peer dialed to it, or by
+POSTing to the peer (pipeline) when no stream works. So cutting only the connections the
+leader opens to the others, or only those the others open to the leader, changed nothing
+(tried by hand, 3 members: no election in 6 s, writes through the leader still
+committed); cutting both ways isolates (see the figures in the report of branch
+t23-srcproxy). For etcd the platform should offer symmetric cuts (both
+`proxies[dst].set_mode(src, CUT)` and `proxies[src].set_mode(dst, CUT)`), or say that a
+directed cut there means "src cannot connect to dst".
+
 What it must never do: listen anywhere but loopback, outlive `close()`, block on /proc
 (bounded work per connection), or attribute a connection to a member it cannot prove
 holds the socket. Linux only (it reads /proc), and the members must be processes this
