@@ -248,7 +248,10 @@ class SourceAwareProxy(Forwarder):
 
     def _source_of(self, client: socket.socket, peer: tuple[str, int]) -> Hashable:
         start = time.monotonic()
-        node, reason = self._identify(peer, start + self._budget_s)
+        try:
+            node, reason = self._identify(peer, start + self._budget_s)
+        except Exception as e:  # noqa: BLE001 - an odd /proc line must not kill the acceptor
+            node, reason = None, f"identification failed: {e!r}"
         elapsed = time.monotonic() - start
         with self._stats_lock:
             self.identify_s = self.identify_s[-999:] + [elapsed]
