@@ -47,9 +47,14 @@ POSTing to the peer (pipeline) when no stream works. So cutting only the connect
 leader opens to the others, or only those the others open to the leader, changed nothing
 (tried by hand, 3 members: no election in 6 s, writes through the leader still
 committed); cutting both ways isolates (the other two elected a leader in 1.1-1.4 s,
-writes through the old leader timed out; tests/nemesis/test_source_proxy.py). For etcd the platform should offer symmetric cuts (both
-`proxies[dst].set_mode(src, CUT)` and `proxies[src].set_mode(dst, CUT)`), or say that a
-directed cut there means "src cannot connect to dst".
+writes through the old leader timed out; tests/nemesis/test_source_proxy.py). For etcd
+the platform should offer symmetric cuts (both `proxies[dst].set_mode(src, CUT)` and
+`proxies[src].set_mode(dst, CUT)`), or say that a directed cut there means "src cannot
+connect to dst".
+
+A connection is placed once, when accepted, and keeps its source: the platform must add
+a restarted node's pid to `members()` as soon as it has spawned it (before the node can
+dial), or that node's first connections are UNKNOWN for as long as they last.
 
 What it must never do: listen anywhere but loopback, outlive `close()`, block on /proc
 (bounded work per connection), or attribute a connection to a member it cannot prove
