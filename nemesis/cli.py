@@ -64,10 +64,13 @@ def _mix(text: str) -> dict[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     from nemesis.faults import FAULTS
-    from system.kv.unsafe import CANARIES, CLIENT_CANARIES
+    from nemesis.systems import DEFAULT, SYSTEMS, get_system
     from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
     from workloads.kv import DEFAULT_MIX, OPS, format_mix
 
+    # Canary names are the default system's (a system's own are checked once it is chosen).
+    default_system = get_system(DEFAULT)
+    CANARIES, CLIENT_CANARIES = default_system.canaries(), default_system.client_canaries()  # noqa: N806
     parser = _Parser(prog="python -m nemesis", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="break a real cluster, record the history, check it")
@@ -85,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default %(default)s)")
     run.add_argument("--nodes", type=_positive(int), default=5, help="default %(default)s")
     run.add_argument("--workload", choices=WORKLOADS, default="kv")
+    run.add_argument("--system", default=DEFAULT, metavar="NAME",
+                     help=f"what runs on the nodes: {', '.join(SYSTEMS)} (default "
+                          f"%(default)s; docs/systems.md adds one)")
     run.add_argument("--platform", choices=("docker", "local", "sim"), default=None,
                      help="default: docker when a Docker engine answers, else local; sim: "
                           "the deterministic simulator in simulated time (same seed, same "
@@ -297,9 +303,25 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         if args.nodes < MIN_NODES[fault]:
             return _refuse(f"--faults {fault} needs at least {MIN_NODES[fault]} nodes "
                            f"(a majority must be able to survive it); --nodes is {args.nodes}")
-    from system.kv.unsafe import ALLOW_ENV_VAR, CLIENT_CANARIES
+    from nemesis.systems import UnknownSystem, get_system
     from system.raft.unsafe import VARIANTS as CORE_VARIANTS
     from system.trainer.unsafe import CANARIES as TRAINER_CANARIES
+
+    try:
+        system = get_system(args.system)
+    except UnknownSystem as exc:
+        return _refuse(str(exc))
+    CLIENT_CANARIES = system.client_canaries()  # noqa: N806
+    ALLOW_ENV_VAR = system.unsafe_allow_env() or "MAO_ALLOW_UNSAFE"  # noqa: N806
+    node_canaries = (*system.canaries(), *(CORE_VARIANTS if system.canaries() else ()))
+    if args.unsafe and args.unsafe not in (*node_canaries, *CLIENT_CANARIES, *TRAINER_CANARIES):
+        return _refuse(f"--unsafe {args.unsafe} is a canary of another system; the "
+                       f"{system.name} system has none by that name")
+    if args.workload == "trainer" and not hasattr(system, "kv_client_class"):
+        return _refuse(f"--workload trainer needs our store (its state lives there); "
+                       f"got --system {system.name}")
+    if args.platform == "sim" and not system.simulated:
+        return _refuse(f"--platform sim simulates our store only; got --system {system.name}")
 
     # A broken Raft core (system/raft/unsafe.py) runs only when the person asks twice: by
     # name and in the environment, as `serve --unsafe` demands of a node.
@@ -347,7 +369,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
         unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit,
-        faults_all=faults_all, mix=args.mix, tls=args.tls)
+        faults_all=faults_all, mix=args.mix, tls=args.tls, system=system.name)
     return run(config)
 
 

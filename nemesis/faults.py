@@ -615,9 +615,10 @@ class Nemesis:
         rng = self.damage_rng
         if kind == "wipe-wal":
             return [{"kind": "remove-wal"}]
-        wal = sorted(f for f, size in files.items() if f.startswith("wal/") and size > 0)
+        wal_dir, snapshot_dir = _layout_dirs(self.platform)
+        wal = sorted(f for f, size in files.items() if f.startswith(wal_dir) and size > 0)
         snapshots = sorted(f for f, size in files.items()
-                           if f.startswith("snapshots/") and size > 0)
+                           if snapshot_dir and f.startswith(snapshot_dir) and size > 0)
         if kind == "truncate":
             if not wal:
                 return []
@@ -689,7 +690,7 @@ class Nemesis:
                 continue
             if code is None:
                 self.expected_down.discard(node)
-            elif code == REFUSED_EXIT:
+            elif code in _refusal_codes(self.platform):
                 reason = self.platform.exit_reason(node)
                 self.record("node-refused", {
                     "fault": kind, "id": fault_id, "phase": "step", "nodes": [node],
@@ -838,6 +839,22 @@ class Nemesis:
                 self.errors.append(f"heal the workload's processes: {exc}")
         self.record("heal-all", {"fault": "all", "phase": "end", "nodes": self.nodes,
                                  "description": "; ".join(actions) or "all links healed, all nodes running"})
+
+
+def _refusal_codes(platform: Any) -> tuple[int, ...]:
+    """Exit codes with which the system's node refuses its data (`System.refuses_data_exit_codes`)."""
+    system = getattr(platform, "system", None)
+    return system.refuses_data_exit_codes if system is not None else (REFUSED_EXIT,)
+
+
+def _layout_dirs(platform: Any) -> tuple[str, str | None]:
+    """("wal folder/", "snapshot folder/" or None) of the system's data layout
+    (nemesis/systems/base.py DataLayout); the store's for a platform without a system."""
+    system = getattr(platform, "system", None)
+    layout = system.data_layout() if system is not None else None
+    if layout is None:
+        return "wal/", "snapshots/"
+    return layout.wal[0] + "/", (layout.snapshots[0] + "/" if layout.snapshots else None)
 
 
 def _damage_record(done: dict[str, Any]) -> dict[str, Any]:

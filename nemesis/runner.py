@@ -28,9 +28,10 @@ from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
+from nemesis.systems import DEFAULT as DEFAULT_SYSTEM
+from nemesis.systems import get_system
+from nemesis.systems.base import System
 from nemesis.tls_run import RunTls
-from system.kv.unsafe import ALLOW_ENV_VAR, CLIENT_CANARIES
-from system.kv.unsafe import CANARIES as STORE_CANARIES
 from system.raft.unsafe import VARIANTS as CORE_VARIANTS
 from workloads.base import ProcessTargets, RunContext, Workload, WorkloadError
 from workloads.kv import DEFAULT_MIX, KVWorkload, format_mix
@@ -75,6 +76,8 @@ class RunConfig:
     # --tls: every node port mutual TLS, certificates from a CA made for this run alone
     # (nemesis/tls_run.py; its keys never enter the run folder)
     tls: bool = False
+    # --system: what runs on the nodes (nemesis/systems/; docs/systems.md)
+    system: str = DEFAULT_SYSTEM
 
     def reproduce(self) -> str:
         faults = "all" if self.faults_all else ",".join(self.faults)
@@ -82,6 +85,8 @@ class RunConfig:
                  f"--duration {self.duration_s:g}", f"--interval {self.interval_s:g}",
                  f"--nodes {self.nodes}", f"--workload {self.workload}",
                  f"--platform {self.platform}", f"--seed {self.seed}"]
+        if self.system != DEFAULT_SYSTEM:
+            parts.append(f"--system {self.system}")
         if self.workload == "kv":  # the trainer's clients are its workers: no rate, no concurrency
             parts += [f"--concurrency {self.concurrency}", f"--rate {self.rate:g}"]
         if self.op_timeout_s != 3.0:  # the flag's default
@@ -94,9 +99,13 @@ class RunConfig:
             parts.append("--tls")
         if self.unsafe:
             # A canary runs only with the environment's permission: the line must carry it.
-            parts.insert(0, f"{ALLOW_ENV_VAR}=1")
+            parts.insert(0, f"{_allow_env(self.system)}=1")
             parts.append(f"--unsafe {self.unsafe}")
         return " ".join(parts)
+
+
+def _allow_env(system: str) -> str:
+    return get_system(system).unsafe_allow_env() or "MAO_ALLOW_UNSAFE"
 
 
 def prepare_platform(config: RunConfig) -> dict[str, Any]:
@@ -112,20 +121,22 @@ def prepare_platform(config: RunConfig) -> dict[str, Any]:
 
 
 def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | None = None,
-                  tls: RunTls | None = None) -> Platform:
+                  tls: RunTls | None = None, system: System | None = None) -> Platform:
+    system = system if system is not None else get_system(config.system)
     env: dict[str, str] = {}
     node_args = list(config.node_args)
-    if config.unsafe and config.unsafe in STORE_CANARIES:
+    if config.unsafe and config.unsafe in system.canaries():
         node_args += ["--unsafe", config.unsafe]
-        env[ALLOW_ENV_VAR] = "1"
-    if any(f in FILE_FAULTS for f in config.faults) and "--snapshot-entries" not in node_args:
-        node_args += ["--snapshot-entries", str(FILE_FAULT_SNAPSHOT_ENTRIES)]
+        env[system.unsafe_allow_env() or "MAO_ALLOW_UNSAFE"] = "1"
+    if any(f in FILE_FAULTS for f in config.faults):
+        node_args += system.file_fault_args(FILE_FAULT_SNAPSHOT_ENTRIES, node_args)
     # Leader faults aimed at snapshot transfers need transfers that happen, and last.
-    node_args += windows.node_args(config.faults, config.workload, config.platform, node_args)
+    if system.status_windows:
+        node_args += windows.node_args(config.faults, config.workload, config.platform, node_args)
     # lose-unsynced needs every node's data on a layer that holds writes until fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
                             node_args=tuple(node_args), env=env,
-                            lazy_disk="lose-unsynced" in config.faults, tls=tls)
+                            lazy_disk="lose-unsynced" in config.faults, tls=tls, system=system)
     if config.platform == "docker":
         from nemesis.platforms.docker import DockerPlatform
 
@@ -142,24 +153,32 @@ def check_platform(faults: list[str], platform: Platform) -> None:
                            f"unsynced writes; the {platform.name} platform has none")
     if any(f in FILE_FAULTS for f in faults) and not platform.supports_file_faults():
         raise HarnessError(f"--faults {','.join(f for f in faults if f in FILE_FAULTS)} needs "
-                           f"a platform that can damage a stopped node's files; the "
-                           f"{platform.name} platform cannot")
+                           f"a platform that can damage a stopped node's files and a system "
+                           f"that names them; the {platform.name} platform running "
+                           f"{platform.system.name} cannot")
+    if "member" in faults and not platform.supports_membership():
+        raise HarnessError(f"--faults member needs membership changes; the "
+                           f"{platform.system.name} system on the {platform.name} platform "
+                           f"has none")
 
 
-def make_workload(config: RunConfig) -> Workload:
+def make_workload(config: RunConfig, system: System | None = None) -> Workload:
+    system = system if system is not None else get_system(config.system)
     if config.workload == "kv":
+        client_unsafe = config.unsafe if config.unsafe in system.client_canaries() else None
         return KVWorkload(concurrency=config.concurrency, rate=config.rate,
                           op_timeout_s=config.op_timeout_s,
                           read_consistency=config.read_consistency, mix=config.mix,
-                          client_unsafe=config.unsafe if config.unsafe in CLIENT_CANARIES else None,
+                          client_unsafe=client_unsafe,
                           # --unsafe is the permission, as make_platform gives it to nodes.
-                          unsafe_environ={ALLOW_ENV_VAR: "1"})
+                          unsafe_environ={_allow_env(config.system): "1"},
+                          system=system)
     if config.workload == "trainer":
         from workloads.trainer import TrainerWorkload
 
-        trainer_unsafe = (config.unsafe if config.unsafe and config.unsafe not in STORE_CANARIES
-                          and config.unsafe not in CLIENT_CANARIES else None)
-        return TrainerWorkload(unsafe=trainer_unsafe, seed=config.seed)
+        trainer_unsafe = (config.unsafe if config.unsafe and config.unsafe not in system.canaries()
+                          and config.unsafe not in system.client_canaries() else None)
+        return TrainerWorkload(unsafe=trainer_unsafe, seed=config.seed, system=system)
     raise HarnessError(f"unknown workload {config.workload!r}")
 
 
@@ -358,23 +377,33 @@ def print_line(out, text: str) -> None:  # noqa: ANN001
 _print = print_line
 
 
-def test_map(config: RunConfig, run_id: str, workload: Workload) -> dict[str, Any]:
+def system_info(config: RunConfig, system: System | None = None) -> dict[str, str]:
+    """{"name", "version"} of the system under test, for test.json, results.json, the
+    report and JUnit."""
+    system = system if system is not None else get_system(config.system)
+    return {"name": system.name, "version": system.version()}
+
+
+def test_map(config: RunConfig, run_id: str, workload: Workload,
+             system: System | None = None) -> dict[str, Any]:
     """What test.json holds: the run as data, written before anything starts."""
     return {"argv": config.argv, "reproduce": config.reproduce(), "run_id": run_id,
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
+            "system": system_info(config, system),
             "workload": workload.describe(), "source_version": source_version(),
             "python": sys.version.split()[0], "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C901
          signals: _Signals, prepared: dict[str, Any], tls: RunTls | None = None) -> int:
+    system = get_system(config.system)
     workload = make_workload(config)
-    test = test_map(config, run_id, workload)
+    test = test_map(config, run_id, workload, system)
     _print(out, f"run folder: {run_dir}")
     if config.unsafe:
         who = ("every node runs a Raft core" if config.unsafe in CORE_VARIANTS
-               else "every node runs" if config.unsafe in STORE_CANARIES
-               else "every client runs" if config.unsafe in CLIENT_CANARIES
+               else "every node runs" if config.unsafe in system.canaries()
+               else "every client runs" if config.unsafe in system.client_canaries()
                else "every trainer coordinator runs")
         _print(out, f"canary: {who} deliberately broken (--unsafe {config.unsafe})")
     if config.platform == "sim":
@@ -383,6 +412,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         return run_sim(config, run_dir, run_id, out, test)
     write_json(run_dir / "test.json", test)
     run_info: dict[str, Any] = {"run_id": run_id, "platform": config.platform,
+                                "system": test["system"],
                                 "crashed_nodes": [], "nemesis_errors": [], "harness_error": None}
     nemesis_events = (run_dir / "nemesis.jsonl").open("a", encoding="utf-8")
     history = HistoryWriter(run_dir / "history.jsonl")
@@ -408,7 +438,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
     try:
         platform = make_platform(config, run_id, run_dir, **prepared, tls=tls)
         check_platform(config.faults, platform)
-        _print(out, f"starting {config.nodes} nodes on {config.platform}"
+        _print(out, f"starting {config.nodes} {system.name} nodes on {config.platform}"
                     f"{' with mutual TLS' if tls is not None else ''} ...")
         platform.start()
         if tls is not None:  # the certificate only: what the nodes presented can be checked
@@ -421,12 +451,14 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         started = time.monotonic()
         deadline = started + config.duration_s
         ctx = RunContext(addresses=platform.client_addresses, history=history, seed=config.seed,
-                         platform=platform, deadline=deadline, tls=platform.client_tls)
+                         platform=platform, deadline=deadline, tls=platform.client_tls,
+                         system=system)
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
                           interval_s=config.interval_s, record=record,
                           targets=workload if isinstance(workload, ProcessTargets) else None)
         nemesis.deal_kinds = config.faults_all
-        if windows.aims_at_windows(config.faults, config.workload, config.platform):
+        if system.status_windows and windows.aims_at_windows(config.faults, config.workload,
+                                                              config.platform):
             run_info["windows"] = windows.Windows.attach(nemesis).counts
         workload.start(ctx)
         # The duration counts from a running workload (the trainer's containers take seconds

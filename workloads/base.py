@@ -36,6 +36,7 @@ class RunContext:
     stop: threading.Event = field(default_factory=threading.Event)
     platform: Any = None  # the Platform (a workload with processes of its own runs them there)
     tls: TlsFiles | None = None  # --tls: the clients' certificate (role client), key and CA
+    system: Any = None  # the System under test (nemesis/systems/base.py): its client factory
 
 
 @dataclass

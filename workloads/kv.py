@@ -21,10 +21,11 @@ operations), so re-creation at version 1 is exercised too.
 Each key takes at most `ops_per_key` operations, then a fresh key replaces it, so no single
 key's history grows past what the checker searches quickly (Jepsen's `independent`).
 
-Outcomes, as the client library reports them (system/kv/client.py):
-- a result: `ok` (a compare that did not match is `ok` with `applied: false`);
-- Unavailable / InvalidArgument: `fail` (certainly not applied);
-- Indeterminate, or any unexpected error on a write: `info`, and the process retires;
+Outcomes, as the system's client reports them (nemesis/systems/base.py `KvClient`):
+- a result: `ok` (a compare that did not match, `VersionMismatch`, is `ok` with
+  `applied: false`);
+- `Fail`: `fail` (certainly not applied);
+- `Unknown`, or any unexpected error on a write: `info`, and the process retires;
 - a read that could not be served is `fail` (a read changes nothing either way).
 
 Process `p` runs on thread `p % concurrency`; its client prefers node `p % nodes` first, so
@@ -41,18 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from histories.write import HistoryWriter
-from system.kv.client import (
-    CasMismatch,
-    DeleteResult,
-    GetResult,
-    Indeterminate,
-    InvalidArgument,
-    KVClient,
-    NotFound,
-    Unavailable,
-    WriteResult,
-)
-from system.kv.unsafe import client_canary
+from nemesis.systems.base import Fail, KvClient, KvResult, System, Unknown, VersionMismatch
 from workloads.base import RunContext, Workload
 
 OPS = ("get", "stale-get", "put", "cas", "delete", "cas-delete")
@@ -190,8 +180,14 @@ class KVWorkload(Workload):
                  read_consistency: str = "linearizable", keys: int = 3,
                  ops_per_key: int = 300, mix: dict[str, int] | None = None,
                  client_unsafe: str | None = None,
-                 unsafe_environ: dict[str, str] | None = None) -> None:
+                 unsafe_environ: dict[str, str] | None = None,
+                 system: System | None = None) -> None:
         super().__init__()
+        if system is None:  # the store, for callers that predate --system
+            from nemesis.systems.store import StoreSystem
+
+            system = StoreSystem()
+        self.system = system
         if read_consistency not in ("linearizable", "stale"):
             raise ValueError(f"read consistency must be linearizable or stale, got {read_consistency!r}")
         self.concurrency = concurrency
@@ -199,10 +195,10 @@ class KVWorkload(Workload):
         self.op_timeout_s = op_timeout_s
         self.read_consistency = read_consistency
         self.mix = dict(mix or DEFAULT_MIX)
-        # A client-library canary (system/kv/unsafe.py CLIENT_CANARIES) every client runs;
-        # refused (UnsafeRefused) unless `unsafe_environ` (default: ours) allows it.
+        # A client-library canary (`System.client_canaries`) every client runs; refused
+        # unless `unsafe_environ` (default: ours) allows it.
         self.client_unsafe = client_unsafe
-        self.client_canary = client_canary(client_unsafe, unsafe_environ)
+        self.client_canary = system.client_canary(client_unsafe, unsafe_environ)
         self.pool = KeyPool(keys, ops_per_key)
         self.keys = keys
         self._threads: list[threading.Thread] = []
@@ -225,14 +221,15 @@ class KVWorkload(Workload):
 
     # ----- clients ---------------------------------------------------------------------
 
-    def _client(self, ctx: RunContext, process: int) -> KVClient:
+    def _client(self, ctx: RunContext, process: int) -> KvClient:
         nodes = list(ctx.addresses)
         home = process % len(nodes)
         ordered = {n: ctx.addresses[n] for n in nodes[home:] + nodes[:home]}
-        # The client's own attempt timeout (short, doubling) gives up on a silent (paused,
-        # cut) node well before the op's deadline and tries the next node, same request id.
-        return KVClient(ordered, timeout_s=self.op_timeout_s, client_id=f"p{process}",
-                        unsafe=self.client_canary, tls=ctx.tls)
+        # The store's client's own attempt timeout (short, doubling) gives up on a silent
+        # (paused, cut) node well before the op's deadline and tries the next node.
+        return self.system.kv_client(ordered, timeout_s=self.op_timeout_s,
+                                     client_id=f"p{process}", tls=ctx.tls,
+                                     unsafe=self.client_canary)
 
     def start(self, ctx: RunContext) -> None:
         for thread_no in range(self.concurrency):
@@ -274,7 +271,7 @@ class KVWorkload(Workload):
         finally:
             client.close()
 
-    def _one(self, history: HistoryWriter, client: KVClient, process: int, planned: PlannedOp,
+    def _one(self, history: HistoryWriter, client: KvClient, process: int, planned: PlannedOp,
              seen: dict[str, int]) -> bool:
         """One operation, recorded; returns True when the process must retire (info).
         Reads go to the process's home node first (then wherever it points), as a Jepsen
@@ -294,23 +291,22 @@ class KVWorkload(Workload):
         i = history.invoke(process, "delete" if deleting else "put", key, value,
                            request_id=rid, **fields)
         try:
-            w: WriteResult | DeleteResult
             if deleting:
                 w = client.delete(key, expected_version=expected, request_id=rid)
             else:
                 w = client.put(key, value.encode(), expected_version=expected,  # type: ignore[union-attr]
                                request_id=rid)
-        except CasMismatch as exc:  # (a delete's DeleteVersionMismatch too)
+        except VersionMismatch as exc:
             seen[key] = exc.current_version
             history.complete(i, "ok", value, version=exc.current_version, applied=False,
-                             node=exc.node_id or None)
+                             node=exc.node)
             self.counts.add(kind, "ok")
             return False
-        except (Unavailable, InvalidArgument) as exc:
+        except Fail as exc:
             history.complete(i, "fail", value, error=_error(exc))
             self.counts.add(kind, "fail")
             return False
-        except Indeterminate as exc:
+        except Unknown as exc:
             history.complete(i, "info", value, error=_error(exc))
             self.counts.add(kind, "info")
             return True
@@ -320,24 +316,19 @@ class KVWorkload(Workload):
             self.counts.add(kind, "info")
             return True
         seen[key] = 0 if deleting else w.version  # a delete reports the version it removed
-        history.complete(i, "ok", value, version=w.version, applied=True, node=w.node_id,
+        history.complete(i, "ok", value, version=w.version, applied=True, node=w.node,
                          term=w.term)
         self.counts.add(kind, "ok")
         return False
 
-    def _read(self, history: HistoryWriter, client: KVClient, process: int, kind: str,
+    def _read(self, history: HistoryWriter, client: KvClient, process: int, kind: str,
               key: str, seen: dict[str, int]) -> None:
         consistency = self.consistency_of(kind)
         home = next(iter(client.node_addresses))
         i = history.invoke(process, "get", key, None, consistency=consistency)
         try:
             r = client.get(key, consistency=consistency, via=home)
-        except NotFound as exc:
-            seen[key] = 0
-            history.complete(i, "ok", None, version=0, node=exc.node_id or None)
-            self.counts.add(kind, "ok")
-            return
-        except (Unavailable, Indeterminate, InvalidArgument) as exc:
+        except (Fail, Unknown) as exc:
             history.complete(i, "fail", None, error=_error(exc))
             self.counts.add(kind, "fail")
             return
@@ -347,8 +338,8 @@ class KVWorkload(Workload):
             self.counts.add(kind, "fail")
             return
         seen[key] = r.version
-        history.complete(i, "ok", _text(r), version=r.version, node=r.node_id,
-                         applied_index=r.applied_index)
+        history.complete(i, "ok", _text(r), version=r.version, node=r.node,
+                         **_applied(r))
         self.counts.add(kind, "ok")
 
     # ----- the end ---------------------------------------------------------------------
@@ -358,8 +349,8 @@ class KVWorkload(Workload):
         operations) until it succeeds or `timeout_s` runs out."""
         deadline = time.monotonic() + timeout_s
         process = self.concurrency * 1_000_000  # far above any retired client's id
-        client = KVClient(ctx.addresses, timeout_s=self.op_timeout_s, client_id="final",
-                          tls=ctx.tls)
+        client = self.system.kv_client(ctx.addresses, timeout_s=self.op_timeout_s,
+                                       client_id="final", tls=ctx.tls)
         read, failed = 0, []
         try:
             for key in list(self.pool.touched):
@@ -367,12 +358,8 @@ class KVWorkload(Workload):
                     i = ctx.history.invoke(process, "get", key, None, consistency="linearizable")
                     try:
                         r = client.get(key, consistency="linearizable")
-                        ctx.history.complete(i, "ok", _text(r), version=r.version, node=r.node_id,
-                                             applied_index=r.applied_index)
-                        read += 1
-                        break
-                    except NotFound as exc:
-                        ctx.history.complete(i, "ok", None, version=0, node=exc.node_id or None)
+                        ctx.history.complete(i, "ok", _text(r), version=r.version, node=r.node,
+                                             **_applied(r))
                         read += 1
                         break
                     except Exception as exc:
@@ -385,8 +372,16 @@ class KVWorkload(Workload):
         return {"keys": len(self.pool.touched), "read": read, "unread": failed}
 
 
-def _text(r: GetResult) -> str:
+def _text(r: KvResult) -> str | None:
+    """The value read; None for an absent key (version 0)."""
+    if r.value is None:
+        return None
     return r.value.decode("utf-8", errors="replace")
+
+
+def _applied(r: KvResult) -> dict[str, int]:
+    """The read's applied index, for the staleness checker, where the system tells."""
+    return {} if r.applied_index is None else {"applied_index": r.applied_index}
 
 
 def _error(exc: Exception) -> str:

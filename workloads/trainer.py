@@ -281,8 +281,19 @@ class TrainerWorkload(Workload):
 
     def __init__(self, *, standbys: int = 1, lease_s: float = 2.0,
                  gradient_deadline_s: float = 5.0, unsafe: str | None = None,
-                 config: TrainConfig | None = None, seed: int = 0) -> None:
+                 config: TrainConfig | None = None, seed: int = 0,
+                 system: Any = None) -> None:
         super().__init__()
+        # The trainer keeps its state in our store (system/trainer): it runs on that system
+        # only, and reaches it through the store's System (nemesis/systems/store.py).
+        if system is None:
+            from nemesis.systems.store import StoreSystem
+
+            system = StoreSystem()
+        if not hasattr(system, "kv_client_class"):
+            raise ValueError(f"the trainer workload needs our store (--system store); "
+                             f"it cannot run on {system.name}")
+        self.system = system
         self.counts.note("depositions", 0)  # on the progress line from the start
         self.counts.note("skipped gradients", 0)
         if standbys < 1:
@@ -928,8 +939,8 @@ class TrainerWorkload(Workload):
             self._open.pop(slot)
         key = head_key(self.config.job)
         deadline = time.monotonic() + timeout_s
-        client = KVClient(list(ctx.addresses.values()), timeout_s=3.0, client_id="final-read",
-                          tls=ctx.tls)
+        client = self.system.kv_client_class()(list(ctx.addresses.values()), timeout_s=3.0,
+                                               client_id="final-read", tls=ctx.tls)
         process = READ_PROCESS
         try:
             while True:

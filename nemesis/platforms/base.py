@@ -1,6 +1,7 @@
 """The one interface every platform implements: where the store's nodes run and how to hurt them.
 
-A platform owns a cluster of KV nodes (`python -m system.kv serve`) for the length of a run.
+A platform owns a cluster of nodes of a system under test (`nemesis/systems/`: what to run,
+how to ask a node its status, its membership operations) for the length of a run.
 The harness asks it to start, stop, kill, pause, resume and restart nodes, to cut and heal
 directed links between nodes, to add and remove packet loss on links, and to hand over each
 node's log. Clients (the workload, the final read) reach the nodes only through
@@ -24,11 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from system.kv.proto import kv_pb2
+from nemesis.systems.base import NodeStatus, System
 
 if TYPE_CHECKING:
     from nemesis.tls_run import RunTls
     from system.kv.tls import TlsFiles
+
+
+def _default_system() -> System:
+    from nemesis.systems.store import StoreSystem
+
+    return StoreSystem()
 
 
 def last_line(text: str, limit: int = 300) -> str:
@@ -64,7 +71,7 @@ class ClusterConfig:
     holds writes until fsync (the `lose-unsynced` fault needs it: `power_loss`). `tls`
     (`--tls`): the run's certificate directory, which the platform fills before a node
     starts (it knows where they are reached) and every node, probe, client and membership
-    step then uses.
+    step then uses. `system`: what runs on the nodes (default: our store).
     """
 
     nodes: int
@@ -74,6 +81,7 @@ class ClusterConfig:
     env: dict[str, str] = field(default_factory=dict)
     lazy_disk: bool = False
     tls: RunTls | None = None
+    system: System = field(default_factory=_default_system)
 
 
 class Platform(abc.ABC):
@@ -84,6 +92,10 @@ class Platform(abc.ABC):
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         self.node_ids: list[str] = [f"n{i}" for i in range(1, config.nodes + 1)]
+
+    @property
+    def system(self) -> System:
+        return self.config.system
 
     # ----- lifecycle -------------------------------------------------------------------
 
@@ -196,6 +208,12 @@ class Platform(abc.ABC):
         """HOST:PORT to name in `member add` for this node: where its peers reach it.
         (Peers that route to it through a proxy keep doing so: --peers wins.)"""
 
+    def member_peer_address(self, node_id: str) -> str:
+        """HOST:PORT of this node's peer port as the other nodes reach it ("" when the
+        platform has none): what a system that registers peer URLs in its membership
+        (etcd) names in `member add`."""
+        return ""
+
     @abc.abstractmethod
     def is_running(self, node_id: str) -> bool:
         """The node's process/container exists and has not exited (paused counts as running)."""
@@ -225,27 +243,24 @@ class Platform(abc.ABC):
 
     def supports_membership(self) -> bool:
         """Whether `change_membership` works here (the member fault, and the rejoin of a
-        node that refused its data)."""
-        return True
+        node that refused its data): the system's say."""
+        return self.system.supports_membership()
 
     def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
         """`member add|promote|remove` of `node_id`, through any node that answers; returns
-        once committed. Raises system.kv.member_client.MembershipError."""
-        from system.kv import member_client
-
-        address = self.member_address(node_id) if action == "add" else ""
-        member_client.change(list(self.client_addresses.values()), action, node_id, address,
-                             timeout_s=timeout_s, tls=self.admin_tls)
+        once committed. Raises what the system's `change_membership` raises."""
+        adding = action == "add"
+        self.system.change_membership(
+            list(self.client_addresses.values()), action, node_id,
+            self.member_address(node_id) if adding else "",
+            peer_address=self.member_peer_address(node_id) if adding else "",
+            timeout_s=timeout_s, tls=self.admin_tls)
 
     def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
-        """(voters, learners) in effect on the leader. Raises MembershipTimeout when no
-        leader answers in time."""
-        from system.kv import member_client
-
-        st = member_client.status_with_leader(list(self.client_addresses.values()),
-                                              timeout_s=timeout_s, leader_only=True,
-                                              tls=self.client_tls)
-        return set(st.voters), set(st.learners)
+        """(voters, learners) in effect on the leader. Raises when no leader answers in
+        time."""
+        return self.system.membership(list(self.client_addresses.values()),
+                                      timeout_s=timeout_s, tls=self.client_tls)
 
     # ----- network -------------------------------------------------------------------
 
@@ -278,9 +293,13 @@ class Platform(abc.ABC):
 
     # ----- observing -----------------------------------------------------------------
 
-    @abc.abstractmethod
-    def status(self, node_id: str, timeout_s: float = 0.5) -> kv_pb2.StatusResponse | None:
-        """The node's Status RPC through its client address, or None if it does not answer."""
+    def status(self, node_id: str, timeout_s: float = 0.5) -> NodeStatus | None:
+        """The node's status as the system reports it (`System.status`) through its client
+        address, or None if it does not answer."""
+        address = self.client_addresses.get(node_id)
+        if address is None:
+            return None
+        return self.system.status(address, timeout_s=timeout_s, tls=self.client_tls)
 
     @abc.abstractmethod
     def collect_logs(self) -> dict[str, Path]:
@@ -320,7 +339,7 @@ class Platform(abc.ABC):
         return _leader_of({n: self.status(n, timeout_s=0.3) for n in self.node_ids})
 
 
-def _leader_of(statuses: dict[str, kv_pb2.StatusResponse | None]) -> str | None:
+def _leader_of(statuses: dict[str, NodeStatus | None]) -> str | None:
     leaders = [n for n, st in statuses.items() if st is not None and st.role == "leader"]
     if not leaders:
         return None

@@ -7,10 +7,13 @@ as one JSON line on stdout): the docker platform runs this same code in a short-
 container with the nodes' volumes mounted, so both platforms damage files the same way.
 
 A request names data directories by node id: {"op": "list"|"damage", "dirs": {node: path},
-"damage": {node: [damage, ...]}}. A damage is a dict:
+"damage": {node: [damage, ...]}, "layout": LAYOUT}. LAYOUT says where the system keeps its
+files (nemesis/systems/base.py `DataLayout.as_request`): {"wal": [folder, suffix],
+"snapshots": [folder, suffix] or null, "preallocated": bool}; without it, the store's
+(`STORE_LAYOUT`). A damage is a dict:
   {"kind": "truncate", "file": "wal/0000000000000001.wal", "size": N}   cut the file to N bytes
   {"kind": "flip", "file": ..., "flips": [[offset, bit], ...]}         flip those bits
-  {"kind": "remove-wal"}                                               delete DATA_DIR/wal
+  {"kind": "remove-wal"}                                     delete the layout's WAL folder
 Files are named relative to the data directory and must stay inside it.
 """
 
@@ -21,16 +24,16 @@ import os
 import shutil
 import sys
 
-WAL_DIR = "wal"
-SNAPSHOT_DIR = "snapshots"
-KINDS = {WAL_DIR: ".wal", SNAPSHOT_DIR: ".snap"}
+STORE_LAYOUT = {"wal": ["wal", ".wal"], "snapshots": ["snapshots", ".snap"], "preallocated": True}
 
 
-def list_files(data_dir: str) -> dict[str, int]:
-    """{"wal/<segment>.wal": written end, "snapshots/<name>.snap": size} in name order
-    (see `_written_end`: a preallocated segment is larger than what was written to it)."""
+def list_files(data_dir: str, layout: dict | None = None) -> dict[str, int]:
+    """{"<wal folder>/<segment>": written end, "<snapshot folder>/<name>": size} in name
+    order (see `_written_end`: a preallocated segment is larger than what was written)."""
+    layout = layout or STORE_LAYOUT
     found: dict[str, int] = {}
-    for sub, suffix in KINDS.items():
+    kinds = [(layout["wal"], True)] + ([(layout["snapshots"], False)] if layout.get("snapshots") else [])
+    for (sub, suffix), is_wal in kinds:
         folder = os.path.join(data_dir, sub)
         if not os.path.isdir(folder):
             continue
@@ -38,7 +41,8 @@ def list_files(data_dir: str) -> dict[str, int]:
             path = os.path.join(folder, name)
             if name.endswith(suffix) and os.path.isfile(path):
                 size = os.path.getsize(path)
-                found[f"{sub}/{name}"] = _written_end(path, size) if sub == WAL_DIR else size
+                preallocated = is_wal and layout.get("preallocated", True)
+                found[f"{sub}/{name}"] = _written_end(path, size) if preallocated else size
     return found
 
 
@@ -79,14 +83,17 @@ def _sync(path: str) -> None:
         os.close(fd)
 
 
-def apply(data_dir: str, damages: list[dict]) -> list[dict]:
+def apply(data_dir: str, damages: list[dict], layout: dict | None = None) -> list[dict]:
     """Do each damage in order; return, for each, what the file looked like before and after."""
+    layout = layout or STORE_LAYOUT
+    wal_dir = layout["wal"][0]
     done = []
     for damage in damages:
         kind = damage["kind"]
         if kind == "remove-wal":
-            folder = os.path.join(data_dir, WAL_DIR)
-            removed = {f: s for f, s in list_files(data_dir).items() if f.startswith(WAL_DIR + "/")}
+            folder = _inside(data_dir, wal_dir)
+            removed = {f: s for f, s in list_files(data_dir, layout).items()
+                       if f.startswith(wal_dir + "/")}
             shutil.rmtree(folder, ignore_errors=True)
             done.append({"kind": kind, "removed": removed, "bytes": sum(removed.values())})
             continue
@@ -116,9 +123,11 @@ def apply(data_dir: str, damages: list[dict]) -> list[dict]:
 
 def handle(request: dict) -> dict:
     dirs: dict[str, str] = request["dirs"]
+    layout = request.get("layout")
     if request["op"] == "list":
-        return {node: list_files(path) for node, path in dirs.items()}
-    return {node: apply(dirs[node], damages) for node, damages in request["damage"].items()}
+        return {node: list_files(path, layout) for node, path in dirs.items()}
+    return {node: apply(dirs[node], damages, layout)
+            for node, damages in request["damage"].items()}
 
 
 def main(argv: list[str]) -> int:

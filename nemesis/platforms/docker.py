@@ -77,9 +77,7 @@ from nemesis.platforms.base import (
     last_line,
 )
 from nemesis.platforms.image import LABEL_KIND, LABEL_PROJECT, PROJECT, ensure_image
-from nemesis.tls_run import node_flags
-from system.kv.proto import kv_pb2
-from system.kv.status_probe import StatusProbe
+from nemesis.systems.base import NodeSetup, NodeStatus
 from system.kv.tls import TlsFiles
 from system.ports import free_ports
 
@@ -310,7 +308,6 @@ class DockerPlatform(Platform):
         self._losses: dict[tuple[str, str], float] = {}
         self._applied: dict[str, tuple[str, ...] | None] = {}  # rules now in each namespace
         self._iptables: str | None = None  # "iptables" (nft) or "iptables-legacy"
-        self._probe = StatusProbe()
         self._started = False
         self._closed = False
         self._owner = owner_label()
@@ -349,9 +346,6 @@ class DockerPlatform(Platform):
         if self.config.tls is not None:
             self.config.tls.generate({n: [f"{self.prefix}-{n}", self._ips[n]]
                                       for n in self.node_ids})
-            with contextlib.suppress(Exception):
-                self._probe.close()
-            self._probe = StatusProbe(tls=self.client_tls)
         for node_id in self.node_ids:
             self._create_node(node_id, image)
         for node_id in self.node_ids:
@@ -407,16 +401,20 @@ class DockerPlatform(Platform):
                                     f"crashed, run `python -m nemesis clean`.") from None
         raise PlatformError(f"no free subnet for the network {self.network_name}: {last_error}")
 
-    def _node_command(self, node_id: str) -> list[str]:
+    def _setup(self, node_id: str) -> NodeSetup:
+        """What `System.node_command` and `node_env` are told about `node_id`."""
         others = [p for p in self.node_ids if p != node_id]
-        peers = ",".join(f"{p}={self._ips[p]}:{NODE_PORT}" for p in others)
-        links = ",".join(f"{p}={self._ips[p]}:{PEER_PORT}" for p in others)
-        serve = ["python3", "-m", "system.kv", "serve", "--id", node_id,
-                 "--listen", f"{self._ips[node_id]}:{NODE_PORT}", "--peers", peers,
-                 "--peer-listen", f"{self._ips[node_id]}:{PEER_PORT}",
-                 *(["--peer-links", links] if others else []),
-                 "--data-dir", LAZY_DATA_DIR if self.config.lazy_disk else DATA_DIR,
-                 "--log-file", LOG_FILE, *self._tls_flags(node_id), *self.config.node_args]
+        return NodeSetup(
+            node_id=node_id, listen=f"{self._ips[node_id]}:{NODE_PORT}",
+            peer_listen=f"{self._ips[node_id]}:{PEER_PORT}",
+            peers={p: f"{self._ips[p]}:{NODE_PORT}" for p in others},
+            peer_links={p: f"{self._ips[p]}:{PEER_PORT}" for p in others},
+            data_dir=Path(LAZY_DATA_DIR if self.config.lazy_disk else DATA_DIR),
+            log_file=Path(LOG_FILE), tls=self._tls_files(node_id), platform="docker",
+            extra_args=tuple(self.config.node_args))
+
+    def _node_command(self, node_id: str) -> list[str]:
+        serve = self.system.node_command(self._setup(node_id))
         # The gate: the node starts only once the platform has installed its link rules in
         # this (fresh) network namespace and touched READY_DIR/ready.
         gate = (f'i=0; while [ ! -e {READY_DIR}/ready ]; do i=$((i+1)); '
@@ -427,11 +425,12 @@ class DockerPlatform(Platform):
             return ["sh", "-c", gate + 'exec "$@"', "gate", *serve]
         return ["sh", "-c", self._lazy_script(node_id, gate), "gate", *serve]
 
-    def _tls_flags(self, node_id: str) -> list[str]:
+    def _tls_files(self, node_id: str) -> TlsFiles | None:
+        """Where `_copy_tls` puts this node's certificate, key and CA in its container."""
         if self.config.tls is None:
-            return []
-        return node_flags(TlsFiles(Path(TLS_DIR, f"{node_id}.crt"), Path(TLS_DIR, f"{node_id}.key"),
-                                   Path(TLS_DIR, "ca.crt")))
+            return None
+        return TlsFiles(Path(TLS_DIR, f"{node_id}.crt"), Path(TLS_DIR, f"{node_id}.key"),
+                        Path(TLS_DIR, "ca.crt"))
 
     def _copy_tls(self, node_id: str, container) -> None:  # noqa: ANN001 - a docker Container
         """This node's certificate and key and the CA certificate into its container."""
@@ -485,7 +484,8 @@ class DockerPlatform(Platform):
         name = f"{self.prefix}-{node_id}"
         if not volume_exists:
             self.client.volumes.create(name=name, labels=self._label_dict("volume", node_id))
-        env = {"PYTHONUNBUFFERED": "1", **self.config.env}
+        env = {"PYTHONUNBUFFERED": "1", **self.system.node_env(self._setup(node_id)),
+               **self.config.env}
         (port,) = free_ports(1)
         lazy = self.config.lazy_disk
         host_config = api.create_host_config(
@@ -522,7 +522,7 @@ class DockerPlatform(Platform):
             return
         self._closed = True
         with contextlib.suppress(Exception):
-            self._probe.close()
+            self.system.close()
         try:
             _remove_labelled(self.client, self.config.run_id)
         finally:
@@ -674,7 +674,7 @@ class DockerPlatform(Platform):
             self._wait_exited(node_id, 20)
 
     def supports_file_faults(self) -> bool:
-        return True
+        return self.system.data_layout() is not None
 
     def data_files(self, node_ids: list[str]) -> dict[str, dict[str, int]]:
         return self._disk_damage({"op": "list"}, node_ids)
@@ -692,7 +692,11 @@ class DockerPlatform(Platform):
                 raise PlatformError(f"{node_id} is running; kill or stop it before touching "
                                     f"its files")
             volumes[container.name] = {"bind": f"/mao-damage/{node_id}", "mode": "rw"}
-        request = {**request, "dirs": {n: f"/mao-damage/{n}/data" for n in node_ids}}
+        layout = self.system.data_layout()
+        if layout is None:
+            raise PlatformError(f"the {self.system.name} system names no data files to damage")
+        request = {**request, "layout": layout.as_request(),
+                   "dirs": {n: f"/mao-damage/{n}/data" for n in node_ids}}
         source = Path(disk_damage.__file__).read_text(encoding="utf-8")
         script = f"python3 -c {shlex.quote(source)} {shlex.quote(json.dumps(request))}"
         code, output = self._run_helper(node_ids[0], script, network_mode="none",
@@ -709,6 +713,10 @@ class DockerPlatform(Platform):
     def member_address(self, node_id: str) -> str:
         self._container(node_id)  # an unknown node is an error, as elsewhere
         return f"{self._ips[node_id]}:{NODE_PORT}"
+
+    def member_peer_address(self, node_id: str) -> str:
+        self._container(node_id)
+        return f"{self._ips[node_id]}:{PEER_PORT}"
 
     def is_running(self, node_id: str) -> bool:
         state = self._state(node_id)
@@ -858,10 +866,10 @@ class DockerPlatform(Platform):
 
     # ----- observing -----------------------------------------------------------------
 
-    def status(self, node_id: str, timeout_s: float = 0.5) -> kv_pb2.StatusResponse | None:
+    def status(self, node_id: str, timeout_s: float = 0.5) -> NodeStatus | None:
         if node_id not in self._ports:
             return None
-        return self._probe.status(self.client_addresses[node_id], timeout_s)
+        return super().status(node_id, timeout_s)
 
     def _wait(self, condition: Callable[[], T], timeout_s: float, what: str,
               poll_s: float = 0.05) -> T:

@@ -1,6 +1,6 @@
 """The local platform: nodes as processes on loopback, links through fault-injecting proxies.
 
-Each node is a `python -m system.kv serve` process (`LocalCluster`); node i reaches node j
+Each node is a process running the system's command line (`LocalCluster`, `System.node_command`); node i reaches node j
 through its own TCP proxy (i, j), so cutting that proxy drops what i sends to j and nothing
 else — a directed partition on one machine, no root needed. Kill is SIGKILL, pause is
 SIGSTOP/SIGCONT of the node's process group. Loss holds chunks for a retransmission timeout
@@ -35,8 +35,6 @@ from nemesis.platforms.lazy_mount import LazyMount, force_unmount, lazy_mounts
 from nemesis.platforms.local_cluster import LocalCluster
 from nemesis.platforms.tcp_proxy import ProxyMode
 from nemesis.tls_run import TEMP_PREFIX as TLS_PREFIX
-from nemesis.tls_run import peer_flags
-from system.kv.proto import kv_pb2
 
 RUN_ENV_VAR = "MAO_RUN_ID"
 TEMP_PREFIX = "mao-local-"
@@ -53,15 +51,14 @@ class LocalPlatform(Platform):
         (self._data_root / OWNER_FILE).write_text(str(os.getpid()))
         env = dict(config.env)
         env[RUN_ENV_VAR] = config.run_id
-        per_node: dict[str, list[str]] = {}
         if config.tls is not None:
             # Every node is reached at 127.0.0.1 (clients directly, peers through the link
             # proxies), which every node certificate names; peers check the node id.
             config.tls.generate({node_id: [] for node_id in self.node_ids})
-            per_node = {n: peer_flags(config.tls.files(n)) for n in self.node_ids}
         self.cluster = LocalCluster(config.nodes, self._data_root, node_args=config.node_args,
-                                    per_node_args=per_node, env=env, proxy_peer_links=True,
-                                    tls_dir=config.tls.directory if config.tls else None)
+                                    env=env, proxy_peer_links=True,
+                                    tls_dir=config.tls.directory if config.tls else None,
+                                    system=config.system)
         # The layer carries the run's id and our pid like a node, so `clean` kills it too.
         mount_env = {RUN_ENV_VAR: config.run_id, "KV_PARENT_PID": str(os.getpid())}
         self._mounts: dict[str, LazyMount] = {}
@@ -86,6 +83,8 @@ class LocalPlatform(Platform):
         try:
             self.cluster.close()
         finally:
+            with contextlib.suppress(Exception):
+                self.system.close()
             for mount in self._mounts.values():
                 with contextlib.suppress(Exception):
                     mount.power_off()
@@ -160,7 +159,7 @@ class LocalPlatform(Platform):
             self.cluster.kill(node_id)
 
     def supports_file_faults(self) -> bool:
-        return True
+        return self.system.data_layout() is not None
 
     def _stopped_dir(self, node_id: str) -> str:
         if node_id not in self.cluster.specs:
@@ -173,18 +172,30 @@ class LocalPlatform(Platform):
         return str(self.cluster.specs[node_id].data_dir)
 
     def data_files(self, node_ids: list[str]) -> dict[str, dict[str, int]]:
-        return disk_damage.handle({"op": "list",
+        return disk_damage.handle({"op": "list", "layout": self._layout(),
                                    "dirs": {n: self._stopped_dir(n) for n in node_ids}})
+
+    def _layout(self) -> dict:
+        layout = self.system.data_layout()
+        if layout is None:
+            raise PlatformError(f"the {self.system.name} system names no data files to damage")
+        return layout.as_request()
 
     def damage_files(self, damages: dict[str, list[dict]]) -> dict[str, list[dict]]:
         dirs = {n: self._stopped_dir(n) for n in damages}
         try:
-            return disk_damage.handle({"op": "damage", "dirs": dirs, "damage": damages})
+            return disk_damage.handle({"op": "damage", "dirs": dirs, "damage": damages,
+                                       "layout": self._layout()})
         except (OSError, ValueError) as exc:
             raise PlatformError(f"damaging {', '.join(damages)}'s files failed: {exc}") from None
 
     def member_address(self, node_id: str) -> str:
         return self.cluster.specs[node_id].address
+
+    def member_peer_address(self, node_id: str) -> str:
+        # The node's own peer port: the per-link proxies exist only for the links named
+        # on each node's command line (NodeSetup.peer_links).
+        return self.cluster.specs[node_id].peer_address
 
     def is_running(self, node_id: str) -> bool:
         return self.cluster.is_running(node_id)
@@ -214,9 +225,6 @@ class LocalPlatform(Platform):
 
     def set_loss(self, src: str, dst: str, probability: float) -> None:
         self._proxy(src, dst).set_loss(probability)
-
-    def status(self, node_id: str, timeout_s: float = 0.5) -> kv_pb2.StatusResponse | None:
-        return self.cluster.status(node_id, timeout_s)
 
     def collect_logs(self) -> dict[str, Path]:
         out_dir = self.config.work_dir / "nodes"

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
+from nemesis.systems.base import NodeSetup, System
 from system.kv import local_cluster
 from system.kv.local_cluster import REPO_ROOT, ClusterTimeout, NodeSpec
 
@@ -54,7 +55,10 @@ class LinkProxy:
 
 class LocalCluster(local_cluster.LocalCluster):
     """N node processes on loopback (see system/kv/local_cluster.py); with
-    `proxy_peer_links=True`, every directed peer link through its own `LinkProxy`."""
+    `proxy_peer_links=True`, every directed peer link through its own `LinkProxy`. With
+    `system`, each node's command line is that system's (`System.node_command`), given
+    the addresses, directories and certificates this cluster chose; without, the store's
+    own (the base class's)."""
 
     def __init__(
         self,
@@ -69,7 +73,9 @@ class LocalCluster(local_cluster.LocalCluster):
         proxy_peer_links: bool = False,
         tcp_peers: bool = True,
         tls_dir: Path | None = None,
+        system: System | None = None,
     ) -> None:
+        self.system = system
         super().__init__(nodes, base_dir, base_port=base_port, host=host, node_args=node_args,
                          per_node_args=per_node_args, env=env, tcp_peers=tcp_peers,
                          tls_dir=tls_dir)
@@ -82,6 +88,30 @@ class LocalCluster(local_cluster.LocalCluster):
                     if src != dst:
                         self.link_proxies[(src, dst)] = LinkProxy(dst_spec.address,
                                                                   dst_spec.peer_address)
+
+    def command(self, node_id: str, extra_args: Sequence[str] = ()) -> list[str]:
+        if self.system is None:
+            return super().command(node_id, extra_args)
+        return self.system.node_command(self.setup(node_id, extra_args))
+
+    def start_node(self, node_id: str, extra_args: Sequence[str] = (),
+                   env: Mapping[str, str] | None = None):  # noqa: ANN201 - a Popen
+        if self.system is not None:
+            env = {**self.system.node_env(self.setup(node_id, extra_args)), **(env or {})}
+        return super().start_node(node_id, extra_args, env)
+
+    def setup(self, node_id: str, extra_args: Sequence[str] = ()) -> NodeSetup:
+        """What `System.node_command` is told about `node_id`."""
+        spec = self.specs[node_id]
+        others = [o for o in self.specs if o != node_id]
+        return NodeSetup(
+            node_id=node_id, listen=spec.address, peer_listen=spec.peer_address,
+            peers={o: self.peer_address(node_id, o) for o in others},
+            peer_links={o: self.peer_link(node_id, o) for o in others if spec.peer_address},
+            data_dir=spec.data_dir, log_file=spec.log_file,
+            tls=self.tls_files(node_id) if self.tls_dir is not None else None,
+            platform="local",
+            extra_args=(*self.node_args, *self.per_node_args.get(node_id, []), *extra_args))
 
     def peer_address(self, src: str, dst: str) -> str:
         proxy = self.link_proxies.get((src, dst))

@@ -60,6 +60,8 @@ class SimPlatform(Platform):
     def __init__(self, config: ClusterConfig, *, seed: int, variant: SimVariant | None = None,
                  compact_every_entries: int = COMPACT_EVERY_ENTRIES,
                  record_trace: bool = True, **raft_config: Any) -> None:
+        if not config.system.simulated:
+            raise PlatformError(f"the sim platform simulates our store only, not {config.system.name}")
         super().__init__(config)
         self.seed = seed
         # The store's own default (NodeConfig.eager_commit): commit indexes ride on the

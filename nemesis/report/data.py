@@ -124,6 +124,17 @@ class RunData:
         return value if isinstance(value, dict) else {"description": str(value)}
 
     @property
+    def system(self) -> tuple[str, str]:
+        """(name, version) of the system under test, from test.json (results.json for a
+        run without one); a run from before --system ran the default system at the
+        harness's commit."""
+        from nemesis.systems import DEFAULT
+
+        info = self.test.get("system") or self.results.get("system") or {}
+        return (str(info.get("name") or DEFAULT),
+                str(info.get("version") or self.test.get("source_version") or "?"))
+
+    @property
     def lost_write_anomalies(self) -> list[dict[str, Any]]:
         return list((self.results.get("lost_writes") or {}).get("anomalies") or [])
 

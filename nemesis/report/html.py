@@ -127,6 +127,7 @@ def _overview(data: RunData) -> str:
         ("started", test.get("started", "?")),
         ("workload", f"{(test.get('workload') or {}).get('name', config.get('workload', '?'))} "
                      f"(model {data.model_name})"),
+        ("system", "{} {}".format(*data.system)),
         ("faults asked for", ", ".join(config.get("faults") or []) or "?"),
         ("nodes / platform", f"{config.get('nodes', '?')} on {config.get('platform', '?')}"),
         ("duration", f"{config.get('duration_s', '?')} s asked, {data.duration_s:.1f} s recorded"),

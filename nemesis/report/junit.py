@@ -37,6 +37,7 @@ def render(data: RunData) -> str:
     properties = ET.SubElement(suite, "properties")
     for name, value in (("run_dir", str(data.run_dir)), ("run_id", data.test.get("run_id")),
                         ("seed", (data.test.get("config") or {}).get("seed")),
+                        ("system", data.system[0]), ("system_version", data.system[1]),
                         ("reproduce", data.test.get("reproduce")),
                         ("verdict", data.verdict)):
         if value is not None:
