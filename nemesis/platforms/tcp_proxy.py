@@ -15,7 +15,11 @@ retransmission timeout (200 ms) before it is forwarded — what loss looks like 
 TCP. Real packet drops are the Docker platform's (iptables `statistic`).
 
 What it must never do: listen anywhere but loopback, or outlive `close()` (all sockets
-closed, threads joined with a deadline).
+closed, threads joined with a deadline). A connection's sockets are closed once both of
+its directions have ended, so reconnections do not hold descriptors until `close()`.
+
+`Forwarder` is the forwarding machinery; `TcpProxy` applies one mode to every connection,
+`source_proxy.SourceAwareProxy` one mode per sending process.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Hashable
 from enum import Enum
+from typing import Self
 
 # Linux's TCP_RTO_MIN: the least a lost segment delays the stream behind it.
 RETRANSMIT_DELAY_S = 0.2
@@ -37,8 +43,42 @@ class ProxyMode(Enum):
     CUT = "cut"
 
 
-class TcpProxy:
-    """Listens on 127.0.0.1:<port> and forwards each connection to `target` (host:port)."""
+# `_close_connections(ALL)`: every source's connections (None is a source: TcpProxy's one).
+ALL = object()
+
+
+def check_loss(probability: float) -> float:
+    if not 0.0 <= probability < 1.0:
+        raise ValueError(f"loss probability must be in [0, 1), got {probability}")
+    return probability
+
+
+class _Pair:
+    """One proxied connection: the accepted socket, the one to the target, whose it is."""
+
+    __slots__ = ("client", "server", "source", "pumps")
+
+    def __init__(self, client: socket.socket, server: socket.socket, source: Hashable) -> None:
+        self.client, self.server, self.source = client, server, source
+        self.pumps = 2  # the pump that ends last closes both sockets
+
+    def shutdown(self) -> None:
+        for s in (self.client, self.server):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.shutdown()
+        for s in (self.client, self.server):
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+class Forwarder:
+    """The listener, the accept loop and two pumps per connection. Subclasses say whose a
+    connection is (`_source_of`, called outside the lock before anything is forwarded)
+    and what applies to that source (`_mode_for`, `_loss_for`); `_close_connections`
+    closes one source's connections or all. `TcpProxy` has a single source (None)."""
 
     def __init__(self, target: str, listen_port: int = 0, *, seed: int | None = None) -> None:
         host, _, port = target.rpartition(":")
@@ -49,16 +89,112 @@ class TcpProxy:
         self._listener.listen(64)
         self._listener.settimeout(0.2)
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._mode = ProxyMode.FORWARD
-        self._loss = 0.0
         self._random = random.Random(seed)
         self._lock = threading.Lock()
-        self._connections: list[socket.socket] = []
+        self._pairs: list[_Pair] = []
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
                                           name=f"proxy-{self.address}")
         self._acceptor.start()
+
+    def _source_of(self, client: socket.socket, peer: tuple[str, int]) -> Hashable:
+        return None
+
+    def _mode_for(self, source: Hashable) -> ProxyMode:
+        raise NotImplementedError
+
+    def _loss_for(self, source: Hashable) -> float:
+        raise NotImplementedError
+
+    def _close_connections(self, source: Hashable = ALL) -> None:
+        """Close the connections of `source` (every connection with ALL); hold the lock."""
+        keep = []
+        for pair in self._pairs:
+            if source is ALL or pair.source == source:
+                pair.close()
+            else:
+                keep.append(pair)
+        self._pairs = keep
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            source = self._source_of(client, peer)
+            with self._lock:
+                if self._mode_for(source) is ProxyMode.CUT or self._closed.is_set():
+                    client.close()
+                    continue
+                try:
+                    server = socket.create_connection(self.target, timeout=2)
+                except OSError:
+                    client.close()
+                    continue
+                server.settimeout(None)
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                pair = _Pair(client, server, source)
+                self._pairs.append(pair)
+                # Forget finished pumps, so a long run's reconnections do not pile up.
+                self._threads = [t for t in self._threads if t.is_alive()]
+                for src, dst, is_reply in ((client, server, False), (server, client, True)):
+                    t = threading.Thread(target=self._pump, args=(pair, src, dst, is_reply),
+                                         daemon=True)
+                    self._threads.append(t)
+                    t.start()
+
+    def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket, is_reply: bool) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if is_reply and self._mode_for(pair.source) is ProxyMode.DROP_REPLIES:
+                    continue
+                loss = self._loss_for(pair.source)
+                if loss and self._random.random() < loss:
+                    time.sleep(RETRANSMIT_DELAY_S)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            pair.shutdown()  # the other direction's recv returns, and that pump ends too
+            with self._lock:
+                pair.pumps -= 1
+                if pair.pumps == 0:  # both directions done: nobody uses the sockets now
+                    pair.close()
+                    with contextlib.suppress(ValueError):
+                        self._pairs.remove(pair)
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            self._close_connections()
+        self._acceptor.join(timeout=2)
+        for t in list(self._threads):
+            t.join(timeout=2)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class TcpProxy(Forwarder):
+    """Listens on 127.0.0.1:<port> and forwards each connection to `target` (host:port)."""
+
+    def __init__(self, target: str, listen_port: int = 0, *, seed: int | None = None) -> None:
+        self._mode = ProxyMode.FORWARD
+        self._loss = 0.0
+        super().__init__(target, listen_port, seed=seed)
 
     @property
     def mode(self) -> ProxyMode:
@@ -76,74 +212,10 @@ class TcpProxy:
 
     def set_loss(self, probability: float) -> None:
         """Hold each chunk, with this probability, for one retransmission timeout (0 = off)."""
-        if not 0.0 <= probability < 1.0:
-            raise ValueError(f"loss probability must be in [0, 1), got {probability}")
-        self._loss = probability
+        self._loss = check_loss(probability)
 
-    def _close_connections(self) -> None:
-        for conn in self._connections:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                conn.close()
-        self._connections.clear()
+    def _mode_for(self, source: Hashable) -> ProxyMode:
+        return self._mode
 
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with self._lock:
-                if self._mode is ProxyMode.CUT or self._closed.is_set():
-                    client.close()
-                    continue
-                try:
-                    server = socket.create_connection(self.target, timeout=2)
-                except OSError:
-                    client.close()
-                    continue
-                server.settimeout(None)
-                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                self._connections += [client, server]
-                for src, dst, is_reply in ((client, server, False), (server, client, True)):
-                    t = threading.Thread(target=self._pump, args=(src, dst, is_reply), daemon=True)
-                    self._threads.append(t)
-                    t.start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, is_reply: bool) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if is_reply and self._mode is ProxyMode.DROP_REPLIES:
-                    continue
-                if self._loss and self._random.random() < self._loss:
-                    time.sleep(RETRANSMIT_DELAY_S)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._closed.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
-        with self._lock:
-            self._close_connections()
-        self._acceptor.join(timeout=2)
-        for t in self._threads:
-            t.join(timeout=2)
-
-    def __enter__(self) -> TcpProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _loss_for(self, source: Hashable) -> float:
+        return self._loss
