@@ -304,6 +304,7 @@ class DockerPlatform(Platform):
         self._ips: dict[str, str] = {}
         self._ports: dict[str, int] = {}
         self._commands: dict[str, list[str]] = {}  # each container's command (fixed at creation)
+        self._earlier_output: dict[str, bytes] = {}  # what replaced containers printed
         self._containers: dict[str, object] = {}  # node id -> docker Container
         self._cuts: set[tuple[str, str]] = set()
         self._losses: dict[tuple[str, str], float] = {}
@@ -576,7 +577,11 @@ class DockerPlatform(Platform):
         if self._node_command(node_id) != self._commands.get(node_id):
             # The system's command line changed (etcd: a member added back starts with
             # --initial-cluster-state existing); a container's command is fixed at its
-            # creation, so make it again on the same volume and host port.
+            # creation, so make it again on the same volume and host port, keeping what
+            # the old one printed for collect_logs.
+            with contextlib.suppress(docker.errors.APIError):
+                self._earlier_output[node_id] = (self._earlier_output.get(node_id, b"")
+                                                 + container.logs(stdout=True, stderr=True))
             self._containers.pop(node_id).remove(force=True)
             self._create_node(node_id, self.image, volume_exists=True,
                               port=self._ports[node_id])
@@ -925,6 +930,7 @@ class DockerPlatform(Platform):
                 pass  # the node never wrote its log (never started, or the container is gone)
             with contextlib.suppress(docker.errors.APIError):
                 path = out_dir / f"{node_id}.stderr"
-                path.write_bytes(container.logs(stdout=True, stderr=True))
+                path.write_bytes(self._earlier_output.get(node_id, b"")
+                                 + container.logs(stdout=True, stderr=True))
                 written[path.name] = path
         return written
