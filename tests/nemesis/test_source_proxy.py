@@ -378,3 +378,97 @@ def test_a_member_whose_descriptors_cannot_be_read_is_not_called_a_non_member(mo
     monkeypatch.setattr(source_proxy, "_children", lambda pid: [])
     node, reason = find_owner(12345, {os.getpid(): "a"}, deadline=float("inf"))
     assert node is None and reason.startswith("cannot read"), reason
+
+
+# --- etcd: three members, each advertising its SourceAwareProxy as its peer URL ---------
+
+
+def _etcd_call(address: str, path: str, body: dict, timeout_s: float) -> dict:
+    """One call to etcd's JSON gateway (v3 API over HTTP), so no gRPC stubs are needed."""
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(f"http://{address}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def _etcd_put(address: str, key: str, timeout_s: float) -> bool:
+    import base64
+
+    try:
+        _etcd_call(address, "/v3/kv/put", {"key": base64.b64encode(key.encode()).decode(),
+                                           "value": base64.b64encode(b"v").decode()}, timeout_s)
+        return True
+    except OSError:  # URLError, timeouts, refused: all OSError
+        return False
+
+
+def _etcd_leader(clients: dict[str, str], among: list[str]) -> str | None:
+    """The member every one of `among` names as leader, or None."""
+    ids, leaders = {}, set()
+    for name in among:
+        try:
+            s = _etcd_call(clients[name], "/v3/maintenance/status", {}, timeout_s=1)
+        except OSError:
+            return None
+        ids[s["header"]["member_id"]] = name
+        leaders.add(s.get("leader"))
+    if len(leaders) == 1 and (leader := leaders.pop()) in ids:
+        return ids[leader]
+    return None
+
+
+def test_etcd_isolating_the_leader_through_source_proxies(tmp_path) -> None:
+    from nemesis.systems.etcd.node import SETUP_HINT, EtcdMember, etcd_binary
+    from system.ports import free_ports
+    from tests.nemesis.waiting import wait_until
+
+    binary = etcd_binary()
+    if binary is None:
+        pytest.skip(SETUP_HINT)
+    names = ["e1", "e2", "e3"]
+    ports = free_ports(6)
+    clients = {n: f"127.0.0.1:{p}" for n, p in zip(names, ports[:3], strict=True)}
+    peers = {n: f"127.0.0.1:{p}" for n, p in zip(names, ports[3:], strict=True)}
+    pids: dict[int, str] = {}
+    proxies = {n: SourceAwareProxy(peers[n], lambda: dict(pids)) for n in names}
+    procs: list[subprocess.Popen] = []
+    try:
+        cluster = {n: proxies[n].address for n in names}  # advertised: the proxies
+        for n in names:
+            member = EtcdMember(name=n, data_dir=tmp_path / n, client=clients[n],
+                                peer=proxies[n].address, listen_peer=peers[n], cluster=cluster)
+            log = open(tmp_path / f"{n}.log", "wb")  # noqa: SIM115 - closed with the process
+            procs.append(subprocess.Popen(member.command(binary), stdout=log, stderr=log))
+            log.close()
+            pids[procs[-1].pid] = n
+        leader = wait_until(lambda: _etcd_leader(clients, names), 30, "a leader")
+        assert _etcd_put(clients[leader], "before", timeout_s=5)
+        others = [n for n in names if n != leader]
+        for other in others:  # both ways: see the module docstring on etcd's streams
+            proxies[other].set_mode(leader, ProxyMode.CUT)
+            proxies[leader].set_mode(other, ProxyMode.CUT)
+        new = wait_until(lambda: (n := _etcd_leader(clients, others)) != leader and n, 20,
+                         "the majority's own leader")
+        assert _etcd_put(clients[new], "majority", timeout_s=5)
+        assert not _etcd_put(clients[leader], "minority", timeout_s=3)  # no quorum
+        assert proxies[leader].connections() == {}
+        for proxy in proxies.values():
+            proxy.heal_all()
+        wait_until(lambda: _etcd_put(clients[leader], "healed", timeout_s=1), 20,
+                   "a write through the healed member")
+        assert all(p.unplaced == 0 and p.placed > 0 for p in proxies.values()), \
+            [(p.placed, p.non_members, p.unplaced) for p in proxies.values()]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for proxy in proxies.values():
+            proxy.close()
