@@ -108,4 +108,30 @@ def test_etcd_refusing_its_data_is_told_from_other_fatal_exits() -> None:
     assert etcd.refuses_data(1, crc)
     assert etcd.refuses_data(1, bootstrapped)
     assert not etcd.refuses_data(1, port)
-    assert not etcd.refuses_data(2, crc)  # a Go panic is a crash, not a refusal
+    assert not etcd.refuses_data(2, crc)  # another panic is a crash, not a refusal
+    lost = ("panic: tocommit(1021) is out of range [lastIndex(1017)]. Was the raft log "
+            "corrupted, truncated, or lost?")
+    assert etcd.refuses_data(2, lost)
+    assert not etcd.refuses_data(2, "panic: runtime error: index out of range [3] with length 3")
+
+
+def test_a_member_added_back_starts_as_joining_the_members_etcd_listed(tmp_path: Path) -> None:
+    """Every member is listed at the one peer URL it advertises; after an add, the node's
+    next command line joins (`existing`) with the members as etcd had them then."""
+    from nemesis.systems import get_system
+    from nemesis.systems.base import NodeSetup
+
+    etcd = get_system("etcd")
+    setup = NodeSetup("n1", "127.0.0.1:1001", "127.0.0.1:2001", {"n2": "127.0.0.1:1002"},
+                      {"n2": "127.0.0.1:3002"}, tmp_path / "n1", tmp_path / "n1.log", None,
+                      "local", peer_advertise="127.0.0.1:3001")
+    argv = etcd.node_command(setup)
+    flag = lambda name: argv[argv.index(name) + 1]  # noqa: E731
+    assert flag("--listen-peer-urls") == "http://127.0.0.1:2001"
+    assert flag("--initial-advertise-peer-urls") == "http://127.0.0.1:3001"
+    assert flag("--initial-cluster") == "n1=http://127.0.0.1:3001,n2=http://127.0.0.1:3002"
+    assert flag("--initial-cluster-state") == "new"
+    etcd._joining["n1"] = {"n2": "127.0.0.1:3002", "n1": "127.0.0.1:3001"}  # what add found
+    argv = etcd.node_command(setup)
+    assert flag("--initial-cluster-state") == "existing"
+    assert flag("--initial-cluster") == "n2=http://127.0.0.1:3002,n1=http://127.0.0.1:3001"

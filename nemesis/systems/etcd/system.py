@@ -17,7 +17,12 @@ and status). What this module adds is the bookkeeping etcd's membership needs:
 - A learner that has not started yet has no name in etcd's member list, only its peer
   URL: `membership()` maps that URL back to the node id.
 - etcd's refusal of damaged data is exit code 1 with a fatal log line, the same exit
-  code as any other fatal error: `refuses_data` reads the line (DATA_REFUSALS).
+  code as any other fatal error: `refuses_data` reads the line (DATA_REFUSALS). A WAL
+  cut short is different: etcd 3.4 repairs a torn tail at start (the entries in it are
+  gone) and runs, and raft panics (exit 2) once the leader's commit index is past its
+  log ("Was the raft log corrupted, truncated, or lost?"): that is a refusal of its data
+  too, with the same remedy (remove, wipe, add back). The node runs with
+  GOTRACEBACK=none so that the panic's message, not a goroutine trace, is its last line.
 """
 
 from __future__ import annotations
@@ -55,12 +60,14 @@ DATA_REFUSALS = (
     "wal: ",
     "snap: ",
 )
+# raft's panic when the leader's commit index is past the member's log (exit code 2).
+LOG_LOST = "Was the raft log corrupted, truncated, or lost?"
 
 
 class EtcdSystem(System):
     name = "etcd"
     one_peer_address = True  # member ids derive from the advertised peer URLs
-    refuses_data_exit_codes = (1,)  # with a line of DATA_REFUSALS (see refuses_data)
+    refuses_data_exit_codes = (1, 2)  # with a line of DATA_REFUSALS / LOG_LOST
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -73,8 +80,9 @@ class EtcdSystem(System):
         return node.version()
 
     def refuses_data(self, exit_code: int, reason: str) -> bool:
-        return exit_code in self.refuses_data_exit_codes and any(
-            words in reason for words in DATA_REFUSALS)
+        if exit_code == 1:
+            return any(words in reason for words in DATA_REFUSALS)
+        return exit_code == 2 and LOG_LOST in reason
 
     # ----- running a node ------------------------------------------------------------
 
@@ -83,15 +91,19 @@ class EtcdSystem(System):
         advertise = setup.peer_advertise or setup.peer_listen
         with self._lock:
             joining = self._joining.get(setup.node_id)
-            member = node.EtcdMember(setup.node_id, setup.data_dir, setup.listen, advertise,
-                                     {}, tls=setup.tls, listen_peer=setup.peer_listen)
-            self._peer_urls[setup.node_id] = member.url(advertise)
+            self._peer_urls[setup.node_id] = (
+                f"{'https' if setup.tls is not None else 'http'}://{advertise}")
         cluster = joining if joining is not None else {setup.node_id: advertise,
                                                        **setup.peer_links}
         member = node.EtcdMember(setup.node_id, setup.data_dir, setup.listen, advertise,
                                  cluster, new=joining is None, tls=setup.tls,
                                  listen_peer=setup.peer_listen)
         return member.command(binary, setup.extra_args)
+
+    def node_env(self, setup: NodeSetup) -> dict[str, str]:
+        # A Go panic prints its message and no goroutine traces: the message is the last
+        # line the platform reads (`refuses_data`); etcd's own log line of it keeps the stack.
+        return {"GOTRACEBACK": "none"}
 
     def file_fault_args(self, snapshot_every: int, node_args: Sequence[str]) -> list[str]:
         if "--snapshot-count" in node_args:
