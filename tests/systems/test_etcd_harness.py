@@ -107,6 +107,9 @@ def test_etcd_refusing_its_data_is_told_from_other_fatal_exits() -> None:
             'bind: address already in use"}')
     assert etcd.refuses_data(1, crc)
     assert etcd.refuses_data(1, bootstrapped)
+    undecodable = ('{"level":"fatal","caller":"etcdmain/etcd.go:271","msg":"discovery failed",'
+                   '"error":"proto: Record: illegal tag 0 (wire type 0)"}')
+    assert etcd.refuses_data(1, undecodable)
     assert not etcd.refuses_data(1, port)
     assert not etcd.refuses_data(2, crc)  # another panic is a crash, not a refusal
     lost = ("panic: tocommit(1021) is out of range [lastIndex(1017)]. Was the raft log "
