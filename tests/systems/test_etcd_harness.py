@@ -138,3 +138,29 @@ def test_a_member_added_back_starts_as_joining_the_members_etcd_listed(tmp_path:
     argv = etcd.node_command(setup)
     assert flag("--initial-cluster-state") == "existing"
     assert flag("--initial-cluster") == "n2=http://127.0.0.1:3002,n1=http://127.0.0.1:3001"
+
+
+def test_a_directed_cut_on_one_peer_url_per_member_cuts_the_pair(tmp_path: Path) -> None:
+    """etcd's messages from a to b travel on connections b dials to a (stream readers) as
+    well as on a's own: a cut a -> b must refuse both, and the pair stays cut until
+    neither direction is."""
+    from nemesis.platforms.local_cluster import SourceLinks
+    from nemesis.platforms.tcp_proxy import ProxyMode
+    from system.kv.local_cluster import NodeSpec
+
+    specs = {n: NodeSpec(n, f"127.0.0.1:{1000 + i}", f"127.0.0.1:{2000 + i}", tmp_path,
+                         tmp_path / f"{n}.log", tmp_path / f"{n}.err")
+             for i, n in enumerate(("a", "b", "c"))}
+    links = SourceLinks(specs, dict)
+    try:
+        cut = lambda x, y: (links.proxies[y].mode(x), links.proxies[x].mode(y))  # noqa: E731
+        links.link("a", "b").set_mode(ProxyMode.CUT)
+        assert cut("a", "b") == (ProxyMode.CUT, ProxyMode.CUT)
+        assert cut("a", "c") == (ProxyMode.FORWARD, ProxyMode.FORWARD)
+        links.link("b", "a").set_mode(ProxyMode.CUT)
+        links.link("a", "b").set_mode(ProxyMode.FORWARD)
+        assert cut("a", "b") == (ProxyMode.CUT, ProxyMode.CUT)  # b -> a still cut
+        links.link("b", "a").set_mode(ProxyMode.FORWARD)
+        assert cut("a", "b") == (ProxyMode.FORWARD, ProxyMode.FORWARD)
+    finally:
+        links.close()
