@@ -690,8 +690,7 @@ class Nemesis:
                 continue
             if code is None:
                 self.expected_down.discard(node)
-            elif code in _refusal_codes(self.platform):
-                reason = self.platform.exit_reason(node)
+            elif _refused(self.platform, code, reason := self.platform.exit_reason(node)):
                 self.record("node-refused", {
                     "fault": kind, "id": fault_id, "phase": "step", "nodes": [node],
                     "node": node, "exit_code": code, "reason": reason,
@@ -841,10 +840,13 @@ class Nemesis:
                                  "description": "; ".join(actions) or "all links healed, all nodes running"})
 
 
-def _refusal_codes(platform: Any) -> tuple[int, ...]:
-    """Exit codes with which the system's node refuses its data (`System.refuses_data_exit_codes`)."""
+def _refused(platform: Any, code: int, reason: str) -> bool:
+    """Whether the node refused its data (`System.refuses_data`: its exit code and, for a
+    system whose refusal code is generic, its last log line)."""
     system = getattr(platform, "system", None)
-    return system.refuses_data_exit_codes if system is not None else (REFUSED_EXIT,)
+    if system is None:  # a platform double without a system: the store's code
+        return code == REFUSED_EXIT
+    return system.refuses_data(code, reason)
 
 
 def _layout_dirs(platform: Any) -> tuple[str, str | None]:

@@ -303,6 +303,8 @@ class DockerPlatform(Platform):
         self.network_name = self.prefix
         self._ips: dict[str, str] = {}
         self._ports: dict[str, int] = {}
+        self._commands: dict[str, list[str]] = {}  # each container's command (fixed at creation)
+        self._earlier_output: dict[str, bytes] = {}  # what replaced containers printed
         self._containers: dict[str, object] = {}  # node id -> docker Container
         self._cuts: set[tuple[str, str]] = set()
         self._losses: dict[tuple[str, str], float] = {}
@@ -477,7 +479,8 @@ class DockerPlatform(Platform):
             f"{{ {LAZY_FLUSH}; }} || echo \"node {node_id}: flushing the lazy disk failed\" >&2; "
             'kill -TERM "$lazy"; wait "$lazy"; exit "$code"')
 
-    def _create_node(self, node_id: str, image: str, volume_exists: bool = False) -> None:
+    def _create_node(self, node_id: str, image: str, volume_exists: bool = False,
+                     port: int | None = None) -> None:
         import docker.errors
 
         api = self.client.api
@@ -486,7 +489,8 @@ class DockerPlatform(Platform):
             self.client.volumes.create(name=name, labels=self._label_dict("volume", node_id))
         env = {"PYTHONUNBUFFERED": "1", **self.system.node_env(self._setup(node_id)),
                **self.config.env}
-        (port,) = free_ports(1)
+        if port is None:
+            (port,) = free_ports(1)
         lazy = self.config.lazy_disk
         host_config = api.create_host_config(
             # FUSE: the device, and mount(2) needs CAP_SYS_ADMIN (Docker's seccomp profile
@@ -502,9 +506,10 @@ class DockerPlatform(Platform):
         )
         networking = api.create_networking_config(
             {self.network_name: api.create_endpoint_config(ipv4_address=self._ips[node_id])})
+        command = self._node_command(node_id)
         try:
             created = api.create_container(
-                image, command=self._node_command(node_id), name=name, hostname=node_id,
+                image, command=command, name=name, hostname=node_id,
                 labels=self._label_dict("node", node_id), environment=env,
                 ports=[NODE_PORT], host_config=host_config, networking_config=networking,
                 detach=True)
@@ -515,6 +520,7 @@ class DockerPlatform(Platform):
         self._containers[node_id] = self.client.containers.get(created["Id"])
         self._copy_tls(node_id, self._containers[node_id])
         self._ports[node_id] = port
+        self._commands[node_id] = command
         self._applied[node_id] = None
 
     def close(self) -> None:
@@ -568,6 +574,18 @@ class DockerPlatform(Platform):
         container = self._container(node_id)
         if self.is_running(node_id):
             raise PlatformError(f"{node_id} is already running; kill or stop it first")
+        if self._node_command(node_id) != self._commands.get(node_id):
+            # The system's command line changed (etcd: a member added back starts with
+            # --initial-cluster-state existing); a container's command is fixed at its
+            # creation, so make it again on the same volume and host port, keeping what
+            # the old one printed for collect_logs.
+            with contextlib.suppress(docker.errors.APIError):
+                self._earlier_output[node_id] = (self._earlier_output.get(node_id, b"")
+                                                 + container.logs(stdout=True, stderr=True))
+            self._containers.pop(node_id).remove(force=True)
+            self._create_node(node_id, self.image, volume_exists=True,
+                              port=self._ports[node_id])
+            container = self._container(node_id)
         try:
             container.start()
         except docker.errors.APIError as exc:
@@ -912,6 +930,7 @@ class DockerPlatform(Platform):
                 pass  # the node never wrote its log (never started, or the container is gone)
             with contextlib.suppress(docker.errors.APIError):
                 path = out_dir / f"{node_id}.stderr"
-                path.write_bytes(container.logs(stdout=True, stderr=True))
+                path.write_bytes(self._earlier_output.get(node_id, b"")
+                                 + container.logs(stdout=True, stderr=True))
                 written[path.name] = path
         return written

@@ -3,8 +3,9 @@
 No registry can be reached from the machines this runs on, so nothing is pulled:
 
 1. `mao-base:<hash>`: a Debian root filesystem made by `debootstrap --variant=minbase
-   --include=python3,iptables,iproute2,procps,fuse3 bookworm` (fuse3 brings libfuse 3,
-   which the lazy disk of `lazy_disk` runs on), from the machine's own apt mirror,
+   --include=python3,iptables,iproute2,procps,fuse3,etcd-server bookworm` (fuse3 brings
+   libfuse 3, which the lazy disk of `lazy_disk` runs on; etcd-server brings /usr/bin/etcd
+   3.4, the node of `--system etcd`), from the machine's own apt mirror,
    imported as an image. The tarball is also kept in the cache directory
    (`~/.cache/many-as-one/`, or `$MAO_CACHE_DIR`) so a deleted image is re-imported in
    seconds without debootstrap. The hash covers the suite, variant and package list (not the
@@ -68,7 +69,7 @@ LABEL_KIND = "mao.kind"
 
 SUITE = "bookworm"
 VARIANT = "minbase"
-PACKAGES = ("python3", "iptables", "iproute2", "procps", "fuse3")
+PACKAGES = ("python3", "iptables", "iproute2", "procps", "fuse3", "etcd-server")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 IMAGE_PYTHON = ("3.11", "cp311")  # bookworm's python3 is 3.11.2
 # bookworm has glibc 2.36: any manylinux wheel up to 2_36 runs there.

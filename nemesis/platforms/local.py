@@ -194,7 +194,10 @@ class LocalPlatform(Platform):
 
     def member_peer_address(self, node_id: str) -> str:
         # The node's own peer port: the per-link proxies exist only for the links named
-        # on each node's command line (NodeSetup.peer_links).
+        # on each node's command line (NodeSetup.peer_links); with source-aware proxies
+        # (System.one_peer_address) the address it advertises is its proxy's.
+        if self.cluster.source_links is not None:
+            return self.cluster.source_links.proxies[node_id].address
         return self.cluster.specs[node_id].peer_address
 
     def is_running(self, node_id: str) -> bool:

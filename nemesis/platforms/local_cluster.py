@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from nemesis.platforms.source_proxy import SourceAwareProxy
 from nemesis.platforms.tcp_proxy import ProxyMode, TcpProxy
 from nemesis.systems.base import NodeSetup, System
 from system.kv import local_cluster
@@ -53,6 +54,64 @@ class LinkProxy:
             proxy.close()
 
 
+class SourceLinks:
+    """The links of a system whose members each advertise one peer address
+    (`System.one_peer_address`, etcd): one `SourceAwareProxy` per destination node, in
+    front of its peer port, told apart by the sending member's process.
+
+    A cut of src -> dst cuts both src's connections to dst and dst's to src: etcd sends
+    a member's messages to a peer on streams the *peer* dials (a stream reader) as well as
+    on connections the sender dials (pipelines, snapshots), so no choice of connections
+    cuts one direction of messages only. A directed cut is therefore a cut of the pair
+    (stronger than asked, never weaker); the pair is whole again once neither direction is
+    cut. Loss likewise applies to the pair."""
+
+    def __init__(self, specs: Mapping[str, NodeSpec], members) -> None:  # noqa: ANN001
+        self.proxies = {n: SourceAwareProxy(spec.peer_address, members)
+                        for n, spec in specs.items()}
+        self._cut: set[tuple[str, str]] = set()
+        self._loss: dict[tuple[str, str], float] = {}
+
+    def _apply(self, a: str, b: str) -> None:
+        cut = (a, b) in self._cut or (b, a) in self._cut
+        loss = max(self._loss.get((a, b), 0.0), self._loss.get((b, a), 0.0))
+        for dst, src in ((b, a), (a, b)):
+            self.proxies[dst].set_loss(src, loss)
+            self.proxies[dst].set_mode(src, ProxyMode.CUT if cut else ProxyMode.FORWARD)
+
+    def link(self, src: str, dst: str) -> SourceLink:
+        return SourceLink(self, src, dst)
+
+    def close(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.close()
+
+
+class SourceLink:
+    """The directed link src -> dst of `SourceLinks`, with LinkProxy's surface."""
+
+    def __init__(self, links: SourceLinks, src: str, dst: str) -> None:
+        self.links, self.src, self.dst = links, src, dst
+
+    @property
+    def address(self) -> str:
+        return self.links.proxies[self.dst].address
+
+    def set_mode(self, mode: ProxyMode) -> None:
+        if mode is ProxyMode.CUT:
+            self.links._cut.add((self.src, self.dst))
+        else:
+            self.links._cut.discard((self.src, self.dst))
+        self.links._apply(self.src, self.dst)
+
+    def set_loss(self, probability: float) -> None:
+        self.links._loss[(self.src, self.dst)] = probability
+        self.links._apply(self.src, self.dst)
+
+    def close(self) -> None:
+        """The proxies are the SourceLinks' (closed once, by the cluster)."""
+
+
 class LocalCluster(local_cluster.LocalCluster):
     """N node processes on loopback (see system/kv/local_cluster.py); with
     `proxy_peer_links=True`, every directed peer link through its own `LinkProxy`. With
@@ -81,13 +140,26 @@ class LocalCluster(local_cluster.LocalCluster):
                          tls_dir=tls_dir)
         # With proxy_peer_links, node i reaches node j through its own proxy (i, j), so a
         # test can cut any directed link: a partition on one machine.
-        self.link_proxies: dict[tuple[str, str], LinkProxy] = {}
-        if proxy_peer_links:
+        self.link_proxies: dict[tuple[str, str], LinkProxy | SourceLink] = {}
+        self.source_links: SourceLinks | None = None
+        if proxy_peer_links and system is not None and system.one_peer_address:
+            self.source_links = SourceLinks(self.specs, self.member_pids)
+            for src in self.specs:
+                for dst in self.specs:
+                    if src != dst:
+                        self.link_proxies[(src, dst)] = self.source_links.link(src, dst)
+        elif proxy_peer_links:
             for src in self.specs:
                 for dst, dst_spec in self.specs.items():
                     if src != dst:
                         self.link_proxies[(src, dst)] = LinkProxy(dst_spec.address,
                                                                   dst_spec.peer_address)
+
+    def member_pids(self) -> dict[int, str]:
+        """pid -> node id of the running nodes (asked by the source-aware proxies per
+        connection: a restarted node has a new pid)."""
+        return {proc.pid: node_id for node_id, proc in list(self.processes.items())
+                if proc.poll() is None}
 
     def command(self, node_id: str, extra_args: Sequence[str] = ()) -> list[str]:
         if self.system is None:
@@ -111,14 +183,20 @@ class LocalCluster(local_cluster.LocalCluster):
             data_dir=spec.data_dir, log_file=spec.log_file,
             tls=self.tls_files(node_id) if self.tls_dir is not None else None,
             platform="local",
-            extra_args=(*self.node_args, *self.per_node_args.get(node_id, []), *extra_args))
+            extra_args=(*self.node_args, *self.per_node_args.get(node_id, []), *extra_args),
+            peer_advertise=(self.source_links.proxies[node_id].address
+                            if self.source_links is not None else ""))
 
     def peer_address(self, src: str, dst: str) -> str:
         proxy = self.link_proxies.get((src, dst))
-        return proxy.address if proxy is not None else super().peer_address(src, dst)
+        if proxy is None or isinstance(proxy, SourceLink):  # (a SourceLink: peer port only)
+            return super().peer_address(src, dst)
+        return proxy.address
 
     def peer_link(self, src: str, dst: str) -> str:
         proxy = self.link_proxies.get((src, dst))
+        if isinstance(proxy, SourceLink):
+            return proxy.address
         if proxy is not None and proxy.raft is not None:
             return proxy.raft.address
         return super().peer_link(src, dst)
@@ -141,3 +219,5 @@ class LocalCluster(local_cluster.LocalCluster):
         super().close()
         for proxy in self.link_proxies.values():
             proxy.close()
+        if self.source_links is not None:
+            self.source_links.close()

@@ -13,7 +13,7 @@ from nemesis.systems.base import System
 
 SYSTEMS: dict[str, str] = {
     "store": "nemesis.systems.store:StoreSystem",  # our Raft KV store (system/kv)
-    # "etcd": "nemesis.systems.etcd:EtcdSystem",  # etcd (issue 23): add its line here
+    "etcd": "nemesis.systems.etcd:EtcdSystem",  # etcd 3.4 (Debian etcd-server)
 }
 DEFAULT = "store"
 

@@ -126,6 +126,10 @@ class NodeSetup:
     tls: TlsFiles | None
     platform: str
     extra_args: Sequence[str] = ()
+    # Where the others reach this node's peer port when that is not `peer_listen` (the
+    # local platform's per-destination proxy, for a system like etcd whose members each
+    # advertise one peer URL); "" when it is `peer_listen`.
+    peer_advertise: str = ""
 
 
 @dataclass(frozen=True)
@@ -180,8 +184,19 @@ class System(abc.ABC):
     # True only for our store: its status carries the Raft fields (commit and config index,
     # learners, snapshot transfers) that nemesis/windows.py times leader faults by.
     status_windows: bool = False
+    # True when every member reaches a given member at the one peer address that member
+    # advertises (etcd: its member id is derived from it), so a platform cannot give each
+    # sender its own address per link; the local platform then cuts links with one
+    # source-aware proxy per destination (nemesis/platforms/source_proxy.py).
+    one_peer_address: bool = False
     # Exit codes a node uses to refuse its data (the harness then rejoins it, docs/kv.md).
     refuses_data_exit_codes: tuple[int, ...] = ()
+
+    def refuses_data(self, exit_code: int, reason: str) -> bool:
+        """Whether a node that exited with `exit_code`, its last log line `reason`,
+        refused its data directory (the harness then rejoins it). A system whose refusal
+        exit code is also its generic one (etcd's 1) reads the line too."""
+        return exit_code in self.refuses_data_exit_codes
 
     @abc.abstractmethod
     def version(self) -> str:

@@ -1,0 +1,3 @@
+from nemesis.systems.etcd.system import EtcdSystem
+
+__all__ = ["EtcdSystem"]
