@@ -75,11 +75,15 @@ def test_the_store_system_starts_a_node_with_the_command_line_it_had(tmp_path: P
     with LocalCluster(3, tmp_path / "a", node_args=args, proxy_peer_links=True) as plain, \
             LocalCluster(3, tmp_path / "a", node_args=args, proxy_peer_links=True,
                          system=StoreSystem()) as through:
-        # Same specs (directories, ports) for both: compare through the same object.
-        through.specs = plain.specs
-        through.link_proxies = plain.link_proxies
-        for node in plain.specs:
-            assert through.command(node) == plain.command(node)
+        # Same specs (directories, ports) for both: compare through the same object,
+        # then give `through` its own proxies back, so that closing it closes them.
+        own = through.specs, through.link_proxies
+        through.specs, through.link_proxies = plain.specs, plain.link_proxies
+        try:
+            for node in plain.specs:
+                assert through.command(node) == plain.command(node)
+        finally:
+            through.specs, through.link_proxies = own
 
 
 def test_with_tls_the_node_gets_its_certificate_on_both_ports(tmp_path: Path) -> None:
