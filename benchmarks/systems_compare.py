@@ -135,7 +135,7 @@ def measure(run_dir: Path) -> RunMeasure:
     """The comparison's figures for one stored run folder.
 
     Availability counts operations by their completion (when the acknowledgement came) in
-    [0, workload end): inside if some fault window covers that moment. A window never ended
+    [0, workload end]: inside if some fault window covers that moment. A window never ended
     by its own event is cut at the workload's end. The time to the first write after a fault
     counts only writes *invoked* at or after the fault's start — one invoked just before
     was likely committed before the fault took effect and says nothing about recovery — that
@@ -153,14 +153,14 @@ def measure(run_dir: Path) -> RunMeasure:
     inside_s = _union_length([(s, e) for s, e in windows if e > s])
     ok_inside = ok_outside = 0
     for point in points:
-        if point.outcome != "ok" or point.end_s is None or point.end_s >= end:
+        if point.outcome != "ok" or point.end_s is None or point.end_s > end:
             continue
         if any(s <= point.end_s < e for s, e in windows):
             ok_inside += 1
         else:
             ok_outside += 1
     writes = sorted((p for p in points if p.outcome == "ok" and p.f in WRITES
-                     and p.end_s is not None and p.end_s < end
+                     and p.end_s is not None and p.end_s <= end
                      and applied.get(p.call) is not False), key=lambda p: p.start_s)
     recoveries = []
     for window in data.windows:
