@@ -47,8 +47,9 @@ FAULTS = "partition,kill,pause,member"
 # A write is a put or delete, conditional or not (OpPoint.f calls conditional ones "cas").
 WRITES = ("put", "delete", "cas")
 EXIT_WORDS = {0: "valid", 1: "invalid", 2: "unknown", 3: "harness error"}
-# The harness's last lines name the run folder ("... Run folder: X", "run folder (partial): X").
-RUN_FOLDER = re.compile(r"(?:Run folder|run folder \(partial\)): (\S+)")
+# The harness names the run folder as it makes it ("run folder: X") and again at the end
+# ("... Run folder: X", "run folder (partial): X"), so an interrupted run still has one.
+RUN_FOLDER = re.compile(r"run folder(?: \(partial\))?: (\S+)", re.IGNORECASE)
 
 
 @dataclass

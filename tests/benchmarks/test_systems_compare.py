@@ -174,3 +174,49 @@ def test_ctrl_c_writes_only_a_partial_file_that_says_so(tmp_path: Path, monkeypa
     partial = (tmp_path / "systems.partial.md").read_text()
     assert "PARTIAL: interrupted by Ctrl-C during run 2 of 3; 1 runs measured" in partial
     assert "interrupted (-); not measured: interrupted by Ctrl-C" in partial
+
+
+FAKE_HARNESS = r"""
+import pathlib, signal, sys, time
+folder, ready = sys.argv[1], pathlib.Path(sys.argv[2])
+def stop(signum, frame):
+    ready.with_name("stopped").touch()
+    print("interrupted: tearing the cluster down ...")
+    print(f"run folder (partial): {folder}", flush=True)
+    sys.exit(3)
+signal.signal(signal.SIGINT, stop)
+print(f"run folder: {folder}", flush=True)
+ready.touch()
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:  # until the SIGINT this test forwards
+    time.sleep(0.05)
+print("never interrupted", flush=True)
+sys.exit(0)
+"""
+
+
+def test_ctrl_c_is_forwarded_once_and_the_run_folder_still_named(tmp_path: Path) -> None:
+    """Ctrl-C in the comparison reaches the harness (in its own session) as one SIGINT;
+    the folder the harness named is returned and the run is marked interrupted."""
+    import os
+    import signal
+    import threading
+    import time
+
+    ready = tmp_path / "ready"
+    folder = tmp_path / "store" / "kv" / "20260101T000000"
+
+    def press_ctrl_c() -> None:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C on the terminal does to us
+
+    presser = threading.Thread(target=press_ctrl_c, daemon=True)
+    presser.start()
+    code, run_dir, interrupted = systems_compare.run_harness(
+        ["python", "-c", FAKE_HARNESS, str(folder), str(ready)], "    ")
+    presser.join(timeout=5)
+    assert interrupted and code is None
+    assert run_dir == folder
+    assert (tmp_path / "stopped").exists()  # the harness got the SIGINT and stopped on it
