@@ -175,7 +175,8 @@ def measure(run_dir: Path) -> RunMeasure:
     return RunMeasure(run_dir=Path(run_dir), system=name, system_version=version,
                       verdict=data.verdict, counts=counts, workload_s=end, inside_s=inside_s,
                       ok_inside=ok_inside, ok_outside=ok_outside, recoveries=recoveries,
-                      sentence=verdict_sentence(data), reproduce=str(data.test.get("reproduce", "")))
+                      sentence=verdict_sentence(data),
+                      reproduce=str(data.test.get("reproduce", "")))
 
 
 # ----- running the harness -------------------------------------------------------------
@@ -302,12 +303,13 @@ def render(outcomes: list[RunOutcome], *, command: str, load_before: str, load_a
         lines += [f"**PARTIAL: {note}** Only the runs in the table below were measured.", ""]
     lines += [
         f"Made by `{command}` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} "
-        f"UTC ({os.cpu_count()} cores; load average before {load_before}, after {load_after}).",
+        f"UTC ({os.cpu_count()} cores; load average before {load_before}, "
+        f"after {load_after}).",
         "",
         "Each run: `python -m nemesis run --system S --platform P --faults " + FAULTS
         + f" --duration {duration_s:g} --seed N` (5 nodes, the nemesis at its default "
-        "`--interval 10`, the kv workload at its defaults), one at a time. The workload offers 100 operations "
-        "per second over all clients (`--rate 100`), so about 100 ack/s outside faults is the "
+        "`--interval 10`, the kv workload at its defaults), one at a time. The workload "
+        "offers 100 operations per second over all clients (`--rate 100`), so about 100 ack/s outside faults is the "
         "offered load, not either system's capacity; availability here is how much of it was "
         "served.",
         "",
