@@ -309,9 +309,9 @@ def render(outcomes: list[RunOutcome], *, command: str, load_before: str, load_a
         "Each run: `python -m nemesis run --system S --platform P --faults " + FAULTS
         + f" --duration {duration_s:g} --seed N` (5 nodes, the nemesis at its default "
         "`--interval 10`, the kv workload at its defaults), one at a time. The workload "
-        "offers 100 operations per second over all clients (`--rate 100`), so about 100 ack/s outside faults is the "
-        "offered load, not either system's capacity; availability here is how much of it was "
-        "served.",
+        "offers 100 operations per second over all clients (`--rate 100`), so about 100 ack/s "
+        "outside faults is the offered load, not either system's capacity; availability here "
+        "is how much of it was served.",
         "",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ".",
         "",
