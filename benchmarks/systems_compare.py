@@ -376,6 +376,46 @@ def _names(allowed: tuple[str, ...]):  # noqa: ANN202
     return parse
 
 
+def versions_of(outcomes: list[RunOutcome]) -> dict[str, str]:
+    """System name -> its version(s) as the run folders record them (several if the
+    runs span commits)."""
+    seen: dict[str, list[str]] = {}
+    for o in outcomes:
+        if o.measure is not None and o.measure.system_version not in seen.setdefault(
+                o.measure.system, []):
+            seen[o.measure.system].append(o.measure.system_version)
+    return {name: " and ".join(found) for name, found in seen.items()}
+
+
+def tabulate_stored(run_dirs: list[Path], out: Path, command: str) -> int:
+    """The table of run folders made before (by this script or by hand). The exit code is
+    the one the harness returns for the folder's verdict (nemesis/runner.py finish_run);
+    the machine's load during those runs is not known here and the file says so."""
+    codes = {"valid": 0, "invalid": 1, "unknown": 2, "crashed": 3}
+    outcomes, durations = [], set()
+    for run_dir in run_dirs:
+        run_dir = run_dir.resolve()
+        m = measure(run_dir)
+        config = load_run(run_dir).test.get("config") or {}
+        durations.add(config.get("duration_s"))
+        outcomes.append(RunOutcome(m.system, str(config.get("platform")),
+                                   int(config.get("seed") or 0), [], codes[m.verdict],
+                                   run_dir, m))
+    order = {"store": 0, "etcd": 1, "local": 0, "docker": 1}
+    outcomes.sort(key=lambda o: (order.get(o.system, 9), order.get(o.platform, 9), o.seed))
+    unknown = "not known (tabulated from stored run folders; see each run's own output)"
+    duration = durations.pop() if len(durations) == 1 else None
+    text = render(outcomes, command=command, load_before=unknown, load_after=unknown,
+                  versions=versions_of(outcomes), duration_s=duration or 0, complete=True)
+    if duration is None:
+        text = text.replace(" --duration 0 ", " --duration (varies) ")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(text)
+    print(f"written to {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=300.0, help="seconds per run")
@@ -385,9 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--platforms", type=_names(("local", "docker")),
                         default=["local", "docker"])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/systems.md")
+    parser.add_argument("--measure", type=Path, nargs="+", metavar="RUN_DIR",
+                        help="run nothing: tabulate these stored run folders (e.g. the runs of "
+                             "several invocations, or after a change of a definition here)")
     args = parser.parse_args(argv)
     command = "python benchmarks/systems_compare.py " + shlex.join(
         sys.argv[1:] if argv is None else argv)
+    if args.measure:
+        return tabulate_stored(args.measure, args.out, command)
     plan = [(s, p, n) for s in args.systems for p in args.platforms for n in args.seeds]
     load_before = load_average()
     outcomes: list[RunOutcome] = []
@@ -419,10 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             f" ({m.without_write} without a write); {run_dir}"
             if m else f"not measured: {outcome.error}"), flush=True)
     load_after = load_average()
-    versions = {}
-    for o in outcomes:
-        if o.measure is not None:
-            versions.setdefault(o.measure.system, o.measure.system_version)
+    versions = versions_of(outcomes)
     out = args.out
     note = ""
     if interrupted:

@@ -221,3 +221,19 @@ def test_ctrl_c_is_forwarded_once_and_the_run_folder_still_named(tmp_path: Path)
     assert interrupted and code is None
     assert run_dir == folder
     assert (tmp_path / "stopped").exists()  # the harness got the SIGINT and stopped on it
+
+
+def test_stored_run_folders_are_tabulated_without_running_anything(tmp_path: Path,
+                                                                     monkeypatch) -> None:
+    run_dir = faulted_run(tmp_path / "run")
+    test = json.loads((run_dir / "test.json").read_text())
+    test["config"] = {"platform": "docker", "seed": 4, "duration_s": 120.0}
+    (run_dir / "test.json").write_text(json.dumps(test))
+    monkeypatch.setattr(systems_compare, "run_harness", None)  # calling it would fail
+    out = tmp_path / "systems.md"
+    assert systems_compare.main(["--measure", str(run_dir), "--out", str(out)]) == 0
+    row = next(line for line in out.read_text().splitlines() if "| 4 " in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:4] == ["etcd", "docker", "4", "valid (0)"]
+    assert "--duration 120 --seed N" in out.read_text()
+    assert "Versions: etcd 3.4.23." in out.read_text()
