@@ -95,7 +95,7 @@ def test_time_to_first_write_counts_applied_writes_invoked_after_the_fault(tmp_p
     assert m.recovery_median == pytest.approx(2.5) and m.recovery_max == pytest.approx(2.5)
     assert m.without_write == 1
     row = systems_compare.run_row(RunOutcome("etcd", "local", 7, [], 0, m.run_dir, m))
-    assert row[3] == "valid (0)" and row[4:8] == ["7", "1", "0", "2"]
+    assert row[3] == "valid (0)" and row[4:8] == ["7", "1", "0", "2: kill 1, partition 1"]
     assert row[8:12] == ["0.5", "0.8", "2.50", "2.50 (1 none)"]
     assert row[12] == str(m.run_dir)
 
