@@ -20,6 +20,7 @@ from nemesis.systems.etcd.proto import etcd_pb2 as etcd_rpc_pb2
 from nemesis.systems.etcd.proto import etcd_pb2_grpc as etcd_rpc_pb2_grpc
 from system.kv.client import SESSION_MAX_PAYLOAD_BYTES
 from system.kv.proto import kv_pb2, kv_pb2_grpc
+from system.kv.tls import open_channel
 
 # Enough for the 1 MiB row with room to spare; our store must take 64 MiB checkpoints.
 MAX_MESSAGE_BYTES = 80 * 1024 * 1024
@@ -53,15 +54,12 @@ TLS_CLIENT_NAME = "bench"  # the load generator's certificate in a TLS target's 
 def aio_channel(address: str, tls_dir: str = "") -> grpc.aio.Channel:
     """A channel to one member: plaintext, or mutual TLS with the benchmark's client
     certificate from `tls_dir` (written by system.kv.tls.generate)."""
-    if not tls_dir:
-        return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.aio.secure_channel(address, _credentials(tls_dir), options=CHANNEL_OPTIONS)
+    return open_channel(address, _credentials(tls_dir) if tls_dir else None, CHANNEL_OPTIONS,
+                        aio=True)
 
 
 def sync_channel(address: str, tls_dir: str = "") -> grpc.Channel:
-    if not tls_dir:
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.secure_channel(address, _credentials(tls_dir), options=CHANNEL_OPTIONS)
+    return open_channel(address, _credentials(tls_dir) if tls_dir else None, CHANNEL_OPTIONS)
 
 
 def _credentials(tls_dir: str) -> grpc.ChannelCredentials:

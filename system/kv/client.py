@@ -41,7 +41,7 @@ import grpc
 from system.kv.limits import value_limit_of_refusal
 from system.kv.proto import kv_pb2, kv_pb2_grpc
 from system.kv.session import Session, error_of
-from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.kv.tls import TlsFiles, grpc_channel_credentials, open_channel
 from system.kv.tls_failure import explain
 from system.kv.transport import CHANNEL_OPTIONS
 
@@ -383,10 +383,7 @@ class KVClient:
         with self._lock:
             stub = self._stubs.get(address)
             if stub is None:
-                channel = (grpc.insecure_channel(address, options=list(CHANNEL_OPTIONS))
-                           if self._credentials is None else
-                           grpc.secure_channel(address, self._credentials,
-                                               options=list(CHANNEL_OPTIONS)))
+                channel = open_channel(address, self._credentials, CHANNEL_OPTIONS)
                 self._channels[address] = channel
                 stub = self._stubs[address] = kv_pb2_grpc.KVStub(channel)
             return stub

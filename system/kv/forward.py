@@ -29,7 +29,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from system.kv.proto import kv_pb2
 from system.kv.session import take_batch
-from system.kv.tls import TlsFiles, grpc_channel_credentials, target_name_option
+from system.kv.tls import TlsFiles, open_channel
 from system.kv.tls_failure import explain
 from system.kv.transport import CHANNEL_OPTIONS
 
@@ -175,12 +175,8 @@ class Forwarder:
         return session
 
     def _channel(self, address: str, leader_id: str) -> grpc.aio.Channel:
-        if self.tls is None:
-            return grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
         # Without a leader id (never, from server.py) the address is what is checked.
-        options = [*CHANNEL_OPTIONS, *([target_name_option(leader_id)] if leader_id else [])]
-        return grpc.aio.secure_channel(address, grpc_channel_credentials(self.tls),
-                                       options=options)
+        return open_channel(address, self.tls, CHANNEL_OPTIONS, peer_name=leader_id, aio=True)
 
     async def call(self, address: str, kind: str, request: ProtoMessage,
                    timeout_s: float | None, write: bool, leader_id: str = "") -> ProtoMessage:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import grpc
 
 from system.kv.proto import kv_pb2, kv_pb2_grpc
-from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.kv.tls import TlsFiles, open_channel
 from system.kv.tls_failure import explain
 from system.kv.transport import CHANNEL_OPTIONS
 
@@ -55,10 +55,7 @@ class MembershipTls(MembershipError):
 
 
 def _channel(target: str, tls: TlsFiles | None) -> grpc.Channel:
-    if tls is None:
-        return grpc.insecure_channel(target, options=list(CHANNEL_OPTIONS))
-    return grpc.secure_channel(target, grpc_channel_credentials(tls),
-                               options=list(CHANNEL_OPTIONS))
+    return open_channel(target, tls, CHANNEL_OPTIONS)
 
 
 def _check_handshake(target: str, exc: grpc.RpcError, tls: TlsFiles | None) -> None:

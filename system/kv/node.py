@@ -61,7 +61,7 @@ from system.kv.state_machine import (
     encode_put,
 )
 from system.kv.storage import DurableStorage
-from system.kv.tls import NodeTls, TlsFiles, grpc_channel_credentials, target_name_option
+from system.kv.tls import NodeTls, TlsFiles, open_channel
 from system.kv.transfers import SnapshotSends
 from system.kv.transport import Transport
 from system.raft.core import (
@@ -1071,16 +1071,9 @@ async def _call_introduce(address: str, request, peer: NodeId = "",  # noqa: ANN
                           tls: TlsFiles | None = None):
     """Introduce to `peer` at `address`; with `tls`, as this node's certificate, and only
     to a node whose certificate names `peer`."""
-    import grpc
-
     from system.kv.proto import kv_pb2, kv_pb2_grpc
 
-    if tls is None:
-        channel = grpc.aio.insecure_channel(address)
-    else:
-        channel = grpc.aio.secure_channel(address, grpc_channel_credentials(tls), options=(
-            [target_name_option(peer)] if peer else []))
-    async with channel:
+    async with open_channel(address, tls, peer_name=peer, aio=True) as channel:
         stub = kv_pb2_grpc.KVStub(channel)
         answer: kv_pb2.IntroduceResponse = await stub.Introduce(request, timeout=1.0)
         return answer

@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 
 from system.kv.proto import kv_pb2, kv_pb2_grpc
-from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.kv.tls import TlsFiles, grpc_channel_credentials, open_channel
 
 
 class StatusProbe:
@@ -26,10 +26,8 @@ class StatusProbe:
         """The node's Status, or None if it does not answer within `timeout_s`."""
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = (
-                grpc.insecure_channel(address, options=list(self.OPTIONS))
-                if self._credentials is None else
-                grpc.secure_channel(address, self._credentials, options=list(self.OPTIONS)))
+            channel = self._channels[address] = open_channel(address, self._credentials,
+                                                             self.OPTIONS)
         try:
             return kv_pb2_grpc.KVStub(channel).Status(kv_pb2.StatusRequest(), timeout=timeout_s)
         except grpc.RpcError:

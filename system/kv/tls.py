@@ -165,6 +165,25 @@ def grpc_channel_credentials(files: TlsFiles | None, ca: Path | None = None):  #
     return grpc.ssl_channel_credentials(root_certificates=ca_pem)
 
 
+def open_channel(address: str, tls: TlsFiles | object | None, options: Sequence = (), *,
+                 peer_name: str | None = None, aio: bool = False):  # noqa: ANN201
+    """A gRPC channel to `address`: plaintext when `tls` is None, else mutual TLS with
+    `tls` — a TlsFiles, or credentials a caller read once from grpc_channel_credentials.
+    `peer_name`: the name the server's certificate must carry (a node id) instead of the
+    address dialled. `aio`: a grpc.aio channel. Every client of the project dials
+    through here, so the plaintext-or-TLS choice is made in one place."""
+    import grpc
+
+    api = grpc.aio if aio else grpc
+    options = list(options)
+    if tls is None:
+        return api.insecure_channel(address, options=options)
+    credentials = grpc_channel_credentials(tls) if isinstance(tls, TlsFiles) else tls
+    if peer_name:
+        options.append(target_name_option(peer_name))
+    return api.secure_channel(address, credentials, options=options)
+
+
 def target_name_option(name: str) -> tuple[str, str]:
     """The channel option that makes a client check the server's certificate for `name`
     (a node id) rather than the address it dialled."""

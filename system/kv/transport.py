@@ -31,10 +31,9 @@ from system.kv.tls import (
     Identity,
     TlsFiles,
     check_role,
-    grpc_channel_credentials,
     grpc_identity,
     identity_of_pem,
-    target_name_option,
+    open_channel,
 )
 from system.raft.messages import Message, MessageType
 from system.raft.types import Entry, EntryKind, NodeId, SnapshotMeta
@@ -349,12 +348,9 @@ class PeerSender:
         self._wakeup = asyncio.Event()
         # A channel of its own per lane (local subchannel pool = its own TCP connection).
         options = (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
-        if self.tls is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=options)
-        else:  # the peer's certificate must name the peer id, whatever address it has
-            self._channel = grpc.aio.secure_channel(
-                self.address, grpc_channel_credentials(self.tls),
-                options=(*options, target_name_option(self.peer_id)))
+        # With TLS the peer's certificate must name the peer id, whatever address it has.
+        self._channel = open_channel(self.address, self.tls, options, peer_name=self.peer_id,
+                                     aio=True)
         # BatchPiece bytes in (see encode_batch, batch_pieces), SendAck out.
         self._stream_rpc = self._channel.stream_unary(
             _PIECES_METHOD, request_serializer=None,

@@ -28,7 +28,7 @@ from typing import TypeVar
 import grpc
 
 from system.kv.client import KVClient, KVError
-from system.kv.tls import grpc_channel_credentials
+from system.kv.tls import grpc_channel_credentials, open_channel
 from system.trainer import certs, data
 from system.trainer import checkpoint as codec
 from system.trainer.checkpoint_store import CheckpointStore, Latest
@@ -205,8 +205,7 @@ class TrainerRun:
                 return None
             address = record.address
         try:
-            with (grpc.secure_channel(address, self._status_credentials)
-                  if self._status_credentials is not None else grpc.insecure_channel(address)) as channel:
+            with open_channel(address, self._status_credentials) as channel:
                 return trainer_pb2_grpc.ParameterServerStub(channel).Status(
                     trainer_pb2.StatusRequest(), timeout=1.0)
         except grpc.RpcError:

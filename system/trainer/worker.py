@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from system.kv.client import KVClient, KVError
-from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.kv.tls import TlsFiles, grpc_channel_credentials, open_channel
 from system.trainer import certs
 from system.trainer.config import TrainConfig
 from system.trainer.coordinator import GRPC_OPTIONS
@@ -79,11 +79,7 @@ class Worker:
         if record.address != self._address or self._channel is None:
             if self._channel is not None:
                 self._channel.close()
-            if self._credentials is not None:
-                self._channel = grpc.secure_channel(record.address, self._credentials,
-                                                    options=GRPC_OPTIONS)
-            else:
-                self._channel = grpc.insecure_channel(record.address, options=GRPC_OPTIONS)
+            self._channel = open_channel(record.address, self._credentials, GRPC_OPTIONS)
             self._address = record.address
         # A failed call drops the stub, not the address: when the lease still names the same
         # coordinator (paused, slow, restarting on its port) the stub is made again on the

@@ -13,5 +13,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     a leader elected (a module that needs other settings defines its own `cluster`)."""
     with LocalCluster(3, tmp_path_factory.mktemp("cluster")) as c:
         c.start()
-        c.wait_for_leader(timeout_s=20)
+        # Three interpreters importing grpc at load 10+ can take most of 20 s to serve.
+        c.wait_for_leader(timeout_s=60)
         yield c

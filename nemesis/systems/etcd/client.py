@@ -61,7 +61,7 @@ from system.kv.client import (
     Unavailable,
     WriteResult,
 )
-from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.kv.tls import TlsFiles, grpc_channel_credentials, open_channel
 from system.kv.tls_failure import explain
 
 __all__ = [
@@ -278,9 +278,7 @@ class EtcdClient:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = (grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-                           if self._credentials is None else
-                           grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS))
+                channel = open_channel(address, self._credentials, CHANNEL_OPTIONS)
                 self._channels[address] = channel
             return channel
 

@@ -24,7 +24,7 @@ import grpc
 
 from nemesis.systems.etcd.client import CHANNEL_OPTIONS, REQUIRE_LEADER, outcome_of
 from nemesis.systems.etcd.proto import etcd_pb2, etcd_pb2_grpc
-from system.kv.tls import TlsFiles, grpc_channel_credentials
+from system.kv.tls import TlsFiles, open_channel
 
 LEARNER_NOT_READY = "can only promote a learner member which is in sync with leader"
 
@@ -64,9 +64,7 @@ class EtcdStatus:
 
 
 def _channel(address: str, tls: TlsFiles | None) -> grpc.Channel:
-    if tls is None:
-        return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
-    return grpc.secure_channel(address, grpc_channel_credentials(tls), options=CHANNEL_OPTIONS)
+    return open_channel(address, tls, CHANNEL_OPTIONS)
 
 
 def _members(response: object) -> list[Member]:
