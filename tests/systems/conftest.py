@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,22 +19,9 @@ from nemesis.systems.etcd import members
 from nemesis.systems.etcd.node import SETUP_HINT, EtcdMember, etcd_binary
 from system.kv.tls import TlsFiles, generate
 from system.ports import free_ports
+from tests.nemesis.waiting import wait_until
 
 START_TIMEOUT_S = 60.0  # a loaded 2-core machine: etcd's first election plus start-up
-
-
-def wait_for(what: str, condition: Callable[[], object], timeout_s: float,
-             every_s: float = 0.05) -> object:
-    """`condition()`'s first truthy value, polled until `timeout_s`; fails the test with
-    `what` otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(every_s)
 
 
 class EtcdCluster:
@@ -105,7 +91,7 @@ class EtcdCluster:
             leaders = {v.leader_id for v in views}  # type: ignore[union-attr]
             leader = leaders.pop() if len(leaders) == 1 else ""
             return leader if leader in self.procs else None  # a killed one is no answer
-        return wait_for("a leader all running members agree on", agreed, timeout_s)  # type: ignore[return-value]
+        return wait_until(agreed, timeout_s, "a leader all running members agree on")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from nemesis.systems.etcd.client import (
     NotFound,
     outcome_of,
 )
-from tests.systems.conftest import wait_for
+from tests.nemesis.waiting import wait_until
 from workloads.base import RunContext
 
 pytestmark = pytest.mark.integration
@@ -59,7 +59,7 @@ def test_stale_get_on_every_member_catches_up(client, etcd_cluster):
                 return False
             assert r.stale and r.node_id == name and r.version <= 2
             return r.version == 2 and r.value == b"y"
-        wait_for(f"{name} to apply version 2", caught_up, 10.0)
+        wait_until(caught_up, 10.0, f"{name} to apply version 2")
     with pytest.raises(InvalidArgument):
         client.get("stale", consistency="bounded")
 

@@ -20,7 +20,7 @@ from nemesis.systems.etcd.client import (
     NotFound,
     Unavailable,
 )
-from tests.systems.conftest import wait_for
+from tests.nemesis.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -53,8 +53,8 @@ def test_member_without_leader_refuses_writes_as_not_applied(etcd_cluster_factor
     alone = cluster.names[0]
     for name in cluster.names[1:]:
         cluster.kill(name)
-    wait_for(f"{alone} to know no leader",
-             lambda: (s := cluster.status(alone)) is not None and s.leader_id == "", 30.0)
+    wait_until(lambda: (s := cluster.status(alone)) is not None and s.leader_id == "", 30.0,
+               f"{alone} to know no leader")
     with EtcdClient({alone: cluster.addresses[alone]}, timeout_s=1.5) as client:
         with pytest.raises(Unavailable) as refused:
             client.put("nl", b"never")
@@ -119,11 +119,11 @@ def test_writers_through_a_leader_kill_stay_linearizable(etcd_cluster_factory, t
         for t in threads:
             t.start()
         try:
-            wait_for("some writes before the kill", lambda: outcomes["ok"] >= 20, 30.0)
+            wait_until(lambda: outcomes["ok"] >= 20, 30.0, "some writes before the kill")
             before = outcomes["ok"]
             cluster.kill(leader)
-            wait_for("writes acknowledged after the kill",
-                     lambda: outcomes["ok"] >= before + 20, 30.0)
+            wait_until(lambda: outcomes["ok"] >= before + 20, 30.0,
+                       "writes acknowledged after the kill")
         finally:
             stop.set()
             for t in threads:

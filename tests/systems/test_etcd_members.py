@@ -10,7 +10,7 @@ from nemesis.systems.etcd import members
 from nemesis.systems.etcd.client import EtcdClient, NotFound, TlsFailure
 from nemesis.systems.etcd.node import EtcdMember, data_files, version
 from system.ports import free_ports
-from tests.systems.conftest import wait_for
+from tests.nemesis.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -41,8 +41,8 @@ def test_learner_added_started_promoted_and_removed(etcd_cluster_factory):
     cluster.members["e4"] = EtcdMember("e4", cluster.root / "e4", f"127.0.0.1:{client_port}",
                                        peer, joined, new=False, token=f"test-{cluster.root.name}")
     cluster.start("e4")
-    wait_for("e4 to run as a learner",
-             lambda: (s := cluster.status("e4")) is not None and s.role == "learner", 30.0)
+    wait_until(lambda: (s := cluster.status("e4")) is not None and s.role == "learner", 30.0,
+               "e4 to run as a learner")
     assert members.membership(addresses)[1] == {"e4"}
     promoted = members.promote(addresses, "e4", timeout_s=30.0)
     assert promoted.is_learner is False
@@ -55,7 +55,7 @@ def test_learner_added_started_promoted_and_removed(etcd_cluster_factory):
             except NotFound:
                 return False  # not applied there yet
             return r.node_id == "e4" and r.version == 1
-        wait_for("e4 to serve the write", e4_has_it, 10.0)
+        wait_until(e4_has_it, 10.0, "e4 to serve the write")
     members.remove(addresses, "e4")
     assert members.membership(addresses) == ({"e1", "e2", "e3"}, set())
     with pytest.raises(members.MemberError, match="no such member"):
