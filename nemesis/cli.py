@@ -369,7 +369,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
         unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit,
-        faults_all=faults_all, mix=args.mix, tls=args.tls, system=system.name)
+        faults_all=faults_all, mix=args.mix, tls=args.tls, system=args.system)
     return run(config)
 
 

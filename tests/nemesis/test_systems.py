@@ -51,6 +51,54 @@ def test_run_refuses_an_unknown_system_before_anything_starts(
     assert not (tmp_path / "store").exists()
 
 
+USER_MODULE = """
+from nemesis.systems.store import StoreSystem
+
+
+class MyStore(StoreSystem):
+    name = "mystore"
+
+
+NOT_A_SYSTEM = 3
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of the user's, outside the project, holding a System subclass."""
+    (tmp_path / "user_systems").mkdir()
+    (tmp_path / "user_systems" / "mydb.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path / "user_systems"))
+    return "mydb"
+
+
+def test_a_users_own_system_is_named_by_module_and_class(user_module: str) -> None:
+    system = get_system(f"{user_module}:MyStore")
+    assert isinstance(system, StoreSystem) and system.name == "mystore"
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("no_such_module_here:MyDb", "cannot import 'no_such_module_here'"),
+    ("mydb:Missing", "mydb.Missing is no such name"),
+    ("mydb:NOT_A_SYSTEM", "mydb.NOT_A_SYSTEM is a int, not a subclass"),
+])
+def test_a_wrong_module_class_is_one_line_saying_what_is_wrong(user_module: str, spec: str,
+                                                               says: str) -> None:
+    with pytest.raises(UnknownSystem) as info:
+        get_system(spec)
+    assert len(str(info.value).splitlines()) == 1 and says in str(info.value)
+
+
+def test_a_run_of_a_users_own_system_records_it_and_reproduces_with_it(
+        user_module: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert main(["run", "--platform", "sim", "--system", f"{user_module}:MyStore",
+                 "--duration", "5", "--seed", "7", "--store", str(store)]) == 0
+    test = json.loads((store / "latest" / "test.json").read_text())
+    assert test["system"]["name"] == "mystore"
+    assert f"--system {user_module}:MyStore" in test["reproduce"]
+
+
 class _OtherSystem(StoreSystem):
     """The store under another name that the simulator does not hold."""
 
