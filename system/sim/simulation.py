@@ -151,6 +151,7 @@ class Simulation:
         self.trace: list[str] = []
         self.history: list[HistoryEvent] = []
         self.ops: list[ClientOp] = []
+        self._last_op_of: dict[int, ClientOp] = {}  # process -> its latest op (one open at most)
         # Requests sent to a paused node: they wait in its socket until it resumes
         # (`deliver_held`) or crashes, as a real SIGSTOPped process's requests do.
         self.held: list[tuple[ClientOp, Attempt]] = []
@@ -703,9 +704,10 @@ class Simulation:
         `retry_on_refusal`: a driven client retries refused attempts itself, so a refusal
         does not complete the op as `fail`."""
         process = self.new_process() if process is None else process
-        for other in self.ops:
-            if other.process == process and not other.done:
-                raise ValueError(f"process {process} already has an open operation")
+        # Only a process's latest op can be open; scanning every op made a run quadratic.
+        last = self._last_op_of.get(process)
+        if last is not None and not last.done:
+            raise ValueError(f"process {process} already has an open operation")
         op_id = len(self.ops) + 1
         op = ClientOp(
             id=op_id, process=process, f=f, key=key, value=value,
@@ -714,6 +716,7 @@ class Simulation:
             stale=stale, retry_on_refusal=retry_on_refusal, invoked_step=self.step_count,
         )
         self.ops.append(op)
+        self._last_op_of[process] = op
         self._note("invoke", op.id, f.value, key, value, expected_version, process,
                    op.request_id, stale, retry_on_refusal)
         self._history(op, EventType.INVOKE)
