@@ -346,14 +346,24 @@ class KVWorkload(Workload):
 
     def final_reads(self, ctx: RunContext, timeout_s: float) -> dict[str, Any]:
         """A linearizable read of every key the run touched, each retried (as new
-        operations) until it succeeds or `timeout_s` runs out."""
-        deadline = time.monotonic() + timeout_s
+        operations) until it succeeds. `timeout_s` is how long the reads may go without a
+        success, not a budget for them all: on a loaded machine a cluster that serves one
+        read in several seconds still gets every key read (a shared 30 s left one key of
+        39 unread, and the run unknown). The whole is capped at `timeout_s` plus two op
+        timeouts per key; keys left when the cap passes are not tried."""
+        keys = list(self.pool.touched)
+        start = time.monotonic()
+        cap = start + timeout_s + 2 * self.op_timeout_s * len(keys)
+        deadline = start + timeout_s
         process = self.concurrency * 1_000_000  # far above any retired client's id
         client = self.system.kv_client(ctx.addresses, timeout_s=self.op_timeout_s,
                                        client_id="final", tls=ctx.tls)
         read, failed = 0, []
         try:
-            for key in list(self.pool.touched):
+            for key in keys:
+                if time.monotonic() >= cap:
+                    failed.append(key)
+                    continue
                 while True:
                     i = ctx.history.invoke(process, "get", key, None, consistency="linearizable")
                     try:
@@ -361,10 +371,11 @@ class KVWorkload(Workload):
                         ctx.history.complete(i, "ok", _text(r), version=r.version, node=r.node,
                                              **_applied(r))
                         read += 1
+                        deadline = time.monotonic() + timeout_s
                         break
                     except Exception as exc:
                         ctx.history.complete(i, "fail", None, error=_error(exc))
-                        if time.monotonic() >= deadline:
+                        if time.monotonic() >= min(deadline, cap):
                             failed.append(key)
                             break
         finally:
