@@ -16,6 +16,7 @@ from tabulate import tabulate
 from checker.linearizability import check_linearizable
 from checker.lost_writes import check_lost_writes, unverified_keys
 from checker.models import by_name
+from checker.replicas import check_replicas
 from checker.result import UNKNOWN, Result, Verdict, combine
 from checker.staleness import stale_reads
 from checker.timeline import render_html
@@ -68,7 +69,8 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
         lost = replace(lost, valid=UNKNOWN, note="; ".join(filter(None, [lost.note, (
             f"{len(unread)} key(s) with an acknowledged write were never read after it "
             f"({shown}): whether those writes survived is unknown")])))
-    verdict = combine([lin.valid, lost.valid])
+    agree: Result = check_replicas(operations)
+    verdict = combine([lin.valid, lost.valid, agree.valid])
     if not operations:
         # A run that recorded nothing proves nothing: never "valid".
         verdict = UNKNOWN
@@ -80,6 +82,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
         "operations": op_table(operations),
         "linearizable": lin.to_json(),
         "lost_writes": lost.to_json(),
+        "replicas_agree": agree.to_json(),
         "stale_reads": stale_reads(operations),
         "unverified_keys": len(unread),
         "history_truncated": read.dropped_truncated_tail,
@@ -92,6 +95,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     write_json(results_path, results)
     results["_lin"] = lin
     results["_lost"] = lost
+    results["_agree"] = agree
     return results
 
 
@@ -167,9 +171,29 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                      f"{stale['max_versions_behind']} versions behind)")
     for anomaly in lost.anomalies[:5]:
         lines.append(f"  {anomaly.kind}: {anomaly.text}")
+    lines += replica_lines(results.get("_agree"))
     for counterexample in lin.counterexamples[:1]:
         lines.append("")
         lines.append(counterexample.text())
+    return lines
+
+
+def replica_lines(agree: Result | None) -> list[str]:
+    """What the replica reads found (checker/replicas.py); nothing for a history without."""
+    if agree is None or not agree.counts.get("replica_reads"):
+        return []
+    c = agree.counts
+    if agree.valid is False:
+        head = (f"replicas agree: INVALID ({c['diverged']} read(s) on {c['nodes_diverged']} "
+                f"node(s) differ from the final linearizable read at or past its index)")
+    else:
+        head = f"replicas agree: valid ({c['agree']} of {c['replica_reads']} replica reads agree"
+        head += f", {c['behind']} behind then re-read)" if c["behind"] else ")"
+    lines = [head]
+    if agree.note and c.get("replica_reads"):
+        lines.append(f"  note: {agree.note}")
+    for anomaly in agree.anomalies[:5]:
+        lines.append(f"  {anomaly.kind}: {anomaly.text}")
     return lines
 
 
@@ -192,7 +216,7 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
     for counterexample in results["_lin"].counterexamples:
         op = counterexample.blocking
         positions.append(op.ret if op.ret is not None else op.call)
-    for anomaly in results["_lost"].anomalies:
+    for anomaly in [*results["_lost"].anomalies, *results["_agree"].anomalies]:
         positions.extend(op.ret if op.ret is not None else op.call for op in anomaly.operations)
     stamps = [times[p] for p in positions if p in times and times[p] is not None]
     if not stamps:

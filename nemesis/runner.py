@@ -41,6 +41,8 @@ log = logging.getLogger("nemesis")
 LEADER_TIMEOUT_S = 60.0  # first start on a loaded machine: processes import gRPC, elect
 RECOVERY_TIMEOUT_S = 30.0  # after the heal: a leader must serve again within this
 FINAL_READ_TIMEOUT_S = 30.0
+# The replica reads after them (workloads/replicas.py): every node's turn together.
+REPLICA_READ_TIMEOUT_S = 60.0
 HEAL_WAIT_S = 60.0  # tear down: how long a heal in progress may take to finish and record its end
 
 
@@ -180,6 +182,25 @@ def make_workload(config: RunConfig, system: System | None = None) -> Workload:
                           and config.unsafe not in system.client_canaries() else None)
         return TrainerWorkload(unsafe=trainer_unsafe, seed=config.seed, system=system)
     raise HarnessError(f"unknown workload {config.workload!r}")
+
+
+def not_read_back(platform: Platform, nemesis: Nemesis) -> dict[str, str]:
+    """The nodes the replica reads skip, and why: down at the end (a node that refused its
+    data and was not rejoined), or not a member (after member changes, as the leader
+    sees the membership). A node that is neither is read back on its own."""
+    skipped = {n: "down at the end" for n in platform.node_ids if not platform.is_running(n)}
+    if not platform.supports_membership() or not (
+            "member" in nemesis.faults or nemesis.refused or nemesis.rejoining):
+        return skipped
+    try:
+        voters, learners = platform.membership()
+    except Exception as exc:  # every node is then read: a non-member's reads just fail
+        log.warning("membership unknown for the replica reads: %s", exc)
+        return skipped
+    for node in platform.node_ids:
+        if node not in voters | learners:
+            skipped.setdefault(node, "not a member at the end")
+    return skipped
 
 
 def wait_for_leader(platform: Platform, timeout_s: float, stop: threading.Event | None = None
@@ -501,6 +522,11 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                         f"({platform.describe()}); final reads may fail")
         _print(out, "final reads ...")
         run_info["final_reads"] = workload.final_reads(ctx, FINAL_READ_TIMEOUT_S)
+        replica_reads = workload.replica_reads(ctx, not_read_back(platform, nemesis),
+                                               REPLICA_READ_TIMEOUT_S,
+                                               say=lambda line: _print(out, line))
+        if replica_reads is not None:
+            run_info["replica_reads"] = replica_reads
     except (HarnessError, WorkloadError) as exc:
         run_info["harness_error"] = str(exc)
         _print(out, f"harness error: {exc}")

@@ -42,6 +42,7 @@ from nemesis.platforms.sim import TICK_S, SimPlatform
 from nemesis.store import write_json
 from system.sim.clients import AttemptState, ClientOp, OpStatus
 from system.sim.history import Function
+from workloads import replicas
 from workloads.kv import READS, ClientPlan, KeyPool, KVWorkload, PlannedOp, expected_version
 
 log = logging.getLogger("nemesis")
@@ -49,6 +50,7 @@ log = logging.getLogger("nemesis")
 LEADER_TIMEOUT_S = 60.0  # simulated: the first election
 RECOVERY_TIMEOUT_S = 30.0  # simulated: a leader again after the heal
 FINAL_READ_TIMEOUT_S = 30.0
+REPLICA_READ_TIMEOUT_S = 60.0  # simulated: every node's turn of the replica reads
 ATTEMPT_TIMEOUT_S = 0.5  # a silent node (paused, cut off) is given up for the next one
 RETRY_BACKOFF_S = 0.04  # after a refusal, before the next attempt
 # A fault begins or ends after up to this many of its tick's deliveries (drawn from the
@@ -247,30 +249,103 @@ class SimClients:
 
     def final_reads(self, run: SimRun, timeout_s: float) -> dict[str, Any]:
         """A linearizable read of every key the run touched, each retried (as new
-        operations) until it succeeds or `timeout_s` of simulated time runs out."""
+        operations) until it succeeds or `timeout_s` of simulated time runs out; the
+        answers are the replica reads' references, as in workloads/kv.py."""
         deadline = self.platform.now_s() + timeout_s
-        process = self.workload.concurrency * 1_000_000
         read, failed = 0, []
+        self.final_answers: dict[str, replicas.Answer] = {}
         for key in list(self.pool.touched):
-            while True:
-                index = self.history.invoke(process, "get", key, None,
-                                            consistency="linearizable")
-                op = self.sim.invoke(Function.GET, key, process=process, retry_on_refusal=False)
-                self.platform.submit(op, self.platform.leader() or self.platform.node_ids[0])
+            answer = self._final_read(run, key, deadline)
+            if answer is None:
+                failed.append(key)
+            else:
+                self.final_answers[key] = answer
+                read += 1
+        return {"keys": len(self.pool.touched), "read": read, "unread": failed}
+
+    def _final_read(self, run: SimRun, key: str, deadline: float) -> replicas.Answer | None:
+        process = self.workload.final_process()
+        while True:
+            index = self.history.invoke(process, "get", key, None, consistency="linearizable",
+                                        phase=replicas.PHASE_FINAL)
+            op = self.sim.invoke(Function.GET, key, process=process, retry_on_refusal=False)
+            self.platform.submit(op, self.platform.leader() or self.platform.node_ids[0])
+            run.advance_until(lambda op=op: op.done, ATTEMPT_TIMEOUT_S * 4)
+            if not op.done:
+                self.sim.give_up(op, "final read timed out")
+            if op.status is OpStatus.OK:
+                self.history.complete(index, "ok", op.result_value, version=op.result_version,
+                                      node=op.answered_by, **_applied(op))
+                return replicas.Answer(op.result_value, op.result_version or 0,
+                                       op.result_applied_index)
+            self.history.complete(index, "fail", None, error=op.error or "not served")
+            if self.platform.now_s() >= deadline:
+                return None
+            run.advance_until(lambda: False, RETRY_BACKOFF_S)
+
+    def replica_reads(self, run: SimRun, timeout_s: float, out) -> dict[str, Any]:  # noqa: ANN001
+        """workloads/kv.py's replica reads in simulated time: every key the final reads
+        read, read from each node on its own (stale, that node only), repeated until its
+        answers match or its time runs out; a node that is down is skipped."""
+        from nemesis.runner import print_line
+
+        rounds = replicas.ReplicaRounds(list(self.pool.touched), self.final_answers)
+        nodes = self.platform.node_ids
+        for node in nodes:
+            if not self.platform.is_running(node):
+                rounds.skip(node, "down at the end")
+        if not rounds.keys:
+            return rounds.summary()
+        deadline = self.platform.now_s() + timeout_s
+        for number, node in enumerate(nodes):
+            if node in rounds.skipped:
+                continue
+            if self.platform.now_s() >= deadline:
+                rounds.skip(node, "the replica reads' time ran out before its turn")
+                continue
+            self._replica_rounds(run, rounds, node, number,
+                                 min(deadline, self.platform.now_s() + replicas.NODE_TIMEOUT_S))
+            print_line(out, rounds.line(node))
+        return rounds.summary()
+
+    def _replica_rounds(self, run: SimRun, rounds: replicas.ReplicaRounds, node: str,
+                        number: int, deadline: float) -> None:
+        process = self.workload.final_process() + replicas.PROCESS_OFFSET + number
+        progress = rounds.start(node)
+        while progress.pending and progress.rounds < replicas.MAX_ROUNDS:
+            if self.platform.now_s() >= deadline:
+                return
+            progress.rounds += 1
+            for key in list(progress.pending):
+                index = self.history.invoke(process, "get", key, None, consistency="stale",
+                                            phase=replicas.PHASE_REPLICA, target=node)
+                op = self.sim.invoke(Function.GET, key, process=process, stale=True,
+                                     retry_on_refusal=False)
+                self.platform.submit(op, node)
                 run.advance_until(lambda op=op: op.done, ATTEMPT_TIMEOUT_S * 4)
                 if not op.done:
-                    self.sim.give_up(op, "final read timed out")
-                if op.status is OpStatus.OK:
-                    self.history.complete(index, "ok", op.result_value,
-                                          version=op.result_version, node=op.answered_by)
-                    read += 1
-                    break
-                self.history.complete(index, "fail", None, error=op.error or "not served")
-                if self.platform.now_s() >= deadline:
-                    failed.append(key)
-                    break
-                run.advance_until(lambda: False, RETRY_BACKOFF_S)
-        return {"keys": len(self.pool.touched), "read": read, "unread": failed}
+                    self.sim.give_up(op, "replica read timed out")
+                if op.status is not OpStatus.OK:
+                    self.history.complete(index, "fail", None, error=op.error or "not served")
+                    progress.failed += 1
+                    progress.last_error = op.error or "not served"
+                    break  # the node is not answering: next round
+                self.history.complete(index, "ok", op.result_value, version=op.result_version,
+                                      node=op.answered_by, **_applied(op))
+                answer = replicas.Answer(op.result_value, op.result_version or 0,
+                                         op.result_applied_index)
+                if rounds.judge(node, key, answer) == "differs":
+                    fresh = self._final_read(run, key, min(deadline, self.platform.now_s() + 5.0))
+                    if fresh is not None:
+                        rounds.refresh(key, fresh)
+            if progress.pending:
+                run.advance_until(lambda: False, min(replicas.round_pause(progress.rounds),
+                                                     max(0.0, deadline - self.platform.now_s())))
+
+
+def _applied(op: ClientOp) -> dict[str, int]:
+    """A read's applied index, where the simulator told it."""
+    return {} if op.result_applied_index is None else {"applied_index": op.result_applied_index}
 
 
 class SimRun:
@@ -422,6 +497,7 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
                                                        RECOVERY_TIMEOUT_S) else None)
             print_line(out, "final reads ...")
             run_info["final_reads"] = clients.final_reads(run, FINAL_READ_TIMEOUT_S)
+            run_info["replica_reads"] = clients.replica_reads(run, REPLICA_READ_TIMEOUT_S, out)
         except Exception as exc:  # a harness bug must never read as "invalid" (exit 1)
             log.exception("harness failure")
             run_info["harness_error"] = f"{type(exc).__name__}: {exc}"

@@ -97,6 +97,13 @@ class Workload(abc.ABC):
     def final_reads(self, ctx: RunContext, timeout_s: float) -> dict[str, Any]:
         """After the heal: read back everything the run touched; returns a summary."""
 
+    def replica_reads(self, ctx: RunContext, skipped: dict[str, str], timeout_s: float,
+                      say=print) -> dict[str, Any] | None:  # noqa: ANN001 - print-like
+        """After `final_reads`: read it back from each node on its own, but those in
+        `skipped` (node -> why: not a member, down); the kv workload does
+        (workloads/replicas.py). None when the workload has no such reads."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """The workload's configuration, for test.json."""
         return {"name": self.name, "model": self.model}

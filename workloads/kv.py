@@ -43,6 +43,7 @@ from typing import Any
 
 from histories.write import HistoryWriter
 from nemesis.systems.base import Fail, KvClient, KvResult, System, Unknown, VersionMismatch
+from workloads import replicas
 from workloads.base import RunContext, Workload
 
 OPS = ("get", "stale-get", "put", "cas", "delete", "cas-delete")
@@ -205,6 +206,7 @@ class KVWorkload(Workload):
         self._next_process = concurrency  # ids for the final reads start above every client's
         self._process_lock = threading.Lock()
         self.harness_errors: list[str] = []
+        self.final_answers: dict[str, replicas.Answer] = {}  # key -> its final read's answer
 
     def describe(self) -> dict[str, Any]:
         described = {**super().describe(), "concurrency": self.concurrency, "rate": self.rate,
@@ -350,37 +352,120 @@ class KVWorkload(Workload):
         success, not a budget for them all: on a loaded machine a cluster that serves one
         read in several seconds still gets every key read (a shared 30 s left one key of
         39 unread, and the run unknown). The whole is capped at `timeout_s` plus two op
-        timeouts per key; keys left when the cap passes are not tried."""
+        timeouts per key; keys left when the cap passes are not tried. The answers are
+        the references of the replica reads (`replica_reads`)."""
         keys = list(self.pool.touched)
         start = time.monotonic()
         cap = start + timeout_s + 2 * self.op_timeout_s * len(keys)
         deadline = start + timeout_s
-        process = self.concurrency * 1_000_000  # far above any retired client's id
         client = self.system.kv_client(ctx.addresses, timeout_s=self.op_timeout_s,
                                        client_id="final", tls=ctx.tls)
         read, failed = 0, []
+        self.final_answers = {}
         try:
             for key in keys:
                 if time.monotonic() >= cap:
                     failed.append(key)
                     continue
-                while True:
-                    i = ctx.history.invoke(process, "get", key, None, consistency="linearizable")
-                    try:
-                        r = client.get(key, consistency="linearizable")
-                        ctx.history.complete(i, "ok", _text(r), version=r.version, node=r.node,
-                                             **_applied(r))
-                        read += 1
-                        deadline = time.monotonic() + timeout_s
-                        break
-                    except Exception as exc:
-                        ctx.history.complete(i, "fail", None, error=_error(exc))
-                        if time.monotonic() >= min(deadline, cap):
-                            failed.append(key)
-                            break
+                answer = self._final_read(ctx, client, key, min(deadline, cap))
+                if answer is None:
+                    failed.append(key)
+                else:
+                    self.final_answers[key] = answer
+                    read += 1
+                    deadline = time.monotonic() + timeout_s
         finally:
             client.close()
         return {"keys": len(self.pool.touched), "read": read, "unread": failed}
+
+    def final_process(self) -> int:
+        return self.concurrency * 1_000_000  # far above any retired client's id
+
+    def _final_read(self, ctx: RunContext, client: KvClient, key: str,
+                    deadline: float) -> replicas.Answer | None:
+        """One key's linearizable read, retried until it succeeds or `deadline`."""
+        process = self.final_process()
+        while True:
+            i = ctx.history.invoke(process, "get", key, None, consistency="linearizable",
+                                   phase=replicas.PHASE_FINAL)
+            try:
+                r = client.get(key, consistency="linearizable")
+            except Exception as exc:
+                ctx.history.complete(i, "fail", None, error=_error(exc))
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            ctx.history.complete(i, "ok", _text(r), version=r.version, node=r.node, **_applied(r))
+            return replicas.Answer(_text(r), r.version, r.applied_index)
+
+    def replica_reads(self, ctx: RunContext, skipped: dict[str, str], timeout_s: float,
+                      say=print) -> dict[str, Any]:  # noqa: ANN001 - a print-like callable
+        """After `final_reads`: every key it read, read from each node but `skipped`'s
+        (node -> why) on its own
+        (a client given only that node's address, stale consistency), repeated until the
+        node's answers match the final reads or its time runs out (workloads/replicas.py).
+        Recorded as operations, so checker/replicas.py decides from the history."""
+        rounds = replicas.ReplicaRounds(list(self.pool.touched), self.final_answers)
+        for node, why in skipped.items():
+            rounds.skip(node, why)
+        if not rounds.keys:
+            return rounds.summary()
+        deadline = time.monotonic() + timeout_s
+        reference = self.system.kv_client(ctx.addresses, timeout_s=self.op_timeout_s,
+                                          client_id="final-refresh", tls=ctx.tls)
+        try:
+            for number, node in enumerate(ctx.addresses):
+                if node in skipped:
+                    continue
+                if time.monotonic() >= deadline:
+                    rounds.skip(node, "the replica reads' time ran out before its turn")
+                    continue
+                self._replica_rounds(ctx, rounds, node, number, reference,
+                                     min(deadline, time.monotonic() + replicas.NODE_TIMEOUT_S))
+                say(rounds.line(node))
+        finally:
+            reference.close()
+        return rounds.summary()
+
+    def _replica_rounds(self, ctx: RunContext, rounds: replicas.ReplicaRounds, node: str,
+                        number: int, reference: KvClient, deadline: float) -> None:
+        process = self.final_process() + replicas.PROCESS_OFFSET + number
+        progress = rounds.start(node)
+        # Each read gets a short timeout: a silent node costs one per round, not per key.
+        client = self.system.kv_client({node: ctx.addresses[node]},
+                                       timeout_s=min(self.op_timeout_s, 2.0),
+                                       client_id=f"replica-{node}", tls=ctx.tls)
+        try:
+            while progress.pending and progress.rounds < replicas.MAX_ROUNDS:
+                if time.monotonic() >= deadline:
+                    break
+                progress.rounds += 1
+                for key in list(progress.pending):
+                    i = ctx.history.invoke(process, "get", key, None, consistency="stale",
+                                           phase=replicas.PHASE_REPLICA, target=node)
+                    try:
+                        r = client.get(key, consistency="stale")
+                    except Exception as exc:
+                        ctx.history.complete(i, "fail", None, error=_error(exc))
+                        progress.failed += 1
+                        progress.last_error = _error(exc)
+                        break  # the node is not answering: try again next round
+                    ctx.history.complete(i, "ok", _text(r), version=r.version, node=r.node,
+                                         **_applied(r))
+                    answer = replicas.Answer(_text(r), r.version, r.applied_index)
+                    if rounds.judge(node, key, answer) == "differs":
+                        # A write that landed after the final read moves the reference;
+                        # a diverged node stays different from the fresh one too.
+                        fresh = self._final_read(ctx, reference, key,
+                                                 min(deadline, time.monotonic() + 5.0))
+                        if fresh is not None:
+                            rounds.refresh(key, fresh)
+                if progress.pending:
+                    pause = min(replicas.round_pause(progress.rounds),
+                                max(0.0, deadline - time.monotonic()))
+                    time.sleep(pause)  # (ctx.stop is set by now: the workload has ended)
+        finally:
+            client.close()
 
 
 def _text(r: KvResult) -> str | None:

@@ -181,7 +181,7 @@ class StoreKvClient:
         try:
             r = self.client.get(key, consistency=consistency, via=via)
         except NotFound as exc:
-            return KvResult(version=0, node=exc.node_id or None)
+            return KvResult(version=0, node=exc.node_id or None, applied_index=exc.applied_index)
         except (Unavailable, Indeterminate, InvalidArgument) as exc:
             raise Fail(str(exc)) from exc
         return KvResult(version=r.version, value=r.value, node=r.node_id,

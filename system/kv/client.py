@@ -129,10 +129,11 @@ class DeleteVersionMismatch(CasMismatch):
 class NotFound(KVError):
     """The key does not exist."""
 
-    def __init__(self, key: str, node_id: str = "") -> None:
+    def __init__(self, key: str, node_id: str = "", applied_index: int | None = None) -> None:
         super().__init__(f"key {key!r} not found")
         self.key = key
         self.node_id = node_id  # the node that answered
+        self.applied_index = applied_index  # its state's index when it answered, if told
 
 
 class InvalidArgument(KVError):
@@ -351,7 +352,7 @@ class KVClient:
                               any_node=consistency == "stale",
                               first=self.node_addresses.get(via, via) if via else None)
         if not response.found:
-            raise NotFound(key, response.header.node_id)
+            raise NotFound(key, response.header.node_id, response.header.applied_index)
         return GetResult(response.value, response.version, response.stale,
                          response.header.node_id, response.header.applied_index)
 

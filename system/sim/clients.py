@@ -67,6 +67,9 @@ class ClientOp:
     # Writes answered by a state machine: True applied, False a CAS whose expected version
     # did not match (result_version is the key's version then); None otherwise.
     applied: bool | None = None
+    # A get's answer: the answering node's applied index when it read its state (the
+    # harness's end-of-run replica check compares nodes by it).
+    result_applied_index: int | None = None
 
     @property
     def done(self) -> bool:

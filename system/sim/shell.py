@@ -285,7 +285,8 @@ class NodeShell:
         self.reads_to_serve = [r for r in self.reads_to_serve if r[0] > self.applied_index]
         for _, op, attempt in ready:
             read = self.replica.read(op.key)
-            self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version)
+            self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version,
+                                     applied_index=self.applied_index)
 
     def maybe_compact(self) -> None:
         threshold = self.sim.compact_every_entries
@@ -358,7 +359,8 @@ class NodeShell:
         assert core is not None
         if op.stale or self.serves_reads_locally():
             read = self.replica.read(op.key)
-            self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version)
+            self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version,
+                                     applied_index=self.applied_index)
             return
         attempt.context = f"read:{op.id}:{len(op.attempts)}".encode()
         try:

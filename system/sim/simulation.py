@@ -845,6 +845,7 @@ class Simulation:
     def attempt_answered(
         self, op: ClientOp, attempt: Attempt, node: NodeId, ok: bool, value: str | None,
         version: int | None, error: str = "", mismatch: bool = False,
+        applied_index: int | None = None,
     ) -> None:
         """`node` answered: `ok`, or not applied. `mismatch`: a CAS whose expected version
         was not `version`, the key's version when it was applied (an answer that carries
@@ -853,6 +854,7 @@ class Simulation:
         if op.done:
             return
         op.result_value, op.result_version, op.answered_by, op.error = value, version, node, error
+        op.result_applied_index = applied_index
         if op.f is not Function.GET:
             op.applied = True if ok else (False if mismatch else None)
         self._complete(op, OpStatus.OK if ok else OpStatus.FAIL)

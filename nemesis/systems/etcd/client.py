@@ -191,7 +191,7 @@ class EtcdClient:
                                         first=first, require_leader=not stale)
         node = self._names.get(address, address)
         if not response.kvs:
-            raise NotFound(key, node)
+            raise NotFound(key, node, response.header.revision)
         kv = response.kvs[0]
         return GetResult(kv.value, kv.version, stale, node, response.header.revision)
 
