@@ -15,6 +15,7 @@ stays under the store directory for inspection.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -72,23 +73,45 @@ def main(argv: list[str] | None = None) -> int:
                                 args.store, log, interval=args.interval)
                 except subprocess.TimeoutExpired as exc:  # a starved machine: say so, go on
                     r = {"code": "timeout", "wall_s": exc.timeout, "first_violation_s": None}
+                r.update(_replicas(r))
                 runs.append(r)
                 print(f"[{time.monotonic() - started:6.0f}s] {unsafe or 'safe'} {faults} seed "
                       f"{seed}: exit {r['code']} ({r['wall_s']:.0f} s)"
                       + (f", first violation at {r['first_violation_s']:.1f} s"
-                         if r["first_violation_s"] is not None else ""), flush=True)
+                         if r["first_violation_s"] is not None else "")
+                      + (f", invalid by {'+'.join(r['invalid_by'])}" if r["invalid_by"] else "")
+                      + (f", {r['stuck']} replica(s) never caught up" if r["stuck"] else ""),
+                      flush=True)
             wanted = check.EXIT_INVALID if unsafe else check.EXIT_VALID
             firsts = [r["first_violation_s"] for r in runs if r["first_violation_s"] is not None]
             rows.append([unsafe or "none (safe store)", faults,
                          f"{sum(r['code'] == wanted for r in runs)}/{len(runs)} "
                          f"{'caught' if unsafe else 'valid'}",
                          f"{statistics.median(firsts):.1f}" if firsts else "-",
+                         f"{sum('replicas' in r['invalid_by'] for r in runs)}/{len(runs)}",
+                         f"{sum(bool(r['stuck']) for r in runs)}/{len(runs)}",
                          " ".join(str(r["code"]) for r in runs)])
     print(f"\n{args.platform}, seeds {args.seeds}, --duration {args.duration:g} "
           f"--interval {args.interval:g}, {args.nodes} nodes\n")
     print(tabulate(rows, headers=["variant", "faults", "result", "median s to first violation",
-                                  "exit codes"], tablefmt="github"))
+                                  "replica-diverged", "a replica never caught up", "exit codes"],
+                   tablefmt="github"))
     return 0
+
+
+def _replicas(run: dict) -> dict:
+    """Which checkers found the run invalid, and how many replicas never caught up
+    (checker/replicas.py: reported, not invalid), from the run's results.json."""
+    path = Path(run.get("run_dir") or "") / "results.json"
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"invalid_by": [], "stuck": 0}
+    names = {"linearizable": "lin", "lost_writes": "lost", "replicas_agree": "replicas"}
+    invalid_by = [short for name, short in names.items()
+                  if (results.get(name) or {}).get("valid") is False]
+    stuck = ((results.get("replicas_agree") or {}).get("counts") or {}).get("lagging_nodes", 0)
+    return {"invalid_by": invalid_by, "stuck": stuck}
 
 
 if __name__ == "__main__":

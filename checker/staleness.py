@@ -35,6 +35,8 @@ def stale_reads(operations: Sequence[Operation]) -> dict[str, Any]:
         for op in ops:
             if op.f != "get" or op.consistency != "stale" or op.type is not OpType.OK:
                 continue
+            if dict(op.invoke.extra).get("phase") == "replica":
+                continue  # the end-of-run replica reads (checker/replicas.py), not the mix's
             # Deletes that may have taken effect before this read ended: a write counts
             # only if it was invoked after all of them had completed.
             before = [d for d in deletes if op.ret is None or d.call < op.ret]

@@ -188,10 +188,12 @@ def replica_lines(agree: Result | None) -> list[str]:
                 f"node(s) differ from the final linearizable read at or past its index)")
     else:
         head = f"replicas agree: valid ({c['agree']} of {c['replica_reads']} replica reads agree"
-        head += f", {c['behind']} behind then re-read)" if c["behind"] else ")"
+        head += f", {c['behind']} from behind the final reads' index)" if c["behind"] else ")"
+        if c.get("lagging_nodes"):
+            head += f"; {c['lagging_nodes']} node(s) NEVER CAUGHT UP (see below)"
     lines = [head]
-    if agree.note and c.get("replica_reads"):
-        lines.append(f"  note: {agree.note}")
+    for note in filter(None, agree.note.split("; ")):
+        lines.append(f"  {note}")
     for anomaly in agree.anomalies[:5]:
         lines.append(f"  {anomaly.kind}: {anomaly.text}")
     return lines

@@ -164,6 +164,8 @@ def signature(results: dict[str, Any], run_dir: Path) -> str:
         anomalies = sorted(lost.get("anomalies") or [], key=lambda a: min(
             (op["invoke_index"] for op in a.get("operations") or []), default=0))
         parts.append(f"lost-writes:{anomalies[0]['kind']}" if anomalies else "lost-writes")
+    if (results.get("replicas_agree") or {}).get("valid") is False:
+        parts.append("replicas:replica-diverged")
     return "+".join(sorted(parts))
 
 

@@ -138,6 +138,11 @@ class RunData:
     def lost_write_anomalies(self) -> list[dict[str, Any]]:
         return list((self.results.get("lost_writes") or {}).get("anomalies") or [])
 
+    @property
+    def replica_anomalies(self) -> list[dict[str, Any]]:
+        """checker/replicas.py's findings: a node whose state diverged at the end."""
+        return list((self.results.get("replicas_agree") or {}).get("anomalies") or [])
+
     def counts_by(self, attribute: str) -> dict[str, dict[str, int]]:
         """attribute value -> {ok, fail, info}, e.g. per function or per node."""
         table: dict[str, dict[str, int]] = {}
@@ -181,7 +186,8 @@ class RunData:
 
     def first_violation_s(self) -> float | None:
         times = [v.time_s for v in self.violations if v.time_s is not None]
-        times += [t for t in (self._anomaly_time(a) for a in self.lost_write_anomalies)
+        times += [t for t in (self._anomaly_time(a) for a in
+                              [*self.lost_write_anomalies, *self.replica_anomalies])
                   if t is not None]
         return min(times) if times else None
 
@@ -429,6 +435,13 @@ def violation_summary(data: RunData) -> str:
                 + (f", during {describe_windows(during)}" if during else ", outside any fault")
                 + f") fits no order of the operations; the state then was {cx['state']}"
                 + (f" — {tail}" if tail else ""))
+    replicas = data.replica_anomalies
+    if replicas and first_cx is None and first_lost is None:
+        nodes = (data.results.get("replicas_agree") or {}).get("counts", {}).get("nodes_diverged")
+        return (f"a replica diverged: {replicas[0]['text']} ({len(replicas)} replica read(s) "
+                f"on {nodes} node(s) differ from the final linearizable reads)")
+    if replicas:
+        tail = "; ".join(filter(None, [tail, f"{len(replicas)} replica read(s) diverged"]))
     if first_lost is not None:
         during = data.windows_at(lost_time)
         return (f"{first_lost['text']} (at {_seconds_text(lost_time)}"

@@ -204,11 +204,34 @@ def _violations(data: RunData, cited: set[int]) -> str:
         if len(anomalies) > MAX_ANOMALIES_SHOWN:
             out.append(f"<p class='meta'>{len(anomalies) - MAX_ANOMALIES_SHOWN} more in "
                        f"<a href='results.json'>results.json</a>.</p>")
+    out.append(_replica_anomalies(data, cited))
     out.append(_trainer_anomalies(data, cited))
     if (data.run_dir / "timeline.html").exists():
         out.append("<p class='meta'>Every operation of each invalid key: "
                    "<a href='timeline.html'>timeline.html</a>.</p>")
     out.append("</section>")
+    return "\n".join(out)
+
+
+def _replica_anomalies(data: RunData, cited: set[int]) -> str:
+    """checker/replicas.py's findings: the replica's read and the final read it contradicts."""
+    anomalies = data.replica_anomalies
+    if not anomalies:
+        return ""
+    out = [f"<h3 id='replicas'>Replicas that disagree with the final reads ({len(anomalies)})"
+           "</h3><p>Each node was read on its own after the final linearizable reads; at or "
+           "past the index a final read was served at, its state machine must hold the same "
+           "value and version.</p><table><tr><th>key</th><th>kind</th><th>what</th>"
+           "<th>history lines</th></tr>"]
+    for anomaly in anomalies[:MAX_ANOMALIES_SHOWN]:
+        lines = []
+        for op in anomaly.get("operations", []):
+            lines.append(_line_link(op["invoke_index"] + 1, cited))
+            if op.get("complete_index") is not None:
+                lines.append(_line_link(op["complete_index"] + 1, cited))
+        out.append(f"<tr><td>{_e(repr(anomaly.get('key')))}</td><td>{_e(anomaly.get('kind'))}"
+                   f"</td><td>{_e(anomaly['text'])}</td><td>{' '.join(lines)}</td></tr>")
+    out.append("</table>")
     return "\n".join(out)
 
 

@@ -80,6 +80,9 @@ def render(data: RunData, key: str | None = None) -> str:
         if anomalies:
             lines.append(f"\nlost writes ({len(anomalies)}):")
             lines.extend(f"  {a.get('text')}" for a in anomalies[:5])
+        if data.replica_anomalies:
+            lines.append(f"\nreplicas that diverged ({len(data.replica_anomalies)} reads):")
+            lines.extend(f"  {a.get('text')}" for a in data.replica_anomalies[:5])
     page = data.run_dir / "report.html"
     lines.append(f"\nreport: {page}" if page.exists() else
                  f"\nno report.html yet: python -m nemesis report {data.run_dir}")
