@@ -71,6 +71,12 @@ def test_faulted_run_is_valid_and_leaves_a_complete_run_folder(tmp_path: Path) -
     results = json.loads((run_dir / "results.json").read_text())
     assert results["valid"] is True and sum(results["faults"].values()) >= 2
     assert results["final_reads"]["unread"] == []
+    # Each node was read back on its own after the final reads; the replicas agree.
+    replicas = results["replica_reads"]
+    assert sorted(replicas["nodes"]) == ["n1", "n2", "n3"] and replicas["skipped"] == {}
+    assert results["replicas_agree"]["valid"] is True
+    assert results["replicas_agree"]["counts"]["agree"] >= 3 * replicas["keys"] > 0
+    assert "replica reads: n3:" in out
     events = [json.loads(line) for line in (run_dir / "nemesis.jsonl").read_text().splitlines()]
     assert {"start-partition", "kill", "pause"} & {e["f"] for e in events}
     test = json.loads((run_dir / "test.json").read_text())

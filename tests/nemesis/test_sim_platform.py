@@ -41,6 +41,12 @@ def test_same_seed_same_history_byte_for_byte_and_a_valid_complete_run_folder(
     assert results["valid"] is True and results["platform"] == "sim"
     assert results["sim"]["monitor_violations"] == []
     assert results["final_reads"]["unread"] == []
+    # Every node was read back on its own at the end, and agreed (checker/replicas.py).
+    replicas = results["replica_reads"]
+    assert sorted(replicas["nodes"]) == ["n1", "n2", "n3", "n4", "n5"], replicas
+    assert all(n["agree"] == n["keys"] > 0 for n in replicas["nodes"].values()), replicas
+    agree = results["replicas_agree"]
+    assert agree["valid"] is True and agree["counts"]["replica_reads"] >= 5 * replicas["keys"]
     _, other = _run(tmp_path, *FAULTED, "--duration", "16", "--seed", "16", store="c")
     assert (other / "history.jsonl").read_bytes() != (first / "history.jsonl").read_bytes()
 
