@@ -135,3 +135,36 @@ def test_a_history_without_replica_reads_checks_as_before() -> None:
     result = end.check()
     assert result.valid is True and result.counts["replica_reads"] == 0
     assert "no replica reads" in result.note
+
+
+def _run_dir(tmp_path, end: _End):  # noqa: ANN001, ANN202 - a run folder with that history
+    import json
+
+    write = [{"process": 0, "type": "invoke", "f": "put", "key": "a", "value": "1-1"},
+             {"process": 0, "type": "ok", "f": "put", "key": "a", "value": "1-1", "version": 1,
+              "applied": True, "node": "n1", "applied_index": 12}]
+    lines = [{"index": i, **line} for i, line in enumerate(write + end.lines)]
+    (tmp_path / "history.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return tmp_path
+
+
+def test_the_run_check_is_invalid_and_names_the_node(tmp_path) -> None:  # noqa: ANN001
+    from nemesis.check import check_run, first_violation_s, summary_lines
+
+    end = _End().final("a", "1-1", 1, 20).replica("n2", "a", "1-1", 1, 20)
+    end.replica("n3", "a", "9-9", 2, 21)
+    results = check_run(_run_dir(tmp_path, end))
+    assert results["valid"] is False and results["replicas_agree"]["valid"] is False
+    assert results["linearizable"]["valid"] is True and results["lost_writes"]["valid"] is True
+    text = "\n".join(summary_lines(results))
+    assert "replicas agree: INVALID (1 read(s) on 1 node(s)" in text
+    assert "replica-diverged: node n3 answered '9-9' version 2 at applied index 21" in text
+    assert first_violation_s(results, tmp_path) is None  # (no time stamps in this history)
+
+
+def test_the_run_check_of_a_history_without_replica_reads_is_as_before(tmp_path) -> None:  # noqa: ANN001
+    from nemesis.check import check_run, summary_lines
+
+    results = check_run(_run_dir(tmp_path, _End().final("a", "1-1", 1, 20)))
+    assert results["valid"] is True
+    assert not any(line.startswith("replicas agree") for line in summary_lines(results))
