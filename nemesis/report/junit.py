@@ -20,7 +20,8 @@ from typing import Any
 
 from nemesis.report.data import CRASHED, RunData, verdict_sentence
 
-NAMES = {"linearizable": "linearizability", "lost-writes": "lost writes"}
+NAMES = {"linearizable": "linearizability", "lost-writes": "lost writes",
+         "replicas-agree": "replicas agree"}
 MAX_FAILURE_CHARS = 20_000
 
 
