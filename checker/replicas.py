@@ -65,7 +65,12 @@ def check_replicas(operations: Sequence[Operation]) -> Result:
     started = time.perf_counter()
     finals: dict[Any, list[tuple[int, Operation]]] = {}
     replicas: list[Operation] = []
+    failed: dict[str, int] = {}  # node -> replica reads it did not answer
+    answered: set[str] = set()
     for op in operations:
+        if op.f == "get" and op.type is not OpType.OK and _phase(op) == PHASE_REPLICA:
+            target = str(_field(op, "target"))
+            failed[target] = failed.get(target, 0) + 1
         if op.f != "get" or op.type is not OpType.OK:
             continue
         phase = _phase(op)
@@ -75,6 +80,7 @@ def check_replicas(operations: Sequence[Operation]) -> Result:
                 finals.setdefault(op.key, []).append((index, op))
         elif phase == PHASE_REPLICA:
             replicas.append(op)
+            answered.add(str(_field(op, "target")))
     counts = {"replica_reads": len(replicas), "agree": 0, "behind": 0, "moved": 0,
               "unindexed": 0, "unreferenced": 0, "diverged": 0}
     anomalies: list[Anomaly] = []
@@ -121,11 +127,16 @@ def check_replicas(operations: Sequence[Operation]) -> Result:
     counts["lagging_keys"] = sum(op is not None for op in last_behind.values())
     counts["lagging_nodes"] = len(lagging)
     notes = []
-    if not replicas:
+    if not replicas and not failed:
         notes.append("no replica reads in the history (written before them, or they did "
                      "not run): nothing to compare")
     for node in lagging:
         notes.append(_lagging_note(node, seen_at.get(node, []), finals))
+    silent = sorted(set(failed) - answered)
+    counts["silent_nodes"] = len(silent)
+    for node in silent:
+        notes.append(f"node {node} answered none of its {failed[node]} replica reads (down, "
+                     f"or refusing: not compared)")
     if counts["unindexed"]:
         notes.append(f"{counts['unindexed']} replica read(s) carry no applied index and "
                      f"were not compared")

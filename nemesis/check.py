@@ -180,7 +180,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
 
 def replica_lines(agree: Result | None) -> list[str]:
     """What the replica reads found (checker/replicas.py); nothing for a history without."""
-    if agree is None or not agree.counts.get("replica_reads"):
+    if agree is None or not (agree.counts.get("replica_reads") or agree.counts.get("silent_nodes")):
         return []
     c = agree.counts
     if agree.valid is False:
@@ -191,6 +191,8 @@ def replica_lines(agree: Result | None) -> list[str]:
         head += f", {c['behind']} from behind the final reads' index)" if c["behind"] else ")"
         if c.get("lagging_nodes"):
             head += f"; {c['lagging_nodes']} node(s) NEVER CAUGHT UP (see below)"
+        if c.get("silent_nodes"):
+            head += f"; {c['silent_nodes']} node(s) NEVER ANSWERED (see below)"
     lines = [head]
     for note in filter(None, agree.note.split("; ")):
         lines.append(f"  {note}")

@@ -99,7 +99,10 @@ def test_a_node_that_never_caught_up_is_reported_not_invalid() -> None:
 
 
 def test_a_node_that_never_answered_is_not_invalid() -> None:
-    assert _End().final("a", "1-1", 3, 40).unanswered("n4", "a").check().valid is True
+    result = (_End().final("a", "1-1", 3, 40).replica("n2", "a", "1-1", 3, 40)
+              .unanswered("n4", "a").unanswered("n4", "a").check())
+    assert result.valid is True and result.counts["silent_nodes"] == 1
+    assert "node n4 answered none of its 2 replica reads" in result.note
 
 
 def test_a_write_after_the_final_read_moves_the_reference() -> None:
