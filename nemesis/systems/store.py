@@ -107,6 +107,12 @@ class StoreSystem(System):
         member_client.change(list(addresses), action, node_id, address,
                              timeout_s=timeout_s, tls=tls)
 
+    def change_membership_once(self, address: str, action: str, node_id: str, *,
+                               timeout_s: float, tls: TlsFiles | None) -> None:
+        from system.kv import member_client
+
+        member_client.change_once(address, action, node_id, timeout_s=timeout_s, tls=tls)
+
     def membership(self, addresses: Sequence[str], *, timeout_s: float,
                    tls: TlsFiles | None) -> tuple[set[str], set[str]]:
         from system.kv import member_client
