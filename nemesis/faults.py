@@ -92,9 +92,9 @@ FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 # Faults after which a node may refuse its data at the restart (exit 3): the heal waits for
 # each restarted node and, on a refusal, rejoins it as a new member.
 DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all")
-# Where each fault runs when not everywhere (the simulator's disk holds records, not bytes,
-# and its nodes have no identity to re-admit).
-FAULT_PLATFORMS = {"member": ("local", "docker"), "truncate": ("local", "docker"),
+# Where each fault runs when not everywhere (the simulator's disk holds records, not bytes;
+# its nodes have no identity to re-admit, so it deals only the member fault's two-in-flight).
+FAULT_PLATFORMS = {"truncate": ("local", "docker"),
                    "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker")}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
@@ -150,8 +150,7 @@ def unsupported(faults: list[str], platform: str) -> str | None:
     for fault in faults:
         where = FAULT_PLATFORMS.get(fault)
         if where is not None and platform not in where:
-            why = ("the simulator's nodes have no identity to wipe and re-admit"
-                   if fault == "member" else "the simulator's disk holds records, not bytes")
+            why = "the simulator's disk holds records, not bytes"
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
     return None
@@ -232,6 +231,8 @@ class Nemesis:
         # The member fault's shapes (nemesis/member_shapes.py), dealt from a deck led by
         # two changes in flight; the plain remove-and-rejoin is the last.
         self.member_shapes: tuple[str, ...] = member_shapes.SHAPES
+        if platform.name == "sim":  # its nodes cannot be wiped and re-admitted
+            self.member_shapes = member_shapes.SIM_SHAPES
         # Kinds dealt from a deck led by the first (a --faults all run), else drawn uniformly.
         self.deal_kinds = False
         self._lock = threading.Lock()

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from nemesis.faults import ActiveFault, Nemesis
 
 SHAPES = ("two-in-flight", "change-at-new-leader", "remove-and-rejoin")
+SIM_SHAPES = ("two-in-flight",)  # the others remove a node for good: it must be re-admitted
 PENDING_POLL_S = 0.003  # a CONFIG entry is pending for a round trip and an fsync or two
 PENDING_WAIT_S = 1.0  # the second change goes anyway if the first was not seen pending
 LEADER_POLL_S = 0.01
@@ -91,6 +92,9 @@ class Changes:
         self._lock = threading.Lock()
 
     def send(self, at: str, action: str, node: str, *, then_retry: bool = False) -> None:
+        if not self.nemesis.platform.changes_wait:  # appended at once (the simulator)
+            self._send(at, action, node, then_retry)
+            return
         thread = threading.Thread(target=self._send, args=(at, action, node, then_retry),
                                   name=f"member-{action}-{node}", daemon=True)
         self._threads.append(thread)
@@ -124,6 +128,8 @@ class Changes:
         try:
             platform.change_membership_at(at, action, node, timeout_s=self.timeout_s)
             outcome, detail = "committed", "committed"
+            if not platform.changes_wait:
+                outcome, detail = "appended", "appended (it commits as the run goes on)"
         except Exception as exc:  # every outcome is recorded, none is an error of the nemesis
             name = type(exc).__name__
             if quiet_unavailable and name == "MembershipUnavailable" and time.monotonic() - started < 1.0:
@@ -144,11 +150,12 @@ class Changes:
 
     def _record(self, at: str, action: str, node: str, outcome: str, detail: str,
                 started: float) -> None:
-        seconds = round(time.monotonic() - started, 3)
         value = {"fault": "member", "phase": "step", "nodes": [node],
                  "node": node, "change": action, "at": at, "outcome": outcome,
-                 "seconds": seconds,
-                 "description": f"{action} {node} at {at}: {detail} ({seconds:g} s)"}
+                 "description": f"{action} {node} at {at}: {detail}"}
+        if self.nemesis.platform.changes_wait:  # never a wall clock in a simulated history
+            value["seconds"] = round(time.monotonic() - started, 3)
+            value["description"] += f" ({value['seconds']:g} s)"
         with self._lock:
             self.outcomes.append(value)
             if self.fault_id is None:  # recorded after the fault's start record
@@ -171,6 +178,10 @@ class Changes:
     def committed(self) -> list[str]:
         with self._lock:
             return [o["node"] for o in self.outcomes if o["outcome"] == "committed"]
+
+    def appended(self) -> list[str]:
+        with self._lock:
+            return [o["node"] for o in self.outcomes if o["outcome"] == "appended"]
 
 
 class MemberShapes:
@@ -321,6 +332,8 @@ class MemberShapes:
         membership is committed: just after the heal a deposed leader may still answer
         with a membership that never committed, and a voter must not be wiped on its word.
         After SETTLE_WAIT_S, the leader's word as it stands."""
+        if not self.platform.changes_wait:  # the simulator: no time passes in a heal
+            return self.platform.membership()
         deadline = time.monotonic() + SETTLE_WAIT_S
         while time.monotonic() < deadline:  # also at the end of the run (stop is set)
             statuses = {n: self.platform.status(n, timeout_s=0.3) for n in self.nemesis.nodes}
@@ -352,4 +365,5 @@ class MemberShapes:
                 platform.wipe(node)
             nemesis._rejoin(node)
             rejoined.append(node)
-        return {"rejoined": rejoined, "kept": kept, "committed": changes.committed()}
+        return {"rejoined": rejoined, "kept": kept,
+                "committed": changes.committed(), "appended": changes.appended()}

@@ -256,6 +256,10 @@ class Platform(abc.ABC):
             peer_address=self.member_peer_address(node_id) if adding else "",
             timeout_s=timeout_s, tls=self.admin_tls)
 
+    # Whether `change_membership_at` returns only once the change commits (real nodes), or
+    # once appended (the simulator, whose time stands still during the call).
+    changes_wait = True
+
     def change_membership_at(self, node: str, action: str, node_id: str, *,
                              timeout_s: float = 10.0) -> None:
         """One attempt of `member promote|remove` of `node_id` at `node` (no retry, no

@@ -175,3 +175,34 @@ def test_change_at_new_leader_with_an_even_membership_regroups_into_disjoint_maj
         assert len(mine) == 2 and stale not in mine and "n2" not in mine
     nemesis._end(fault)
     assert not platform.cut_set and platform.voters == set(platform.node_ids)
+
+
+@pytest.mark.parametrize("unsafe", [None, "allows-two-membership-changes-in-flight"])
+def test_two_in_flight_on_the_simulator_appends_at_once_and_the_real_core_refuses_the_second(
+        tmp_path, unsafe: str | None) -> None:
+    from nemesis.platforms.base import ClusterConfig
+    from nemesis.platforms.sim import SimPlatform
+    from nemesis.sim_runner import variant_for_run
+
+    platform = SimPlatform(ClusterConfig(nodes=5, run_id="t", work_dir=tmp_path), seed=4,
+                           variant=variant_for_run(unsafe))
+    for _ in range(500):
+        if platform.ready():
+            break
+        platform.advance()
+    events: list[tuple[str, dict[str, Any]]] = []
+    nemesis = Nemesis(platform, ["member"], seed=4, interval_s=2.0,
+                      record=lambda f, v: events.append((f, v)))
+    assert nemesis.member_shapes == ("two-in-flight",)  # nothing here is wiped
+    fault = nemesis._begin("member")
+    first, second = [v for f, v in events if f == "member-change"]
+    assert first["outcome"] == "appended"
+    if unsafe:
+        assert second["outcome"] == "appended"
+    else:
+        assert second["outcome"] == "refused" and "in progress" in second["description"]
+    for _ in range(100):  # the fault held: the other side elects a leader of a later term
+        platform.advance()
+    nemesis._end(fault)
+    assert events[-1][1]["kept"] == [first["node"], second["node"]]
+    assert not nemesis.errors and not platform.sim.network.cut_links
