@@ -231,8 +231,11 @@ class Nemesis:
         # The member fault's shapes (nemesis/member_shapes.py), dealt from a deck led by
         # two changes in flight; the plain remove-and-rejoin is the last.
         self.member_shapes: tuple[str, ...] = member_shapes.SHAPES
+        system = getattr(platform, "system", None)
         if platform.name == "sim":  # its nodes cannot be wiped and re-admitted
             self.member_shapes = member_shapes.SIM_SHAPES
+        elif system is not None and not system.single_membership_changes:
+            self.member_shapes = ("remove-and-rejoin",)  # etcd: no change aimed at one node
         # Kinds dealt from a deck led by the first (a --faults all run), else drawn uniformly.
         self.deal_kinds = False
         self._lock = threading.Lock()

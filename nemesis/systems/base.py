@@ -251,6 +251,9 @@ class System(abc.ABC):
         data directory."""
         raise Unsupported(f"the {self.name} system has no membership changes here")
 
+    # Whether `change_membership_once` works (the member fault's aimed shapes need it).
+    single_membership_changes = False
+
     def change_membership_once(self, address: str, action: str, node_id: str, *,
                                timeout_s: float, tls: TlsFiles | None) -> None:
         """One attempt of "promote" or "remove" at the member reached at `address`, without

@@ -107,6 +107,8 @@ class StoreSystem(System):
         member_client.change(list(addresses), action, node_id, address,
                              timeout_s=timeout_s, tls=tls)
 
+    single_membership_changes = True
+
     def change_membership_once(self, address: str, action: str, node_id: str, *,
                                timeout_s: float, tls: TlsFiles | None) -> None:
         from system.kv import member_client
