@@ -101,23 +101,37 @@ class Changes:
         thread.start()
 
     def send_to_first_leader(self, candidates: list[str], action: str, node: str) -> None:
-        """Ask each of `candidates` in turn, again and again, until one answers as leader
-        (committed or refused): the change lands the moment a new leader takes requests,
-        before it can have committed anything of its term. Then as `send(then_retry)`."""
-        thread = threading.Thread(target=self._send_first, args=(candidates, action, node),
-                                  name=f"member-{action}-{node}", daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _send_first(self, candidates: list[str], action: str, node: str) -> None:
+        """Ask each of `candidates` (each from a thread of its own), again and again, until
+        one answers as leader (committed or refused): the change lands the moment a new
+        leader takes requests, before it can have committed anything of its term. Then as
+        `send(then_retry)`."""
+        taken = threading.Event()
         deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline and not self.nemesis._stop.is_set():
-            for at in candidates:
-                if self._send(at, action, node, then_retry=True, quiet_unavailable=True):
-                    return
+        for at in candidates:
+            thread = threading.Thread(target=self._send_first,
+                                      args=(at, action, node, taken, deadline),
+                                      name=f"member-{action}-{node}-at-{at}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        waiter = threading.Thread(target=self._none_took, args=(candidates, action, node,
+                                                                taken, deadline), daemon=True)
+        self._threads.append(waiter)
+        waiter.start()
+
+    def _send_first(self, at: str, action: str, node: str, taken: threading.Event,
+                    deadline: float) -> None:
+        while time.monotonic() < deadline and not taken.is_set() \
+                and not self.nemesis._stop.is_set():
+            if self._send(at, action, node, then_retry=True, quiet_unavailable=True):
+                taken.set()
+                return
             time.sleep(FIRST_LEADER_POLL_S)
-        self._record(", ".join(candidates), action, node, "unanswered",
-                     f"no new leader took it within {self.timeout_s:g} s", deadline - self.timeout_s)
+
+    def _none_took(self, candidates: list[str], action: str, node: str,
+                   taken: threading.Event, deadline: float) -> None:
+        if not taken.wait(max(0.0, deadline - time.monotonic()) + 1.0):
+            self._record(", ".join(candidates), action, node, "unanswered",
+                         f"no new leader took it within {self.timeout_s:g} s", deadline - self.timeout_s)
 
     def _send(self, at: str, action: str, node: str, then_retry: bool,
               quiet_unavailable: bool = False) -> bool:
