@@ -123,7 +123,7 @@ class StoreSystem(System):
         with self._lock:
             channel = self._member_channels.get(address)
             if channel is None:
-                channel = self._member_channels[address] = member_client.open_channel(address, tls)
+                channel = self._member_channels[address] = member_client.member_channel(address, tls)
         member_client.change_once(address, action, node_id, timeout_s=timeout_s, tls=tls,
                                   channel=channel)
 

@@ -120,7 +120,7 @@ def change(addresses: Sequence[str], action: str, node_id: str, address: str = "
                             f"({last_error})")
 
 
-def open_channel(address: str, tls: TlsFiles | None = None) -> grpc.Channel:
+def member_channel(address: str, tls: TlsFiles | None = None) -> grpc.Channel:
     """A channel to the member at `address` for `change_once(channel=...)`: a caller that
     asks again and again (the harness, waiting for a new leader) keeps one connection."""
     return _channel(address, tls)
