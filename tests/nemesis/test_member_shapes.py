@@ -206,3 +206,38 @@ def test_two_in_flight_on_the_simulator_appends_at_once_and_the_real_core_refuse
     nemesis._end(fault)
     assert events[-1][1]["kept"] == [first["node"], second["node"]]
     assert not nemesis.errors and not platform.sim.network.cut_links
+
+
+class DeposedLeaderPlatform(RulePlatform):
+    """Just after the heal, the leader still answers a few times with a membership that
+    never committed (`stale_node` removed, its CONFIG entry pending) — as a deposed leader
+    on the wrong side of the cut does until it hears the later term."""
+
+    stale_node = ""
+    stale_answers = 3
+
+    def _stale(self) -> bool:
+        return bool(self.stale_node) and not self.cut_set and self.stale_answers > 0
+
+    def status(self, node_id: str, timeout_s: float = 0.5):  # noqa: ANN201
+        st = super().status(node_id, timeout_s)
+        if self._stale() and node_id == self.lead:
+            self.stale_answers -= 1
+            return SimpleNamespace(**{**vars(st), "config_index": 10,
+                                      "voters": sorted(self.voters - {self.stale_node})})
+        return st
+
+    def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
+        if self._stale():
+            return set(self.voters) - {self.stale_node}, set(self.learners)
+        return super().membership(timeout_s=timeout_s)
+
+
+def test_the_heal_never_wipes_a_voter_on_a_deposed_leaders_uncommitted_membership() -> None:
+    platform = DeposedLeaderPlatform(5)
+    nemesis, events = _nemesis(platform)
+    fault = member_shapes.MemberShapes(nemesis).begin("two-in-flight")
+    platform.stale_node = events[0][1]["removing"][0]  # its removal never committed
+    nemesis._end(fault)
+    assert f"wipe {platform.stale_node}" not in platform.calls, platform.calls
+    assert platform.stale_node in events[-1][1]["kept"]
