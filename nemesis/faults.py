@@ -17,11 +17,14 @@ Faults (`--faults`, a comma list):
 - kill: the leader, a random node or a minority, SIGKILL; healed by restarting them;
 - pause: the leader or a random node, SIGSTOP / cgroup freezer; healed by resuming;
 - packet: loss on a random set of directed links; healed by removing it;
-- member: the leader or a random node leaves the cluster through a membership change
-  (`member remove`), is killed and loses its disk; healed as an operator rejoins a node
-  (thesis §4, docs/kv.md "Identity and rejoining"): `member add` as a learner, start it on
-  the empty directory with its usual command line, `member promote` once it caught up —
-  Jepsen's membership nemesis for etcd;
+- member: a deck of shapes (nemesis/member_shapes.py), each round led by two changes in
+  flight: two-in-flight (the leader, cut with a minority, asked to remove two nodes of the
+  other side back to back), change-at-new-leader (the leader isolated, and the first node
+  to lead asked at once to remove it), and remove-and-rejoin: the leader or a random node
+  leaves the cluster through a membership change (`member remove`), is killed and loses
+  its disk; healed as an operator rejoins a node (thesis §4, docs/kv.md "Identity and
+  rejoining"): `member add` as a learner, start it on the empty directory with its usual
+  command line, `member promote` once it caught up — Jepsen's membership nemesis for etcd;
 - truncate, bitflip, wipe-wal (file faults, local and docker only): a random minority is
   killed and, while stopped, loses the tail of a WAL segment (from one byte to most of the
   file; the newest segment mostly), has 1-8 bits flipped in a WAL segment or the snapshot,
@@ -77,7 +80,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nemesis import partitions
+from nemesis import member_shapes, partitions
 from nemesis.platforms.base import Platform, PlatformError
 
 log = logging.getLogger("nemesis")
@@ -89,9 +92,9 @@ FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 # Faults after which a node may refuse its data at the restart (exit 3): the heal waits for
 # each restarted node and, on a refusal, rejoins it as a new member.
 DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all")
-# Where each fault runs when not everywhere (the simulator's disk holds records, not bytes,
-# and its nodes have no identity to re-admit).
-FAULT_PLATFORMS = {"member": ("local", "docker"), "truncate": ("local", "docker"),
+# Where each fault runs when not everywhere (the simulator's disk holds records, not bytes;
+# its nodes have no identity to re-admit, so it deals only the member fault's two-in-flight).
+FAULT_PLATFORMS = {"truncate": ("local", "docker"),
                    "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker")}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
@@ -147,8 +150,7 @@ def unsupported(faults: list[str], platform: str) -> str | None:
     for fault in faults:
         where = FAULT_PLATFORMS.get(fault)
         if where is not None and platform not in where:
-            why = ("the simulator's nodes have no identity to wipe and re-admit"
-                   if fault == "member" else "the simulator's disk holds records, not bytes")
+            why = "the simulator's disk holds records, not bytes"
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
     return None
@@ -226,6 +228,14 @@ class Nemesis:
         self._decks: dict[str, list[str]] = {}
         # Leader faults aimed at the store's windows (nemesis/windows.py), when attached.
         self.leader_windows: Any = None
+        # The member fault's shapes (nemesis/member_shapes.py), dealt from a deck led by
+        # two changes in flight; the plain remove-and-rejoin is the last.
+        self.member_shapes: tuple[str, ...] = member_shapes.SHAPES
+        system = getattr(platform, "system", None)
+        if platform.name == "sim":  # its nodes cannot be wiped and re-admitted
+            self.member_shapes = member_shapes.SIM_SHAPES
+        elif system is not None and not system.single_membership_changes:
+            self.member_shapes = ("remove-and-rejoin",)  # etcd: no change aimed at one node
         # Kinds dealt from a deck led by the first (a --faults all run), else drawn uniformly.
         self.deal_kinds = False
         self._lock = threading.Lock()
@@ -539,6 +549,9 @@ class Nemesis:
                                      "links": [list(link) for link in links]}, "start-packet")
 
     def _member(self) -> ActiveFault | None:
+        shape = self._deal("member-shape", self.member_shapes)
+        if shape != "remove-and-rejoin":
+            return member_shapes.MemberShapes(self).begin(shape)
         target, (node,) = self._targets(MEMBER_TARGETS)
         voters, _ = self.platform.membership()
         if node not in voters or len(voters) < MIN_NODES["member"]:

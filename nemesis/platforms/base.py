@@ -256,6 +256,17 @@ class Platform(abc.ABC):
             peer_address=self.member_peer_address(node_id) if adding else "",
             timeout_s=timeout_s, tls=self.admin_tls)
 
+    # Whether `change_membership_at` returns only once the change commits (real nodes), or
+    # once appended (the simulator, whose time stands still during the call).
+    changes_wait = True
+
+    def change_membership_at(self, node: str, action: str, node_id: str, *,
+                             timeout_s: float = 10.0) -> None:
+        """One attempt of `member promote|remove` of `node_id` at `node` (no retry, no
+        redirection to another leader); returns once committed, raises otherwise."""
+        self.system.change_membership_once(self.client_addresses[node], action, node_id,
+                                           timeout_s=timeout_s, tls=self.admin_tls)
+
     def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
         """(voters, learners) in effect on the leader. Raises when no leader answers in
         time."""

@@ -25,7 +25,9 @@ The fault vocabulary maps onto the simulator:
   wire, as in a socket buffer) until resumed;
 - `power_loss` (the `lose-unsynced` fault): a crash whose fake disk rolls back to its last
   fsync; `kill-all` is a crash of every node (written data kept). The file faults
-  (truncate, bitflip, wipe-wal) are not offered: the fake disk holds records, not bytes.
+  (truncate, bitflip, wipe-wal) are not offered: the fake disk holds records, not bytes;
+- `change_membership_at`: a membership change appended on the leader at once (the member
+  fault's two-in-flight shape only: a removed node cannot be wiped and re-admitted here).
 
 What it must never do: read a clock, use global randomness, or let anything but the seed
 and the calls made on it decide what happens.
@@ -191,21 +193,62 @@ class SimPlatform(Platform):
         could never have answered (and a broken read barrier looked caught on sim only)."""
         return self.sim.submit(op, node_id, held=node_id in self.paused)
 
+    # ----- membership: the member fault's two-in-flight shape only -----------------------
+    # Its nodes have no identity to wipe and re-admit, so nothing that removes a node for
+    # good runs here (remove-and-rejoin, change-at-new-leader, the rejoin of a node that
+    # refused its data); two-in-flight's changes are undone by the heal itself (the other
+    # side's leader, in a later term, overwrites them), and a node one of them left removed
+    # is a nemesis error that says so.
+
     def wipe(self, node_id: str) -> None:
-        raise PlatformError("the sim platform does not run the member fault (its nodes have "
-                            "no identity to wipe and re-admit); use --platform local or docker")
+        raise PlatformError(f"the sim platform cannot wipe {node_id} and re-admit it (its "
+                            f"nodes have no identity); use --platform local or docker")
 
     def member_address(self, node_id: str) -> str:
-        raise PlatformError("the sim platform has no member addresses (no member fault)")
+        raise PlatformError("the sim platform has no member addresses (no member add)")
 
     def supports_membership(self) -> bool:
         return False
 
+    changes_wait = False  # change_membership_at returns once appended: time stands still
+
     def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
-        raise PlatformError("the sim platform does not run the member fault")
+        raise PlatformError(f"the sim platform cannot {action} {node_id} and wait for it "
+                            f"(its time advances only between faults)")
+
+    def change_membership_at(self, node: str, action: str, node_id: str, *,
+                             timeout_s: float = 10.0) -> None:
+        """The change appended on leader `node` now (it commits as the run advances); the
+        core's refusal as MembershipRefused, a node that does not lead as
+        MembershipUnavailable, as the store's member_client says them."""
+        from system.kv.member_client import MembershipRefused, MembershipUnavailable
+        from system.raft.core import (
+            MembershipChangeKind,
+            MembershipChangeRefused,
+            NotLeader,
+            ProposalDropped,
+        )
+
+        kinds = {"remove": MembershipChangeKind.REMOVE, "promote": MembershipChangeKind.PROMOTE}
+        if action not in kinds:
+            raise PlatformError(f"the sim platform cannot {action} a member (its nodes have no "
+                                f"addresses); only {', '.join(kinds)}")
+        if node not in self.answering() or self.sim.core(node).role is not Role.LEADER:
+            raise MembershipUnavailable(f"{node} is not the leader")
+        try:
+            self.sim.change_membership(node, kinds[action], node_id, wait=False)
+        except MembershipChangeRefused as exc:
+            raise MembershipRefused(str(exc)) from None
+        except (NotLeader, ProposalDropped) as exc:
+            raise MembershipUnavailable(f"{node}: {exc}") from None
 
     def membership(self, *, timeout_s: float = 10.0) -> tuple[set[str], set[str]]:
-        raise PlatformError("the sim platform does not run the member fault")
+        """(voters, learners) in effect on the leader of the highest term."""
+        leader = self.leader()
+        if leader is None:
+            raise PlatformError("no simulated node leads now; the membership is unknown")
+        membership = self.sim.core(leader).membership
+        return set(membership.voters), set(membership.learners)
 
     def is_running(self, node_id: str) -> bool:
         return self.sim.nodes[node_id].alive

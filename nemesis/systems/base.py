@@ -251,6 +251,17 @@ class System(abc.ABC):
         data directory."""
         raise Unsupported(f"the {self.name} system has no membership changes here")
 
+    # Whether `change_membership_once` works (the member fault's aimed shapes need it).
+    single_membership_changes = False
+
+    def change_membership_once(self, address: str, action: str, node_id: str, *,
+                               timeout_s: float, tls: TlsFiles | None) -> None:
+        """One attempt of "promote" or "remove" at the member reached at `address`, without
+        retry or redirection (the `member` fault's changes aimed at a given leader);
+        returns once committed, raises with the system's reason otherwise."""
+        raise Unsupported(f"the {self.name} system has no single-attempt membership "
+                          f"changes here")
+
     def membership(self, addresses: Sequence[str], *, timeout_s: float,
                    tls: TlsFiles | None) -> tuple[set[str], set[str]]:
         """(voters, learners) by node id, as the leader sees them."""

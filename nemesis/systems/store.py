@@ -40,6 +40,7 @@ class StoreSystem(System):
 
     def __init__(self) -> None:
         self._probes: dict[object, object] = {}
+        self._member_channels: dict[str, object] = {}
         self._lock = threading.Lock()
 
     def version(self) -> str:
@@ -89,8 +90,11 @@ class StoreSystem(System):
     def close(self) -> None:
         with self._lock:
             probes, self._probes = list(self._probes.values()), {}
+            channels, self._member_channels = list(self._member_channels.values()), {}
         for probe in probes:
             probe.close()
+        for channel in channels:
+            channel.close()
 
     # ----- membership ----------------------------------------------------------------
 
@@ -106,6 +110,22 @@ class StoreSystem(System):
 
         member_client.change(list(addresses), action, node_id, address,
                              timeout_s=timeout_s, tls=tls)
+
+    single_membership_changes = True
+
+    def change_membership_once(self, address: str, action: str, node_id: str, *,
+                               timeout_s: float, tls: TlsFiles | None) -> None:
+        from system.kv import member_client
+
+        # One channel per member for the run: the member fault asks every node again and
+        # again for a change until a new leader takes it, within milliseconds of its
+        # election, and a connection per call would cost more than that.
+        with self._lock:
+            channel = self._member_channels.get(address)
+            if channel is None:
+                channel = self._member_channels[address] = member_client.member_channel(address, tls)
+        member_client.change_once(address, action, node_id, timeout_s=timeout_s, tls=tls,
+                                  channel=channel)
 
     def membership(self, addresses: Sequence[str], *, timeout_s: float,
                    tls: TlsFiles | None) -> tuple[set[str], set[str]]:

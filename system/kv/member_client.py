@@ -45,6 +45,10 @@ class MembershipTimeout(MembershipError):
     """No member made or refused the change before the deadline."""
 
 
+class MembershipUnavailable(MembershipError):
+    """`change_once`: the member is not the leader (or did not answer): not applied there."""
+
+
 class MembershipDenied(MembershipError):
     """The node refused the caller's certificate for this call (PERMISSION_DENIED: a
     change needs an admin certificate); the message is the node's reason."""
@@ -111,6 +115,46 @@ def change(addresses: Sequence[str], action: str, node_id: str, address: str = "
                 time.sleep(0.1)
     raise MembershipTimeout(f"member {action} {node_id}: no answer within {timeout_s:g}s "
                             f"({last_error})")
+
+
+def member_channel(address: str, tls: TlsFiles | None = None) -> grpc.Channel:
+    """A channel to the member at `address` for `change_once(channel=...)`: a caller that
+    asks again and again (the harness, waiting for a new leader) keeps one connection."""
+    return _channel(address, tls)
+
+
+def change_once(address: str, action: str, node_id: str, *, timeout_s: float = 10.0,
+                tls: TlsFiles | None = None,
+                channel: grpc.Channel | None = None) -> kv_pb2.ChangeMembershipResponse:
+    """One attempt of `action` of `node_id` at the member `address`, as an operator's
+    second command sent while the first is still in flight: no retry, no following of a
+    leader hint. Returns the answer once committed; MembershipRefused with the node's
+    reason for any refusal (also "in progress" and "not yet committed", which `change`
+    waits out), MembershipTimeout when nothing came back in time, MembershipUnavailable
+    when the member is not the leader or unreachable (also when it lost its leadership
+    while the change was pending), MembershipError for any other failure."""
+    if action not in CHANGES:
+        raise MembershipInvalid(f"unknown membership action {action!r}; one of {', '.join(CHANGES)}")
+    request = kv_pb2.ChangeMembershipRequest(change=CHANGES[action], node_id=node_id)
+    if channel is None:
+        with _channel(address, tls) as own:
+            return change_once(address, action, node_id, timeout_s=timeout_s, channel=own)
+    try:
+        return kv_pb2_grpc.KVStub(channel).ChangeMembership(request, timeout=timeout_s)
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details() or exc.code().name
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            raise MembershipInvalid(details) from None
+        if code == grpc.StatusCode.FAILED_PRECONDITION:
+            raise MembershipRefused(details) from None
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise MembershipTimeout(f"member {action} {node_id} at {address}: no answer "
+                                    f"within {timeout_s:g}s") from None
+        if code == grpc.StatusCode.UNAVAILABLE:
+            raise MembershipUnavailable(f"member {action} {node_id} at {address}: "
+                                        f"{details}") from None
+        raise MembershipError(f"member {action} {node_id} at {address}: "
+                              f"{code.name}: {details}") from None
 
 
 def status_with_leader(addresses: Sequence[str], *, timeout_s: float = 10.0,

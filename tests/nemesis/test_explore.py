@@ -48,7 +48,7 @@ def test_each_knob_draws_from_its_own_seeded_generator() -> None:
         assert {k.field for k in KNOBS} == set(settings)
     assert parse_pins(["faults=partition,kill", "rate=0"]) == {"faults": ["partition", "kill"],
                                                                "rate": 0.0}
-    for bad in ("nodes", "colour=3", "nodes=x", "faults=member"):
+    for bad in ("nodes", "colour=3", "nodes=x", "faults=truncate"):
         with pytest.raises(ValueError):
             parse_pins([bad])
 
@@ -72,7 +72,7 @@ def test_bad_flags_are_refused_with_one_line(tmp_path: Path, monkeypatch, capsys
     assert main(["explore", "--platform", "sim", "--runs", "1", "--unsafe", "stale-read",
                  "--store", str(tmp_path)]) == 3
     assert "MAO_ALLOW_UNSAFE=1" in capsys.readouterr().err
-    assert main(["explore", "--platform", "sim", "--runs", "1", "--set", "faults=member",
+    assert main(["explore", "--platform", "sim", "--runs", "1", "--set", "faults=truncate",
                  "--store", str(tmp_path)]) == 3
     assert "not run by the sim platform" in capsys.readouterr().err
     assert not (tmp_path / "explore").exists()

@@ -143,22 +143,39 @@ def test_member_fault_rejoins_wiped_nodes_as_new_incarnations_and_loses_nothing(
     """Issue 8's operator path under load: a node leaves the cluster, loses its disk, comes
     back as a learner with a new member id and is promoted; the run stays valid, and no
     node dies that the nemesis did not kill (a node restarted from the nemesis's thread
-    used to be SIGKILLed when that thread ended: PR_SET_PDEATHSIG follows the thread)."""
-    proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "20", "--interval", "3",
+    used to be SIGKILLed when that thread ended: PR_SET_PDEATHSIG follows the thread).
+    The member fault's round leads with two-in-flight (nemesis/member_shapes.py): the safe
+    leader refuses the second removal, and the history says so in one line."""
+    proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "30", "--interval", "3",
                     "--faults", "member", "--seed", "2")
-    out, _ = proc.communicate(timeout=300)
+    out, _ = proc.communicate(timeout=400)
     assert proc.returncode == 0, out
     run_dir = (tmp_path / "store" / "latest").resolve()
     events = [json.loads(line) for line in (run_dir / "nemesis.jsonl").read_text().splitlines()]
-    removed = [e["nodes"][0] for e in events if e["f"] == "remove-member"]
-    rejoined = [e["rejoined"] for e in events if e["f"] == "rejoin-member"]
-    assert removed and rejoined == removed, events
+    starts = [e for e in events if e["f"] == "remove-member"]
+    ends = {e["id"]: e for e in events if e["f"] == "rejoin-member"}
+    changes = [e for e in events if e["f"] == "member-change"]
+    assert starts[0]["shape"] == "two-in-flight", starts[0]
+    first = [c for c in changes if c["id"] == starts[0]["id"]]
+    assert [c["outcome"] for c in first].count("refused") == 1, first
+    assert any("a membership change is in progress" in c["description"] for c in first), first
+    rejoined = []
+    for start in starts:
+        end = ends[start["id"]]
+        if start.get("shape") is None:  # remove-and-rejoin: the node removed, then back
+            assert end["rejoined"] == start["nodes"][0], (start, end)
+            rejoined.append(end["rejoined"])
+        else:  # what a change removed is rejoined, the rest kept
+            assert sorted(end["rejoined"] + end["kept"]) == sorted(
+                start.get("removing") or [start["leader"]]), (start, end)
+            rejoined += end["rejoined"]
     assert events[-1]["f"] == "heal-all" and "started" not in events[-1]["description"], events[-1]
     # Each rejoin is a new incarnation of the node's directory: a new member id confirmed.
-    log = (run_dir / "nodes" / f"{removed[0]}.log").read_text().splitlines()
-    member_ids = {json.loads(line)["member_id"] for line in log
-                  if "identity confirmed" in line}
-    assert len(member_ids) >= 2, member_ids
+    for node in set(rejoined):
+        log = (run_dir / "nodes" / f"{node}.log").read_text().splitlines()
+        member_ids = {json.loads(line)["member_id"] for line in log
+                      if "identity confirmed" in line}
+        assert len(member_ids) >= 2, (node, member_ids)
     results = json.loads((run_dir / "results.json").read_text())
     assert results["valid"] is True and results["crashed_nodes"] == []
     assert results["final_reads"]["unread"] == []

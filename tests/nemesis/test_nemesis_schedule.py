@@ -115,6 +115,7 @@ def _drive(faults: str, seed: int, rounds: int, nodes: int = 5) -> tuple[list[tu
     events: list[tuple[str, dict[str, Any]]] = []
     nemesis = Nemesis(platform, parse_faults(faults), seed=seed, interval_s=0.01,
                       record=lambda f, v: events.append((f, v)))
+    nemesis.member_shapes = ("remove-and-rejoin",)  # the aimed shapes: test_member_shapes.py
     nemesis.zombie_s = 0.0
     for _ in range(rounds):
         kind = nemesis.rng.choice(nemesis.faults)
@@ -249,6 +250,7 @@ def test_heal_everything_finishes_a_rejoin_that_failed_half_way() -> None:
     events: list[tuple[str, dict]] = []
     nemesis = Nemesis(platform, ["member"], seed=1, interval_s=0.01,
                       record=lambda f, v: events.append((f, v)))
+    nemesis.member_shapes = ("remove-and-rejoin",)
     fault = nemesis._begin("member")
     platform.fail_promote = True  # the learner does not catch up in time
     nemesis._end(fault)
@@ -265,6 +267,7 @@ def test_member_fault_skips_a_node_that_is_not_a_voter() -> None:
     events: list[tuple[str, dict]] = []
     nemesis = Nemesis(platform, ["member"], seed=1, interval_s=0.01,
                       record=lambda f, v: events.append((f, v)))
+    nemesis.member_shapes = ("remove-and-rejoin",)
     assert nemesis._begin("member") is None
     assert events[-1][0] == "nemesis-skip" and not platform.calls
 

@@ -125,6 +125,10 @@ def test_the_trainer_workload_is_refused_on_the_simulator(
 # check is caught with the in-flight canaries above.)
 CORE_VARIANT_RUNS = [
     ("votes-twice", ["--faults", "none", "--duration", "6"]),
+    # The member fault's two-in-flight (nemesis/member_shapes.py): the safe leader refuses
+    # the second change; the broken one commits it on its side of the cut.
+    ("allows-two-membership-changes-in-flight",
+     ["--faults", "member", "--duration", "8", "--interval", "2"]),
 ]
 
 
