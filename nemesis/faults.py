@@ -30,6 +30,11 @@ Faults (`--faults`, a comma list):
   node) crashes and loses every write it had not fsynced (`Platform.power_loss`; the run
   puts the nodes on a lazy disk); kill-all: SIGKILL of every node at once; both healed by
   starting the nodes again;
+- election (local, docker; 5 nodes or more): faults aimed at an election in progress
+  (nemesis/elections.py): the voters a majority needs frozen and the leader killed, so
+  that every other node campaigns for the same term, then the voters thawed at once
+  (split-vote); or a voter killed and restarted between two candidates' requests of one
+  term (vote-then-restart); healed by restarting the killed leader;
 - none: no faults (a baseline run).
 
 After a disk fault a node may refuse its data (exit 3, one line naming the file and
@@ -83,7 +88,7 @@ from nemesis.platforms.base import Platform, PlatformError
 log = logging.getLogger("nemesis")
 
 FAULTS = ("partition", "kill", "pause", "packet", "member", "truncate", "bitflip", "wipe-wal",
-          "lose-unsynced", "kill-all", "none")
+          "lose-unsynced", "kill-all", "election", "none")
 # Faults that damage a stopped node's files (the platform's `damage_files`).
 FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 # Faults after which a node may refuse its data at the restart (exit 3): the heal waits for
@@ -92,7 +97,8 @@ DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all")
 # Where each fault runs when not everywhere (the simulator's disk holds records, not bytes,
 # and its nodes have no identity to re-admit).
 FAULT_PLATFORMS = {"member": ("local", "docker"), "truncate": ("local", "docker"),
-                   "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker")}
+                   "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker"),
+                   "election": ("local", "docker")}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
 # acknowledged writes only when a majority loses them together (a canary must be caught in
@@ -118,7 +124,9 @@ LOSS_PROBABILITIES = (0.1, 0.2, 0.3, 0.5)
 # File faults and lose-unsynced need 3: a node that refuses its data is rejoined through
 # membership changes, which the others must be a majority to commit.
 MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "member": 3, "truncate": 3,
-             "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1}
+             "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1,
+             # a split election needs two candidates one voter short of a majority each
+             "election": 5}
 REFUSED_EXIT = 3  # a node that refuses its data (docs/kv.md, "Recovery")
 START_TIMEOUT_S = 60.0  # a restarted node answers or exits within this (a loaded machine)
 # With file faults the nodes snapshot every this many entries (their default, 10,000, takes
@@ -147,8 +155,10 @@ def unsupported(faults: list[str], platform: str) -> str | None:
     for fault in faults:
         where = FAULT_PLATFORMS.get(fault)
         if where is not None and platform not in where:
-            why = ("the simulator's nodes have no identity to wipe and re-admit"
-                   if fault == "member" else "the simulator's disk holds records, not bytes")
+            why = {"member": "the simulator's nodes have no identity to wipe and re-admit",
+                   "election": "it times its steps by the nodes' Status, which the "
+                               "simulator's nodes do not serve"}.get(
+                fault, "the simulator's disk holds records, not bytes")
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
     return None
@@ -221,6 +231,8 @@ class Nemesis:
         self.rejoining: set[str] = set()
         self._wiped: set[str] = set()
         self.counts: dict[str, int] = {}
+        # `election` faults by shape: {"aimed": n, "landed": n} (nemesis/elections.py).
+        self.election_counts: dict[str, dict[str, int]] = {}
         self.errors: list[str] = []
         self._next_id = 1
         self._decks: dict[str, list[str]] = {}
@@ -308,6 +320,10 @@ class Nemesis:
             return self._lose_unsynced()
         if kind == "kill-all":
             return self._kill_all()
+        if kind == "election":
+            from nemesis.elections import election
+
+            return election(self)
         raise ValueError(f"unknown fault {kind!r}")
 
     def _register(self, kind: str, nodes: list[str], description: str,

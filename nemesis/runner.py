@@ -457,6 +457,8 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                           interval_s=config.interval_s, record=record,
                           targets=workload if isinstance(workload, ProcessTargets) else None)
         nemesis.deal_kinds = config.faults_all
+        if "election" in config.faults:
+            run_info["elections"] = nemesis.election_counts
         if system.status_windows and windows.aims_at_windows(config.faults, config.workload,
                                                               config.platform):
             run_info["windows"] = windows.Windows.attach(nemesis).counts
@@ -549,6 +551,10 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
         _print(out, "windows: " + "; ".join(
             f"{kind} aimed {c['aimed']}, landed inside {c['landed']}, not seen {c['not_seen']}"
             for kind, c in sorted(run_info["windows"].items())))
+    if run_info.get("elections"):  # faults aimed at elections (nemesis/elections.py)
+        _print(out, "elections: " + "; ".join(
+            f"{shape} aimed {c['aimed']}, landed inside {c['landed']}"
+            for shape, c in sorted(run_info["elections"].items())))
     if run_info["nemesis_errors"]:
         _print(out, f"nemesis errors ({len(run_info['nemesis_errors'])}): "
                     f"{run_info['nemesis_errors'][0]}")
