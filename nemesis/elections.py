@@ -33,11 +33,14 @@ more (with 3 or 4 a candidate reaches a majority with the one shared voter alone
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nemesis.faults import ActiveFault, Nemesis
+
+log = logging.getLogger("nemesis")
 
 SHAPES = ("split-vote", "vote-then-restart")
 MIN_NODES = 5
@@ -46,6 +49,8 @@ OPEN_TIMEOUT_S = 15.0  # the pre-candidates' election timeouts, on a loaded mach
 STEP_TIMEOUT_S = 5.0  # a thawed node reaches the next step (it read its socket)
 START_TIMEOUT_S = 60.0  # a restarted voter answers Status (a loaded machine)
 WATCH_S = 2.0
+SETTLE_S = 0.5
+SETTLE_TIMEOUT_S = 20.0  # after the last fault's heal, the cluster agrees on one leader  # a thawed node's loop reads what waited in its sockets (a loaded machine)
   # how long the leaders of the terms after the strike are watched
 
 
@@ -70,19 +75,20 @@ class Election:
         self.frozen: set[str] = set()  # paused by this fault and not yet resumed
         self.killed: set[str] = set()
         self.cut: list[tuple[str, str]] = []  # links this fault cut and has not healed
+        self.began = time.monotonic()
 
     # ----- the steps ---------------------------------------------------------------------
 
     def begin(self) -> ActiveFault | None:
         nemesis = self.nemesis
         shape = nemesis._deal("election-shape", SHAPES)
-        leader = self.platform.leader()
-        if leader is None:
-            nemesis.record("nemesis-skip", {"fault": "election", "shape": shape,
-                                            "description": f"{shape}: no leader to depose"})
+        settled = self._wait(self._settled_leader, SETTLE_TIMEOUT_S)
+        if settled is None:
+            nemesis.record("nemesis-skip", {"fault": "election", "shape": shape, "description":
+                                            f"{shape}: no leader that every node follows "
+                                            f"within {SETTLE_TIMEOUT_S:g} s"})
             return None
-        before = self.platform.status(leader)
-        term = before.term if before is not None else 0
+        leader, term = settled
         voters, candidates = split(nemesis.nodes, leader, nemesis.rng)
         window: dict[str, Any] = {"kind": shape, "old_leader": leader, "old_term": term,
                                   "voters": voters, "candidates": candidates}
@@ -136,7 +142,9 @@ class Election:
         lasts = [st.last_index for v in voters if (st := self._status(v)) is not None]
         self._wait(lambda: (st := self._status(leader)) is not None
                    and st.commit_index > max(lasts, default=0), STEP_TIMEOUT_S)
+        self._step(f"voters {' '.join(voters)} cut from leader {leader}")
         term = self._wait(lambda: self._pre_candidates(voters, leaderless=True), OPEN_TIMEOUT_S)
+        self._step(f"voters leaderless at term {term}; freezing them, killing {leader}")
         self._freeze(voters)
         self.nemesis.expected_down.add(leader)
         self.killed.add(leader)
@@ -146,6 +154,7 @@ class Election:
             return None
         if self._wait(lambda: self._pre_candidates(candidates) == term, OPEN_TIMEOUT_S) is None:
             return None
+        self._step(f"candidates {' '.join(candidates)} pre-candidates of term {term}")
         return term
 
     def _cut_candidates(self, candidates: list[str]) -> None:
@@ -183,6 +192,10 @@ class Election:
         self._freeze(candidates)
         self._thaw(voters)  # they grant the queued pre-votes; the grants wait in sockets
         answered = self._wait(lambda: self._all_status(voters), STEP_TIMEOUT_S)
+        # Status is answered beside the Raft loop: give the loop time to read its sockets
+        # (nothing the voters do here shows on their Status).
+        self.nemesis._stop.wait(SETTLE_S)
+        self._step(f"voters {' '.join(voters)} thawed to answer the pre-votes")
         self._freeze(voters)
         if answered is None:
             return False, f"{' '.join(voters)} did not answer after they were thawed"
@@ -192,11 +205,13 @@ class Election:
         self._freeze([first])
         if asked is None:
             return False, f"{first} did not become a candidate for term {term + 1}"
+        self._step(f"{first} a candidate for term {term + 1}, frozen")
         self._thaw(voters)  # they grant `first`; the grants wait in its socket
         moved = self._wait(lambda: all(self._term_of(v) == term + 1 for v in voters),
                            STEP_TIMEOUT_S)
         terms = {v: self._term_of(v) for v in voters}
         window["voter_terms_before_kill"] = terms
+        self._step(f"voters at terms {terms}; killing them")
         self.nemesis.expected_down.update(voters)
         self.platform.kill_nodes(voters)
         for v in voters:
@@ -204,8 +219,10 @@ class Election:
         for v in voters:
             self.platform.wait_started(v, START_TIMEOUT_S)
             self.nemesis.expected_down.discard(v)
+        self._step("voters restarted; thawing " + second)
         self._thaw([second])
         self._wait(lambda: self._role_at(second, ("leader",), term + 1), STEP_TIMEOUT_S)
+        self._step(f"{second} thawed; thawing {first}")
         self._thaw([first])
         if moved is None:
             return False, (f"the voters had not all reached term {term + 1} (their terms "
@@ -213,6 +230,10 @@ class Election:
         return True, (f"{' '.join(voters)} answered {first}'s vote request for term "
                       f"{term + 1} (their term was {term + 1}), were killed and restarted "
                       f"before {second} asked them in the same term")
+
+    def _step(self, what: str) -> None:
+        """One step of the fault, in harness.log with the seconds since it began."""
+        log.info("election fault, %.2f s: %s", time.monotonic() - self.began, what)
 
     def _heal(self, killed: list[str]):  # noqa: ANN202
         def heal() -> dict[str, Any]:
@@ -256,6 +277,18 @@ class Election:
         if node in self.frozen:
             return None  # a frozen node cannot answer; do not wait for it
         return self.platform.status(node, timeout_s=0.3)
+
+    def _settled_leader(self) -> tuple[str, int] | None:
+        """(leader, term) when every node answers and follows the same leader in the same
+        term: an election of the fault's own making must not race one already going on
+        (a deposed leader that still says it leads would be the wrong one to kill)."""
+        seen = set()
+        for node in self.nemesis.nodes:
+            st = self._status(node)
+            if st is None or not st.leader_id:
+                return None
+            seen.add((st.leader_id, st.term))
+        return seen.pop() if len(seen) == 1 else None
 
     def _pre_candidates(self, nodes: list[str], leaderless: bool = False) -> int | None:
         """The term every one of `nodes` is a pre-candidate of, or None. `leaderless`:
