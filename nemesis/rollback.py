@@ -17,10 +17,13 @@ H = n - q held away):
 2. H is cut from every node: from now on each commit needs T (L, K and T are a majority),
    so T acknowledges every entry committed while H is away; the fault waits until the
    leader has committed LOST_MIN entries past T's log at the backup.
-3. T is killed, its directory replaced by the backup, and it is started again with its
-   answers to L slowed (each chunk held RETRANSMIT_DELAY with probability ANSWER_LOSS):
-   its rejections still reach L, which tells it, but its acknowledgements of the catch-up
-   come late, so the catch-up takes several round trips of that.
+3. L is frozen (so that it stays the leader: with T down it has no majority, and
+   check-quorum would depose it; only a leader that saw T acknowledge those entries can
+   notice they are gone, a new one just sends them again), T is killed, its directory
+   replaced by the backup, T started again, and L thawed. T's answers to L are slowed
+   (each chunk held 200 ms with probability ANSWER_LOSS, the packet fault's loss): its
+   rejections still reach L, which tells it, but its acknowledgements of the catch-up come
+   late, so the catch-up takes several round trips of that.
 4. As soon as T reports `catch_up_to` above its commit index, the strike: L is killed, K
    cut from every node, and H's links to T and to each other healed. T and H are a
    majority, all without the entries T lost: only T's vote can elect one of them.
@@ -50,8 +53,8 @@ log = logging.getLogger("nemesis")
 MAX_APPEND_ENTRIES = 64
 LOST_MIN = 300  # entries committed past T's backup while H is away (> a few APPENDs)
 LOST_TIMEOUT_S = 30.0  # at the default 100 ops/s, 300 entries take 4-5 s
-TOLD_TIMEOUT_S = 20.0  # T restarts (a loaded machine: seconds) and the leader tells it
-ANSWER_LOSS = 0.9  # share of T's answers to L held (each a retransmission timeout)
+TOLD_TIMEOUT_S = 40.0  # T restarts, and the leader must confirm the loss through the slowed link
+ANSWER_LOSS = 0.5  # share of T's answers to L held (each a retransmission timeout)
 POLL_S = 0.005
 START_TIMEOUT_S = 60.0  # a restarted node answers Status (a loaded machine)
 
@@ -158,6 +161,8 @@ class Rollback:
             st = platform.status(target)
             self._heal_cut()
             platform.heal_link(target, leader)
+            if nemesis._stop.is_set():
+                return False, "the run ended before the leader told the target: no strike"
             return False, (f"{target} did not report a lost-entries catch-up it had not "
                            f"finished within {TOLD_TIMEOUT_S:g} s (catch_up_to "
                            f"{st.catch_up_to if st else '?'}, commit "
