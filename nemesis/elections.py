@@ -50,6 +50,7 @@ STEP_TIMEOUT_S = 5.0  # a thawed node reaches the next step (it read its socket)
 START_TIMEOUT_S = 60.0  # a restarted voter answers Status (a loaded machine)
 WATCH_S = 2.0
 SETTLE_S = 0.5
+REQUESTS_OUT_S = 0.25  # under the election timeout's least 0.5 s
 SETTLE_TIMEOUT_S = 20.0  # after the last fault's heal, the cluster agrees on one leader  # a thawed node's loop reads what waited in its sockets (a loaded machine)
   # how long the leaders of the terms after the strike are watched
 
@@ -202,6 +203,9 @@ class Election:
         self._thaw([first, *others])
         asked = self._wait(lambda: self._role_at(first, ("candidate", "leader"), term + 1),
                            STEP_TIMEOUT_S)
+        # A candidate fsyncs its vote before it sends its requests: let them go out (into
+        # the frozen voters' sockets; nothing can answer), well within its election timeout.
+        self.nemesis._stop.wait(REQUESTS_OUT_S)
         self._freeze([first])
         if asked is None:
             return False, f"{first} did not become a candidate for term {term + 1}"

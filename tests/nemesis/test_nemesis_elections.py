@@ -118,6 +118,7 @@ def _nemesis(platform: FakePlatform) -> tuple[Nemesis, list[tuple[str, dict[str,
 def _quick(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(elections, "WATCH_S", 0.05)
     monkeypatch.setattr(elections, "SETTLE_S", 0.0)
+    monkeypatch.setattr(elections, "REQUESTS_OUT_S", 0.0)
     monkeypatch.setattr(elections, "OPEN_TIMEOUT_S", 0.3)
     monkeypatch.setattr(elections, "STEP_TIMEOUT_S", 0.3)
     monkeypatch.setattr(elections, "SETTLE_TIMEOUT_S", 0.3)
