@@ -112,6 +112,8 @@ class Election:
             raise
         self._undo_pauses()
         window["cut_until_heal"] = [list(link) for link in self.cut]
+        # The record is written once the strike is made; its first step was this long before.
+        window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
         window["two_leaders_in_one_term"] = any(len(v) > 1 for v in window["leaders"].values())
         self.nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
         self.nemesis.election_counts[shape]["aimed"] += 1

@@ -100,6 +100,8 @@ class Rollback:
         except Exception:
             self._undo()
             raise
+        # The record is written once the strike is made; its first step was this long before.
+        window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
         counts = nemesis.election_counts.setdefault("rollback", {"aimed": 0, "landed": 0})
         counts["aimed"] += 1
         counts["landed"] += int(landed)
