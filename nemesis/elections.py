@@ -115,9 +115,13 @@ class Election:
         # The record is written once the strike is made; its first step was this long before.
         window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
         window["two_leaders_in_one_term"] = any(len(v) > 1 for v in window["leaders"].values())
-        self.nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
-        self.nemesis.election_counts[shape]["aimed"] += 1
-        self.nemesis.election_counts[shape]["landed"] += int(landed)
+        counts = self.nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
+        if nemesis._stop.is_set() and not landed:
+            # Not a miss: the run's end cut a wait short (the waits return at once then).
+            why = f"the run ended first ({why})"
+        else:
+            counts["aimed"] += 1
+            counts["landed"] += int(landed)
         leaders = "; ".join(f"term {t}: {' '.join(ns)}" for t, ns in window["leaders"].items())
         text = (f"{shape}: leader {leader} killed, voters {' '.join(voters)} frozen, "
                 f"candidates {' '.join(candidates)} ({'landed' if landed else 'missed'}: "
