@@ -299,6 +299,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
             faults = parse_faults(args.faults)
     except ValueError as exc:
         return _refuse(str(exc))
+    if faults_all:
+        faults, note = _fit_all(faults, note, args.nodes)
     for fault in faults:
         if args.nodes < MIN_NODES[fault]:
             return _refuse(f"--faults {fault} needs at least {MIN_NODES[fault]} nodes "
@@ -358,7 +360,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     # The first line says where the nodes run and why.
     print(f"platform: {platform} ({reason})", flush=True)
     if faults_all:
-        faults, note = expand_all(platform)
+        faults, note = _fit_all(*expand_all(platform), args.nodes)
     if note:
         print(note, flush=True)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
@@ -411,6 +413,19 @@ def _clean(args: argparse.Namespace) -> int:
         print(f"removed {item}")
     print(f"clean: removed {len(removed)} item{'s' if len(removed) != 1 else ''}")
     return 0
+
+
+def _fit_all(faults: list[str], note: str, nodes: int) -> tuple[list[str], str]:
+    """`--faults all` means every kind this cluster size can run too; the note names the
+    kinds left out for it."""
+    from nemesis.faults import MIN_NODES
+
+    small = [f for f in faults if nodes < MIN_NODES[f]]
+    if not small:
+        return faults, note
+    left = "; ".join(f"{f} (needs {MIN_NODES[f]} nodes)" for f in small)
+    note = f"{note}; {left}" if note else f"note: --faults all with --nodes {nodes} leaves out {left}"
+    return [f for f in faults if f not in small], note
 
 
 def _refuse(message: str) -> int:

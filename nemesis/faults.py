@@ -33,6 +33,16 @@ Faults (`--faults`, a comma list):
   node) crashes and loses every write it had not fsynced (`Platform.power_loss`; the run
   puts the nodes on a lazy disk); kill-all: SIGKILL of every node at once; both healed by
   starting the nodes again;
+- election (local, docker; 5 nodes or more): faults aimed at an election in progress
+  (nemesis/elections.py): the voters a majority needs frozen and the leader killed, so
+  that every other node campaigns for the same term, then the voters thawed at once
+  (split-vote); or a voter killed and restarted between two candidates' requests of one
+  term (vote-then-restart); healed by restarting the killed leader;
+- rollback (local; 3 nodes or more): a follower restarted on an older, consistent copy
+  of its own data directory (a VM restored from a backup), the leader killed once the
+  follower knows it lost acknowledged entries and before it caught up, with the nodes
+  that lack those entries let back in (nemesis/rollback.py); healed by restarting the
+  leader;
 - none: no faults (a baseline run).
 
 After a disk fault a node may refuse its data (exit 3, one line naming the file and
@@ -86,16 +96,17 @@ from nemesis.platforms.base import Platform, PlatformError
 log = logging.getLogger("nemesis")
 
 FAULTS = ("partition", "kill", "pause", "packet", "member", "truncate", "bitflip", "wipe-wal",
-          "lose-unsynced", "kill-all", "none")
+          "lose-unsynced", "kill-all", "election", "rollback", "none")
 # Faults that damage a stopped node's files (the platform's `damage_files`).
 FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 # Faults after which a node may refuse its data at the restart (exit 3): the heal waits for
 # each restarted node and, on a refusal, rejoins it as a new member.
-DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all")
+DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all", "rollback")
 # Where each fault runs when not everywhere (the simulator's disk holds records, not bytes;
 # its nodes have no identity to re-admit, so it deals only the member fault's two-in-flight).
 FAULT_PLATFORMS = {"truncate": ("local", "docker"),
-                   "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker")}
+                   "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker"),
+                   "election": ("local", "docker"), "rollback": ("local",)}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
 # acknowledged writes only when a majority loses them together (a canary must be caught in
@@ -121,7 +132,9 @@ LOSS_PROBABILITIES = (0.1, 0.2, 0.3, 0.5)
 # File faults and lose-unsynced need 3: a node that refuses its data is rejoined through
 # membership changes, which the others must be a majority to commit.
 MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "member": 3, "truncate": 3,
-             "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1}
+             "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1,
+             # a split election needs two candidates one voter short of a majority each
+             "election": 5, "rollback": 3}
 REFUSED_EXIT = 3  # a node that refuses its data (docs/kv.md, "Recovery")
 START_TIMEOUT_S = 60.0  # a restarted node answers or exits within this (a loaded machine)
 # With file faults the nodes snapshot every this many entries (their default, 10,000, takes
@@ -150,7 +163,12 @@ def unsupported(faults: list[str], platform: str) -> str | None:
     for fault in faults:
         where = FAULT_PLATFORMS.get(fault)
         if where is not None and platform not in where:
-            why = "the simulator's disk holds records, not bytes"
+            why = {"election": "it times its steps by the nodes' Status, which the "
+                               "simulator's nodes do not serve",
+                   "rollback": "it copies a node's data directory, which only the local "
+                               "platform does yet" if platform != "sim" else
+                               "the simulator's disk holds records, not bytes"}.get(
+                fault, "the simulator's disk holds records, not bytes")
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
     return None
@@ -223,6 +241,8 @@ class Nemesis:
         self.rejoining: set[str] = set()
         self._wiped: set[str] = set()
         self.counts: dict[str, int] = {}
+        # `election` faults by shape: {"aimed": n, "landed": n} (nemesis/elections.py).
+        self.election_counts: dict[str, dict[str, int]] = {}
         self.errors: list[str] = []
         self._next_id = 1
         self._decks: dict[str, list[str]] = {}
@@ -318,6 +338,14 @@ class Nemesis:
             return self._lose_unsynced()
         if kind == "kill-all":
             return self._kill_all()
+        if kind == "election":
+            from nemesis.elections import election
+
+            return election(self)
+        if kind == "rollback":
+            from nemesis.rollback import rollback
+
+            return rollback(self)
         raise ValueError(f"unknown fault {kind!r}")
 
     def _register(self, kind: str, nodes: list[str], description: str,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from histories.write import HistoryWriter
-from nemesis import check, report, windows
+from nemesis import check, report, rollback, windows
 from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
@@ -135,6 +135,7 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | No
     # Leader faults aimed at snapshot transfers need transfers that happen, and last.
     if system.status_windows:
         node_args += windows.node_args(config.faults, config.workload, config.platform, node_args)
+        node_args += rollback.node_args(config.faults, node_args)
     # lose-unsynced needs every node's data on a layer that holds writes until fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
                             node_args=tuple(node_args), env=env,
@@ -478,6 +479,8 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                           interval_s=config.interval_s, record=record,
                           targets=workload if isinstance(workload, ProcessTargets) else None)
         nemesis.deal_kinds = config.faults_all
+        if "election" in config.faults or "rollback" in config.faults:
+            run_info["elections"] = nemesis.election_counts
         if system.status_windows and windows.aims_at_windows(config.faults, config.workload,
                                                               config.platform):
             run_info["windows"] = windows.Windows.attach(nemesis).counts
@@ -575,6 +578,10 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
         _print(out, "windows: " + "; ".join(
             f"{kind} aimed {c['aimed']}, landed inside {c['landed']}, not seen {c['not_seen']}"
             for kind, c in sorted(run_info["windows"].items())))
+    if run_info.get("elections"):  # faults aimed at elections (elections.py, rollback.py)
+        _print(out, "elections: " + "; ".join(
+            f"{shape} aimed {c['aimed']}, landed inside {c['landed']}"
+            for shape, c in sorted(run_info["elections"].items())))
     if run_info["nemesis_errors"]:
         _print(out, f"nemesis errors ({len(run_info['nemesis_errors'])}): "
                     f"{run_info['nemesis_errors'][0]}")

@@ -203,6 +203,16 @@ class Platform(abc.ABC):
         node, each damage with the file's size before and after."""
         raise PlatformError(NO_FILE_FAULTS.format(platform=self.name))
 
+    def save_data(self, node_id: str) -> None:
+        """Keep a copy of a stopped node's whole data directory (one per node; a later
+        save replaces it): the backup `restore_data` brings back (the `rollback` fault)."""
+        raise PlatformError(f"the {self.name} platform cannot copy a node's data directory")
+
+    def restore_data(self, node_id: str) -> None:
+        """Replace a stopped node's data directory with the copy `save_data` kept: its own
+        data, older but consistent (a VM restored from a backup)."""
+        raise PlatformError(f"the {self.name} platform cannot copy a node's data directory")
+
     @abc.abstractmethod
     def member_address(self, node_id: str) -> str:
         """HOST:PORT to name in `member add` for this node: where its peers reach it.

@@ -189,6 +189,20 @@ class LocalPlatform(Platform):
         except (OSError, ValueError) as exc:
             raise PlatformError(f"damaging {', '.join(damages)}'s files failed: {exc}") from None
 
+    def save_data(self, node_id: str) -> None:
+        data = Path(self._stopped_dir(node_id))
+        copy = data.with_name(f"{data.name}.saved")
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(data, copy, symlinks=True)
+
+    def restore_data(self, node_id: str) -> None:
+        data = Path(self._stopped_dir(node_id))
+        copy = data.with_name(f"{data.name}.saved")
+        if not copy.is_dir():
+            raise PlatformError(f"no saved copy of {node_id}'s data directory to restore")
+        shutil.rmtree(data)
+        shutil.copytree(copy, data, symlinks=True)
+
     def member_address(self, node_id: str) -> str:
         return self.cluster.specs[node_id].address
 

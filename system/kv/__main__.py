@@ -232,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--snapshot-entries", type=_positive_int, default=10_000)
     serve.add_argument("--snapshot-bytes", type=_positive_int, default=64 * 1024 * 1024)
     serve.add_argument("--snapshot-chunk-bytes", type=_positive_int, default=1024 * 1024)
+    serve.add_argument("--max-append-entries", type=_positive_int, default=512,
+                       help="at most this many log entries per APPEND to a follower")
     serve.add_argument("--max-value-bytes", type=_positive_int, default=16 * 1024 * 1024,
                        help="largest value accepted (default 16 MiB: what the default timing "
                             "carries on a loaded 2-core machine without elections; larger "
@@ -376,6 +378,7 @@ def serve(args: argparse.Namespace) -> int:
         snapshot_entries=args.snapshot_entries,
         snapshot_bytes=args.snapshot_bytes,
         snapshot_chunk_bytes=args.snapshot_chunk_bytes,
+        max_append_entries=args.max_append_entries,
         max_key_bytes=args.max_key_bytes,
         max_value_bytes=args.max_value_bytes,
         max_requests_per_s=args.max_requests_per_s,

@@ -313,6 +313,7 @@ class KVService:
             voters=list(core.membership.voters),
             learners=list(core.membership.learners),
             vote_withheld=core.vote_withheld,
+            catch_up_to=core.catch_up_to,
             member_addresses=self.node.member_addresses(),
             peer_transports=self.node.transport.describe(),
             snapshots_sending=[

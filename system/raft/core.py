@@ -596,6 +596,11 @@ class RaftCore:
     def vote_withheld(self) -> str:
         return self._vote_withheld
 
+    @property
+    def catch_up_to(self) -> int:
+        """The index a leader told us we lost and must commit again before voting; 0 = none."""
+        return self._catch_up_to
+
     def is_voter(self) -> bool:
         return self.id in self._voter_set
 

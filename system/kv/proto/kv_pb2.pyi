@@ -97,7 +97,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index", "cluster_id", "member_id", "voters", "learners", "vote_withheld", "member_addresses", "peer_transports", "snapshots_sending", "snapshots_sent", "config_index", "lead_transferee", "match_index")
+    __slots__ = ("node_id", "role", "term", "leader_id", "commit_index", "applied_index", "last_index", "snapshot_index", "peers", "snapshots_installed", "unsafe_mode", "last_snapshot_index", "cluster_id", "member_id", "voters", "learners", "vote_withheld", "member_addresses", "peer_transports", "snapshots_sending", "snapshots_sent", "config_index", "lead_transferee", "match_index", "catch_up_to")
     class PeersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class StatusResponse(_message.Message):
     CONFIG_INDEX_FIELD_NUMBER: _ClassVar[int]
     LEAD_TRANSFEREE_FIELD_NUMBER: _ClassVar[int]
     MATCH_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_TO_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     role: str
     term: int
@@ -174,7 +175,8 @@ class StatusResponse(_message.Message):
     config_index: int
     lead_transferee: str
     match_index: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., member_id: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., vote_withheld: _Optional[str] = ..., member_addresses: _Optional[_Mapping[str, str]] = ..., peer_transports: _Optional[_Mapping[str, str]] = ..., snapshots_sending: _Optional[_Iterable[_Union[SnapshotSend, _Mapping]]] = ..., snapshots_sent: _Optional[int] = ..., config_index: _Optional[int] = ..., lead_transferee: _Optional[str] = ..., match_index: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    catch_up_to: int
+    def __init__(self, node_id: _Optional[str] = ..., role: _Optional[str] = ..., term: _Optional[int] = ..., leader_id: _Optional[str] = ..., commit_index: _Optional[int] = ..., applied_index: _Optional[int] = ..., last_index: _Optional[int] = ..., snapshot_index: _Optional[int] = ..., peers: _Optional[_Mapping[str, str]] = ..., snapshots_installed: _Optional[int] = ..., unsafe_mode: _Optional[str] = ..., last_snapshot_index: _Optional[int] = ..., cluster_id: _Optional[str] = ..., member_id: _Optional[str] = ..., voters: _Optional[_Iterable[str]] = ..., learners: _Optional[_Iterable[str]] = ..., vote_withheld: _Optional[str] = ..., member_addresses: _Optional[_Mapping[str, str]] = ..., peer_transports: _Optional[_Mapping[str, str]] = ..., snapshots_sending: _Optional[_Iterable[_Union[SnapshotSend, _Mapping]]] = ..., snapshots_sent: _Optional[int] = ..., config_index: _Optional[int] = ..., lead_transferee: _Optional[str] = ..., match_index: _Optional[_Mapping[str, int]] = ..., catch_up_to: _Optional[int] = ...) -> None: ...
 
 class SnapshotSend(_message.Message):
     __slots__ = ("peer", "index", "offset", "size", "seconds")

@@ -1,0 +1,355 @@
+"""The `election` fault: faults aimed at an election in progress.
+
+An election is decided within a round trip of the voters hearing the candidates, so a
+fault drawn on a timer almost never lands in one, and after a fault that leaves most nodes
+up, PreVote, randomized timeouts and the leader lease make two candidates of one term rare
+(a broken "one vote per term" was caught on local in 2 of 5 seeds, and only where every
+node happened to start at once). This fault builds the election itself, from pauses and
+kills alone, and watches the nodes' Status (role, term) to time each step.
+
+- split-vote: the voters that any majority needs (n - quorum of the followers) are frozen
+  (SIGSTOP / cgroup freezer), then the leader is killed. The others cannot reach a
+  majority without the frozen ones, so they all become pre-candidates for the same next
+  term and wait; once each says so, the voters are thawed at once and find every
+  candidate's request in their sockets together. A voter that grants two candidates of
+  one term (`votes-twice`) elects both.
+- vote-then-restart: as far as the pre-candidates; then they are frozen too, the voters
+  thawed (granting the pre-votes) and frozen again, one candidate thawed until it reports
+  itself a candidate for the new term and frozen with its vote requests in the voters'
+  sockets; the voters are thawed until each is at that term (it has answered), then
+  killed and restarted, and only then is the second candidate (cut from the first)
+  thawed: it asks the restarted voters for their vote in the same term. A voter that
+  forgets its vote across a restart (`forgets-vote-on-restart`) elects it, and the first
+  candidate, thawed last, finds the earlier grants and leads the same term too.
+
+The start record (`election`) carries `shape`, what was aimed (`window`: the term, the
+candidates, the voters) and `landed`: whether the window was open when the strike was
+made (every candidate still a pre-candidate for the same term as the voters were thawed;
+for vote-then-restart, the voters had moved to the candidate's term before they were
+killed), with `landed_evidence`, and what happened next (`leaders`: term -> the nodes seen
+leading it in the seconds after). Healed by restarting the killed leader. Needs 5 nodes or
+more (with 3 or 4 a candidate reaches a majority with the one shared voter alone).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nemesis.faults import ActiveFault, Nemesis
+
+log = logging.getLogger("nemesis")
+
+SHAPES = ("split-vote", "vote-then-restart")
+MIN_NODES = 5
+POLL_S = 0.01
+OPEN_TIMEOUT_S = 15.0  # the pre-candidates' election timeouts, on a loaded machine
+STEP_TIMEOUT_S = 5.0  # a thawed node reaches the next step (it read its socket)
+START_TIMEOUT_S = 60.0  # a restarted voter answers Status (a loaded machine)
+WATCH_S = 2.0
+SETTLE_S = 0.5
+REQUESTS_OUT_S = 0.25  # under the election timeout's least 0.5 s
+SETTLE_TIMEOUT_S = 20.0  # after the last fault's heal, the cluster agrees on one leader  # a thawed node's loop reads what waited in its sockets (a loaded machine)
+  # how long the leaders of the terms after the strike are watched
+
+
+def quorum(n: int) -> int:
+    return n // 2 + 1
+
+
+def split(nodes: list[str], leader: str, rng: Any) -> tuple[list[str], list[str]]:
+    """(voters to freeze, candidates) among the followers of `leader`: with the leader
+    gone and the frozen voters silent, the candidates are one short of a majority each."""
+    followers = sorted(n for n in nodes if n != leader)
+    frozen = sorted(rng.sample(followers, len(nodes) - quorum(len(nodes))))
+    return frozen, [n for n in followers if n not in frozen]
+
+
+class Election:
+    """One `election` fault on a Nemesis (`begin`); the nodes it hurts are recorded."""
+
+    def __init__(self, nemesis: Nemesis) -> None:
+        self.nemesis = nemesis
+        self.platform = nemesis.platform
+        self.frozen: set[str] = set()  # paused by this fault and not yet resumed
+        self.killed: set[str] = set()
+        self.cut: list[tuple[str, str]] = []  # links this fault cut and has not healed
+        self.began = time.monotonic()
+
+    # ----- the steps ---------------------------------------------------------------------
+
+    def begin(self) -> ActiveFault | None:
+        nemesis = self.nemesis
+        shape = nemesis._deal("election-shape", SHAPES)
+        settled = self._wait(self._settled_leader, SETTLE_TIMEOUT_S)
+        if settled is None:
+            nemesis.record("nemesis-skip", {"fault": "election", "shape": shape, "description":
+                                            f"{shape}: no leader that every node follows "
+                                            f"within {SETTLE_TIMEOUT_S:g} s"})
+            return None
+        leader, term = settled
+        voters, candidates = split(nemesis.nodes, leader, nemesis.rng)
+        window: dict[str, Any] = {"kind": shape, "old_leader": leader, "old_term": term,
+                                  "voters": voters, "candidates": candidates}
+        try:
+            term_now = self._prelude(leader, voters, candidates)
+            if term_now is None:
+                landed, why = False, (f"{' '.join(voters + candidates)} were not all "
+                                      f"pre-candidates of one term within "
+                                      f"{OPEN_TIMEOUT_S:g} s of the leader's kill")
+                self._thaw(voters)
+            elif shape == "split-vote":
+                window["term"] = term_now + 1
+                landed, why = self._split_vote(voters, candidates, term_now)
+            else:
+                window["term"] = term_now + 1
+                landed, why = self._vote_then_restart(voters, candidates, term_now, window)
+            window["leaders"] = self._watch_leaders()
+        except Exception:
+            self._undo()
+            raise
+        self._undo_pauses()
+        window["cut_until_heal"] = [list(link) for link in self.cut]
+        # The record is written once the strike is made; its first step was this long before.
+        window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
+        window["two_leaders_in_one_term"] = any(len(v) > 1 for v in window["leaders"].values())
+        counts = self.nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
+        if nemesis._stop.is_set() and not landed:
+            # Not a miss: the run's end cut a wait short (the waits return at once then).
+            why = f"the run ended first ({why})"
+        else:
+            counts["aimed"] += 1
+            counts["landed"] += int(landed)
+        leaders = "; ".join(f"term {t}: {' '.join(ns)}" for t, ns in window["leaders"].items())
+        text = (f"{shape}: leader {leader} killed, voters {' '.join(voters)} frozen, "
+                f"candidates {' '.join(candidates)} ({'landed' if landed else 'missed'}: "
+                f"{why}); leaders after: {leaders or 'none seen'}")
+        killed = sorted(self.killed)
+        return nemesis._register("election", killed, text, self._heal(killed),
+                                 {"shape": shape, "target": shape, "window": window,
+                                  "landed": landed, "landed_evidence": why}, "election")
+
+    def _prelude(self, leader: str, voters: list[str], candidates: list[str]) -> int | None:
+        """Cut the voters from the leader until their leader lease is over (each a
+        pre-candidate: a voter grants a pre-vote only then, and a frozen node's lease does
+        not run out, its ticks stop with it), freeze them, kill the leader, and wait until
+        every candidate is a pre-candidate of the same term: its first round of pre-votes
+        is then in the frozen voters' sockets. Returns that term, or None if they never
+        all got there. (The voters keep their links to the candidates: a link cut and
+        healed leaves a connection that takes the first message after the heal and drops
+        it, which would stagger the answers.)"""
+        cut = [(a, b) for v in voters for a, b in ((v, leader), (leader, v))]
+        self.platform.cut_links(cut)
+        self.cut = cut
+        # Let the leader commit past every voter's log (with the candidates: they are a
+        # majority with it): then each voter finds every candidate's log up to date (Raft
+        # §5.4.1), whichever follower happened to lag when the leader died.
+        lasts = [st.last_index for v in voters if (st := self._status(v)) is not None]
+        self._wait(lambda: (st := self._status(leader)) is not None
+                   and st.commit_index > max(lasts, default=0), STEP_TIMEOUT_S)
+        self._step(f"voters {' '.join(voters)} cut from leader {leader}")
+        term = self._wait(lambda: self._pre_candidates(voters, leaderless=True), OPEN_TIMEOUT_S)
+        self._step(f"voters leaderless at term {term}; freezing them, killing {leader}")
+        self._freeze(voters)
+        self.nemesis.expected_down.add(leader)
+        self.killed.add(leader)
+        self.platform.kill(leader)
+        self._heal_cut()
+        if term is None:
+            return None
+        if self._wait(lambda: self._pre_candidates(candidates) == term, OPEN_TIMEOUT_S) is None:
+            return None
+        self._step(f"candidates {' '.join(candidates)} pre-candidates of term {term}")
+        return term
+
+    def _cut_candidates(self, candidates: list[str]) -> None:
+        """Cut the candidates from each other until the fault heals: the first to win
+        would otherwise depose the other with its first APPEND before the other's grants
+        arrive (they do arrive, a few ms apart), and its vote request would move the other
+        to the new term as a follower before it asks. Each still reaches every voter."""
+        self.cut = [(a, b) for a in candidates for b in candidates if a != b]
+        self.platform.cut_links(self.cut)
+
+    def _heal_cut(self) -> None:
+        for a, b in self.cut:
+            self.platform.heal_link(a, b)
+        self.cut = []
+
+    def _split_vote(self, voters: list[str], candidates: list[str], term: int
+                    ) -> tuple[bool, str]:
+        """Thaw every voter at once; landed when every candidate was still a pre-candidate
+        of `term` (asking for term + 1) just before."""
+        self._cut_candidates(candidates)
+        still = self._pre_candidates(candidates)
+        self._thaw(voters)
+        if still != term:
+            return False, (f"the candidates were no longer all pre-candidates of term {term} "
+                           f"when the voters were thawed")
+        return True, (f"{' '.join(candidates)} were all pre-candidates for term {term + 1}, "
+                      f"waiting on the frozen voters, when {' '.join(voters)} were thawed "
+                      f"together")
+
+    def _vote_then_restart(self, voters: list[str], candidates: list[str], term: int,
+                           window: dict[str, Any]) -> tuple[bool, str]:
+        first, second = candidates[0], candidates[1]
+        others = candidates[2:]  # with 7 nodes or more: asked by both, like the voters
+        self._cut_candidates(candidates)
+        self._freeze(candidates)
+        self._thaw(voters)  # they grant the queued pre-votes; the grants wait in sockets
+        answered = self._wait(lambda: self._all_status(voters), STEP_TIMEOUT_S)
+        # Status is answered beside the Raft loop: give the loop time to read its sockets
+        # (nothing the voters do here shows on their Status).
+        self.nemesis._stop.wait(SETTLE_S)
+        self._step(f"voters {' '.join(voters)} thawed to answer the pre-votes")
+        self._freeze(voters)
+        if answered is None:
+            return False, f"{' '.join(voters)} did not answer after they were thawed"
+        self._thaw([first, *others])
+        asked = self._wait(lambda: self._role_at(first, ("candidate", "leader"), term + 1),
+                           STEP_TIMEOUT_S)
+        # A candidate fsyncs its vote before it sends its requests: let them go out (into
+        # the frozen voters' sockets; nothing can answer), well within its election timeout.
+        self.nemesis._stop.wait(REQUESTS_OUT_S)
+        self._freeze([first])
+        if asked is None:
+            return False, f"{first} did not become a candidate for term {term + 1}"
+        self._step(f"{first} a candidate for term {term + 1}, frozen")
+        self._thaw(voters)  # they grant `first`; the grants wait in its socket
+        moved = self._wait(lambda: all(self._term_of(v) == term + 1 for v in voters),
+                           STEP_TIMEOUT_S)
+        terms = {v: self._term_of(v) for v in voters}
+        window["voter_terms_before_kill"] = terms
+        self._step(f"voters at terms {terms}; killing them")
+        self.nemesis.expected_down.update(voters)
+        self.platform.kill_nodes(voters)
+        for v in voters:
+            self.platform.start_node(v)
+        for v in voters:
+            self.platform.wait_started(v, START_TIMEOUT_S)
+            self.nemesis.expected_down.discard(v)
+        self._step("voters restarted; thawing " + second)
+        self._thaw([second])
+        self._wait(lambda: self._role_at(second, ("leader",), term + 1), STEP_TIMEOUT_S)
+        self._step(f"{second} thawed; thawing {first}")
+        self._thaw([first])
+        if moved is None:
+            return False, (f"the voters had not all reached term {term + 1} (their terms "
+                           f"{terms}) when they were killed")
+        return True, (f"{' '.join(voters)} answered {first}'s vote request for term "
+                      f"{term + 1} (their term was {term + 1}), were killed and restarted "
+                      f"before {second} asked them in the same term")
+
+    def _step(self, what: str) -> None:
+        """One step of the fault, in harness.log with the seconds since it began."""
+        log.info("election fault, %.2f s: %s", time.monotonic() - self.began, what)
+
+    def _heal(self, killed: list[str]):  # noqa: ANN202
+        def heal() -> dict[str, Any]:
+            self._heal_cut()
+            for node in killed:
+                if not self.platform.is_running(node):
+                    self.platform.start_node(node)
+                self.nemesis.expected_down.discard(node)
+            return {}
+        return heal
+
+    # ----- pauses, undone whatever happens ----------------------------------------------
+
+    def _freeze(self, nodes: list[str]) -> None:
+        for node in nodes:
+            self.frozen.add(node)
+            self.platform.pause(node)
+
+    def _thaw(self, nodes: list[str]) -> None:
+        for node in nodes:
+            self.platform.resume(node)
+            self.frozen.discard(node)
+
+    def _undo_pauses(self) -> None:
+        self._thaw(sorted(self.frozen))
+
+    def _undo(self) -> None:
+        """A step failed: nothing of this fault may stay in place."""
+        try:
+            self._undo_pauses()
+            self._heal_cut()
+        finally:
+            for node in sorted(self.killed):
+                if not self.platform.is_running(node):
+                    self.platform.start_node(node)
+                self.nemesis.expected_down.discard(node)
+
+    # ----- watching -----------------------------------------------------------------------
+
+    def _status(self, node: str) -> Any:
+        if node in self.frozen:
+            return None  # a frozen node cannot answer; do not wait for it
+        return self.platform.status(node, timeout_s=0.3)
+
+    def _settled_leader(self) -> tuple[str, int] | None:
+        """(leader, term) when every node answers and follows the same leader in the same
+        term: an election of the fault's own making must not race one already going on
+        (a deposed leader that still says it leads would be the wrong one to kill)."""
+        seen = set()
+        for node in self.nemesis.nodes:
+            st = self._status(node)
+            if st is None or not st.leader_id:
+                return None
+            seen.add((st.leader_id, st.term))
+        return seen.pop() if len(seen) == 1 else None
+
+    def _pre_candidates(self, nodes: list[str], leaderless: bool = False) -> int | None:
+        """The term every one of `nodes` is a pre-candidate of, or None. `leaderless`:
+        or a follower that knows no leader (a pre-candidate refused by a majority)."""
+        terms = set()
+        for node in nodes:
+            st = self._status(node)
+            if st is None or not (st.role == "pre-candidate" or (
+                    leaderless and st.role == "follower" and not st.leader_id)):
+                return None
+            terms.add(st.term)
+        return terms.pop() if len(terms) == 1 else None
+
+    def _all_status(self, nodes: list[str]) -> bool:
+        return all(self._status(n) is not None for n in nodes)
+
+    def _role_at(self, node: str, roles: tuple[str, ...], term: int) -> bool:
+        st = self._status(node)
+        return st is not None and st.role in roles and st.term == term
+
+    def _term_of(self, node: str) -> int | None:
+        st = self._status(node)
+        return st.term if st is not None else None
+
+    def _watch_leaders(self) -> dict[str, list[str]]:
+        """term -> the nodes seen leading it within WATCH_S (two names: two leaders)."""
+        seen: dict[int, set[str]] = {}
+        deadline = time.monotonic() + WATCH_S
+        while time.monotonic() < deadline:
+            for node in self.nemesis.nodes:
+                if node in self.killed:
+                    continue
+                st = self._status(node)
+                if st is not None and st.role == "leader":
+                    seen.setdefault(st.term, set()).add(node)
+            if self.nemesis._stop.wait(POLL_S):
+                break
+        return {str(t): sorted(ns) for t, ns in sorted(seen.items())}
+
+    def _wait(self, probe, timeout_s: float):  # noqa: ANN001, ANN202
+        """The first truthy (or non-None) value of `probe()` within `timeout_s`, else None."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = probe()
+            if value is not None and value is not False:
+                return value
+            if self.nemesis._stop.wait(POLL_S):
+                return None
+        return None
+
+
+def election(nemesis: Nemesis) -> ActiveFault | None:
+    """Start one `election` fault (nemesis/faults.py dispatches here)."""
+    return Election(nemesis).begin()

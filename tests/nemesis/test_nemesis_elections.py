@@ -1,0 +1,395 @@
+"""The `election` fault (nemesis/elections.py): its steps, what it records, and that it
+leaves nothing in place.
+
+The unit tests drive it against a scripted cluster (`ElectionPlatform`): nodes that lose
+their leader become pre-candidates, a frozen node answers nothing and keeps its state, and
+thawing the voters elects the candidates (both, as a core that votes twice would). The
+slow test runs the real store under the fault and checks the run is valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from nemesis import elections
+from nemesis.faults import Nemesis
+from tests.nemesis.test_nemesis_schedule import FakePlatform
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ElectionPlatform(FakePlatform):
+    """n1 leads term 1 until killed. A node cut from the leader loses it; once the leader
+    is dead every running node pre-campaigns for term 2; thawing every frozen voter elects
+    each candidate (`double=True`) or the first only. `campaign=False`: nobody ever
+    becomes a pre-candidate (the window never opens)."""
+
+    def __init__(self, nodes: int = 5, *, double: bool = True, campaign: bool = True) -> None:
+        super().__init__(nodes)
+        self.double, self.campaign = double, campaign
+        self.lead, self.term = "n1", 1
+        self.roles = {n: "follower" for n in self.node_ids}
+        self.roles["n1"] = "leader"
+        self.leaders = {n: "n1" for n in self.node_ids}
+        self.log: list[str] = []  # pause / resume / kill / start, in order
+        self.frozen_voters: set[str] = set()  # the nodes cut from the leader
+
+    def leader(self) -> str | None:
+        return self.lead
+
+    def status(self, node_id: str, timeout_s: float = 0.5):  # noqa: ANN201
+        if node_id in self.down or node_id in self.paused:
+            return None
+        return SimpleNamespace(role=self.roles[node_id], term=self.term,
+                               leader_id=self.leaders[node_id] or "", commit_index=100,
+                               last_index=50)
+
+    def cut(self, src: str, dst: str) -> None:
+        super().cut(src, dst)
+        if src == self.lead and self.campaign:
+            self.frozen_voters.add(dst)  # cut off first: the voters, never elected here
+            self.leaders[dst] = ""
+            self.roles[dst] = "pre-candidate"
+
+    def kill(self, node_id: str) -> None:
+        super().kill(node_id)
+        self.log.append(f"kill {node_id}")
+        if node_id == self.lead:
+            self.lead = None
+            for n in self.node_ids:
+                if n not in self.down and n not in self.paused and self.campaign:
+                    self.roles[n], self.leaders[n] = "pre-candidate", ""
+
+    def kill_nodes(self, node_ids: list[str]) -> None:
+        for n in node_ids:
+            self.kill(n)
+
+    def start_node(self, node_id: str) -> None:
+        super().start_node(node_id)
+        self.log.append(f"start {node_id}")
+        self.roles[node_id], self.leaders[node_id] = "follower", ""
+
+    def wait_started(self, node_id: str, timeout_s: float) -> int | None:
+        return None
+
+    def pause(self, node_id: str) -> None:
+        super().pause(node_id)
+        self.log.append(f"pause {node_id}")
+
+    def resume(self, node_id: str) -> None:
+        was = node_id in self.paused
+        super().resume(node_id)
+        self.log.append(f"resume {node_id}")
+        if was and self.lead is None and not any(
+                r == "pre-candidate" and n in self.paused for n, r in self.roles.items()):
+            self._elect()
+
+    def _elect(self) -> None:
+        """Every frozen pre-candidate is thawed: the running pre-candidates win term 2."""
+        candidates = sorted(n for n, r in self.roles.items()
+                            if r == "pre-candidate" and n not in self.down and n not in self.paused
+                            and self.leaders[n] == "" and n not in self.frozen_voters)
+        if len(candidates) < 2:
+            return
+        self.term = 2
+        winners = candidates[:2] if self.double else candidates[:1]
+        for n in self.node_ids:
+            self.roles[n] = "leader" if n in winners else "follower"
+            self.leaders[n] = n if n in winners else winners[0]
+        self.lead = winners[0]
+
+
+def _nemesis(platform: FakePlatform) -> tuple[Nemesis, list[tuple[str, dict[str, Any]]]]:
+    events: list[tuple[str, dict[str, Any]]] = []
+    nemesis = Nemesis(platform, ["election"], seed=4, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)))
+    return nemesis, events
+
+
+@pytest.fixture(autouse=True)
+def _quick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(elections, "WATCH_S", 0.05)
+    monkeypatch.setattr(elections, "SETTLE_S", 0.0)
+    monkeypatch.setattr(elections, "REQUESTS_OUT_S", 0.0)
+    monkeypatch.setattr(elections, "OPEN_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(elections, "STEP_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(elections, "SETTLE_TIMEOUT_S", 0.3)
+
+
+@pytest.mark.parametrize(("nodes", "voters"), [(5, 2), (7, 3), (9, 4)])
+def test_the_voters_frozen_leave_each_candidate_one_short_of_a_majority(nodes: int, voters: int) -> None:
+    import random
+
+    names = [f"n{i}" for i in range(1, nodes + 1)]
+    frozen, candidates = elections.split(names, "n1", random.Random(1))
+    assert len(frozen) == voters and "n1" not in frozen + candidates
+    assert sorted(frozen + candidates) == names[1:]
+    quorum = nodes // 2 + 1
+    assert len(candidates) < quorum <= 1 + len(frozen)  # alone short; self + voters enough
+
+
+def test_split_vote_strikes_when_every_candidate_waits_on_the_frozen_voters() -> None:
+    platform = ElectionPlatform()
+    nemesis, events = _nemesis(platform)
+    fault = nemesis.begin_next()
+    assert fault is not None
+    start = events[-1][1]
+    assert events[-1][0] == "election" and start["shape"] == "split-vote"
+    window = start["window"]
+    assert window["old_leader"] == "n1" and window["term"] == 2
+    assert start["landed"] is True, start["landed_evidence"]
+    assert "pre-candidates for term 2" in start["landed_evidence"]
+    # The voters were frozen before the leader was killed, and thawed together at the end.
+    voters = window["voters"]
+    order = platform.log
+    assert max(order.index(f"pause {v}") for v in voters) < order.index("kill n1")
+    assert all(order.index(f"resume {v}") > order.index("kill n1") for v in voters)
+    assert window["leaders"] == {"2": sorted(window["candidates"])}
+    assert window["two_leaders_in_one_term"] is True
+    # The candidates stay cut from each other until the heal; then nothing is left.
+    a, b = window["candidates"]
+    assert {(a, b), (b, a)} <= platform.cut_set and not platform.paused
+    nemesis.end(fault)
+    assert events[-1][0] == "restart" and events[-1][1]["id"] == start["id"]
+    assert not platform.cut_set and not platform.paused and not platform.down
+    assert nemesis.election_counts == {"split-vote": {"aimed": 1, "landed": 1}}
+
+
+def test_a_window_that_never_opens_is_recorded_as_missed_and_undone() -> None:
+    platform = ElectionPlatform(campaign=False)
+    nemesis, events = _nemesis(platform)
+    fault = nemesis.begin_next()
+    assert fault is not None
+    start = events[-1][1]
+    assert start["landed"] is False and "were not all pre-candidates" in start["landed_evidence"]
+    nemesis.end(fault)
+    assert not platform.cut_set and not platform.paused and not platform.down
+    assert nemesis.election_counts == {"split-vote": {"aimed": 1, "landed": 0}}
+
+
+def test_no_settled_leader_is_a_skip_with_nothing_done() -> None:
+    platform = ElectionPlatform()
+    platform.leaders["n3"] = "n2"  # n3 follows another leader: an election is going on
+    nemesis, events = _nemesis(platform)
+    assert nemesis.begin_next() is None
+    assert events[-1][0] == "nemesis-skip" and "no leader that every node follows" in \
+        events[-1][1]["description"]
+    assert platform.log == [] and not platform.cut_set
+
+
+def test_vote_then_restart_restarts_the_voters_before_the_second_candidate_thaws() -> None:
+    platform = ElectionPlatform()
+    nemesis, events = _nemesis(platform)
+    nemesis._deal("election-shape", elections.SHAPES)  # the round's split-vote, dealt away
+
+    def first_is_candidate(node: str, roles: tuple[str, ...], term: int) -> bool:
+        return True  # the scripted cluster has no per-node terms; the order is the point
+
+    fault = elections.Election(nemesis)
+    fault._role_at = first_is_candidate  # type: ignore[method-assign]
+    fault._term_of = lambda node: 2  # type: ignore[method-assign]
+    started = fault.begin()
+    assert started is not None
+    start = events[-1][1]
+    assert start["shape"] == "vote-then-restart" and start["landed"] is True, start
+    window = start["window"]
+    first, second = window["candidates"]
+    order = platform.log
+    restarted = max(order.index(f"start {v}") for v in window["voters"])
+    killed = min(order.index(f"kill {v}") for v in window["voters"])
+    assert order.index(f"pause {second}") < killed < restarted < order.index(f"resume {second}")
+    assert order.index(f"resume {second}") < len(order) - 1 - order[::-1].index(f"resume {first}")
+    nemesis.end(started)
+    assert not platform.cut_set and not platform.paused and not platform.down
+
+
+def test_election_needs_five_nodes_and_all_leaves_it_out_below(capsys) -> None:  # noqa: ANN001
+    from nemesis.cli import _fit_all, main
+
+    assert main(["run", "--faults", "election", "--nodes", "3", "--platform", "local",
+                 "--duration", "5"]) == 3
+    assert "--faults election needs at least 5 nodes" in capsys.readouterr().err
+    assert main(["run", "--faults", "election", "--platform", "sim", "--duration", "5"]) == 3
+    assert "does not run on --platform sim" in capsys.readouterr().err
+    kept, note = _fit_all(["partition", "election"], "", 3)
+    assert kept == ["partition"] and "election (needs 5 nodes)" in note
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_real_store_stays_valid_under_election_faults(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemesis", "run", "--platform", "local", "--faults", "election",
+         "--duration", "30", "--interval", "3", "--seed", "4290", "--store", str(tmp_path / "store")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=400,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    events = [json.loads(line) for line in (run_dir / "nemesis.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["f"] == "election"]
+    assert starts, events
+    for start in starts:  # every strike says what it aimed at and whether it landed
+        assert start["shape"] in elections.SHAPES and isinstance(start["landed"], bool)
+        assert start["window"]["voters"] and start["window"]["candidates"]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["valid"] is True
+
+
+# ----- the rollback fault (nemesis/rollback.py) ---------------------------------------------
+
+
+class RollbackPlatform(ElectionPlatform):
+    """n1 leads; its commit index grows by 100 at every Status read. After `restore_data`
+    the target reports `catch_up_to` above its commit (`told`), and once the leader is
+    dead its commit index is `commit_after_strike`."""
+
+    def __init__(self, *, told: bool = True, commit_after_strike: int = 50) -> None:
+        super().__init__(5)
+        self.told, self.commit_after_strike = told, commit_after_strike
+        self.commit = 1000
+        self.restored: str | None = None
+        self.saved: set[str] = set()
+
+    def status(self, node_id: str, timeout_s: float = 0.5):  # noqa: ANN201
+        if node_id in self.down or node_id in self.paused:
+            return None
+        if node_id == "n1":
+            self.commit += 100
+        commit, catch_up_to = self.commit, 0
+        if node_id == self.restored and self.told:
+            commit = self.commit_after_strike if "n1" in self.down else 40
+            catch_up_to = 5000
+        return SimpleNamespace(role=self.roles[node_id], term=1, leader_id="n1",
+                               commit_index=commit, last_index=commit, catch_up_to=catch_up_to)
+
+    def save_data(self, node_id: str) -> None:
+        assert node_id in self.down, "copied while running"
+        self.log.append(f"save {node_id}")
+        self.saved.add(node_id)
+
+    def restore_data(self, node_id: str) -> None:
+        assert node_id in self.down and node_id in self.saved
+        self.log.append(f"restore {node_id}")
+        self.restored = node_id
+
+    def set_loss(self, src: str, dst: str, probability: float) -> None:
+        super().set_loss(src, dst, probability)
+        self.log.append(f"loss {src}->{dst}")
+
+    def cut(self, src: str, dst: str) -> None:
+        self.cut_set.add((src, dst))  # no leader change here
+
+
+def _rollback(platform: RollbackPlatform) -> tuple[Any, Nemesis, list]:
+    from nemesis import rollback
+
+    nemesis, events = _nemesis(platform)
+    nemesis.faults = ["rollback"]
+    return rollback.rollback(nemesis), nemesis, events
+
+
+@pytest.mark.parametrize(("nodes", "keepers", "held"), [(3, 0, 1), (5, 1, 2), (7, 2, 3)])
+def test_rollback_roles_make_the_target_needed_for_every_commit_while_the_rest_is_away(
+        nodes: int, keepers: int, held: int) -> None:
+    import random
+
+    from nemesis.rollback import roles
+
+    names = [f"n{i}" for i in range(1, nodes + 1)]
+    target, kept, away = roles(names, "n1", random.Random(2))
+    assert len(kept) == keepers and len(away) == held
+    assert sorted([target, *kept, *away]) == names[1:]
+    quorum = nodes // 2 + 1
+    assert 2 + len(kept) == quorum  # leader, keepers and target: every commit needs the target
+    assert 1 + len(away) >= quorum  # after the strike: the target and the held-away elect
+
+
+def test_rollback_runs_cap_appends_unless_told_otherwise() -> None:
+    from nemesis.rollback import node_args
+
+    assert node_args(["rollback"], []) == ["--max-append-entries", "64"]
+    assert node_args(["rollback"], ["--max-append-entries", "8"]) == []
+    assert node_args(["kill"], []) == []
+
+
+def test_rollback_strikes_once_the_target_was_told_and_has_not_caught_up() -> None:
+    platform = RollbackPlatform()
+    fault, nemesis, events = _rollback(platform)
+    assert fault is not None
+    start = events[-1][1]
+    assert events[-1][0] == "rollback" and start["landed"] is True, start["landed_evidence"]
+    window = start["window"]
+    target, held, keepers = start["target"], window["held_away"], window["keepers"]
+    assert window["catch_up_to"] == 5000 and window["commit_after_strike"] == 50
+    assert window["acknowledged_to"] >= window["cut_at_commit"] + 300
+    log = platform.log
+    # Saved while stopped; the leader frozen across the target's restore, then thawed;
+    # the target's answers slowed before it came back; the leader killed last.
+    assert log.index(f"save {target}") < log.index(f"restore {target}")
+    assert log.index("pause n1") < log.index(f"kill {target}", log.index(f"save {target}") + 1)
+    assert log.index(f"restore {target}") < log.index("resume n1") < log.index("kill n1")
+    assert log.index(f"loss {target}->n1") < log.index(f"restore {target}")
+    # At the strike: the keepers cut off, the held-away nodes reachable again.
+    assert all((k, o) in platform.cut_set for k in keepers for o in platform.node_ids if o != k)
+    majority = {target, *held}
+    assert not any(a in majority and b in majority for a, b in platform.cut_set)
+    assert (target, "n1") not in platform.loss
+    nemesis.end(fault)
+    assert not platform.cut_set and not platform.paused and not platform.down
+    assert nemesis.election_counts == {"rollback": {"aimed": 1, "landed": 1}}
+
+
+def test_rollback_that_caught_up_before_the_strike_is_a_miss() -> None:
+    platform = RollbackPlatform(commit_after_strike=6000)
+    fault, nemesis, events = _rollback(platform)
+    start = events[-1][1]
+    assert start["landed"] is False and "had caught up" in start["landed_evidence"]
+    nemesis.end(fault)
+    assert not platform.cut_set and not platform.down
+
+
+def test_rollback_never_strikes_a_target_that_was_not_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before a leader told it, a node restored from an older copy cannot know it lost
+    anything, and its vote may elect a leader without those entries: the store's design
+    cannot prevent that (docs/kv.md), so the fault must not strike there."""
+    from nemesis import rollback
+
+    monkeypatch.setattr(rollback, "TOLD_TIMEOUT_S", 0.2)
+    platform = RollbackPlatform(told=False)
+    fault, nemesis, events = _rollback(platform)
+    start = events[-1][1]
+    assert start["landed"] is False and "no strike" in start["landed_evidence"]
+    assert "kill n1" not in platform.log and not platform.cut_set and not platform.loss
+    nemesis.end(fault)
+    assert not platform.down and not platform.paused
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_real_store_stays_valid_under_rollback_faults(tmp_path: Path) -> None:
+    """Whether a strike lands depends on timing (how fast the target catches up); that it
+    is recorded either way, and that the store loses nothing, does not."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemesis", "run", "--platform", "local", "--faults", "rollback",
+         "--duration", "45", "--interval", "3", "--seed", "4291", "--store", str(tmp_path / "store")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    events = [json.loads(line) for line in (run_dir / "nemesis.jsonl").read_text().splitlines()]
+    starts = [e for e in events if e["f"] == "rollback"]
+    assert starts, events
+    for start in starts:
+        assert isinstance(start["landed"], bool) and start["landed_evidence"]
+    results = json.loads((run_dir / "results.json").read_text())
+    # A fault the run's end cut short is recorded but not counted as aimed.
+    assert results["valid"] is True
+    assert results.get("elections", {}).get("rollback", {}).get("aimed", 0) <= len(starts)
