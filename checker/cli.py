@@ -73,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--init", metavar="VALUE", help="the register's initial value as EDN (default nil)")
     check.add_argument("--format", choices=FORMATS, help="default: from the name and content")
     check.add_argument("--budget-s", type=_budget(float), default=DEFAULT_BUDGET_S, metavar="N", help="CPU seconds per key (default %(default)s)")
+    check.add_argument(
+        "--wall-budget-s",
+        type=_budget(float),
+        default=None,
+        metavar="N",
+        help="wall-clock seconds for the whole check, all keys together (default: none); past it the verdict is unknown",
+    )
     check.add_argument("--max-memo", type=_budget(int), default=DEFAULT_MAX_MEMO_ENTRIES, metavar="N", help="memo entries per key (default %(default)s)")
     check.add_argument("--max-memory-mb", type=_budget(float), default=DEFAULT_MAX_MEMORY_MB, metavar="MB", help="search memory per key (default %(default)s)")
     check.add_argument("--all-keys", action="store_true", help="check every key, not only up to the first invalid")
@@ -134,6 +141,7 @@ def _check(args: argparse.Namespace) -> int:
         partition=not args.no_partition,
         max_memo_entries=args.max_memo,
         max_memory_mb=args.max_memory_mb,
+        wall_budget_s=args.wall_budget_s,
     )
     lost = check_lost_writes(operations) if model_name in _LOST_WRITE_MODELS else None
     verdict: Verdict = combine([result.valid] + ([lost.valid] if lost else []))
@@ -190,6 +198,8 @@ def _print_report(path: Path, result: Result, lost: Result | None, verdict: Verd
     )
     if result.note:
         print(f"  note: {result.note}")
+    if "wall-clock budget" in result.note:
+        print("  the wall-clock budget (--wall-budget-s) ran out before a verdict: unknown, not a pass")
     if lost is not None:
         found = len(lost.anomalies)
         print(f"  lost writes: {'none found' if not found else f'{found} found'} ({lost.counts['reads_checked']} reads checked)")

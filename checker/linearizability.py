@@ -107,6 +107,7 @@ def check_linearizable(
     partition: bool = True,
     max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
     max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
+    wall_budget_s: float | None = None,
 ) -> Result:
     """Is the history linearizable with respect to `model`?
 
@@ -115,13 +116,22 @@ def check_linearizable(
     search memory (memo, transitions, distinct states); past any of them it is "unknown". By default the check stops
     at the first invalid key, as Porcupine does; `all_keys=True` checks every key.
     `partition=False` checks the whole history as one object (slow; for stress tests).
+    `wall_budget_s` bounds the whole check in wall-clock seconds (all keys together; None:
+    no bound): for a harness that must finish by a time, whatever the machine's load. When
+    it runs out the key being searched and every key not reached are "unknown".
     """
     # A budget at or below zero is spent at the first check (callers use it to force
     # "unknown"); the command line refuses negative ones. NaN would never compare as spent.
-    for name, value in (("budget_s", budget_s), ("max_memo_entries", max_memo_entries), ("max_memory_mb", max_memory_mb)):
+    for name, value in (
+        ("budget_s", budget_s),
+        ("max_memo_entries", max_memo_entries),
+        ("max_memory_mb", max_memory_mb),
+        ("wall_budget_s", 0.0 if wall_budget_s is None else wall_budget_s),
+    ):
         if value != value:
             raise ValueError(f"{name} must be a number, got {value!r}")
     started = time.perf_counter()
+    wall_deadline = None if wall_budget_s is None else time.monotonic() + wall_budget_s
     operations = _operations(history)
     if not partition:
         keys_seen: dict[Hashable, None] = {}
@@ -135,7 +145,11 @@ def check_linearizable(
     ordered = sorted(groups.items(), key=lambda item: (len(item[1]), repr(item[0])))
     results: list[KeyResult] = []
     skipped = 0
+    wall_skipped = 0
     for position, (key, ops) in enumerate(ordered):
+        if wall_deadline is not None and position and time.monotonic() > wall_deadline:
+            wall_skipped = len(ordered) - position
+            break
         key_result = check_key(
             key,
             ops,
@@ -143,13 +157,16 @@ def check_linearizable(
             budget_s=budget_s,
             max_memo_entries=max_memo_entries,
             max_memory_mb=max_memory_mb,
+            wall_deadline=wall_deadline,
         )
         results.append(key_result)
         if key_result.valid is False and not all_keys:
             skipped = len(ordered) - position - 1
             break
-    verdict: Verdict = combine([r.valid for r in results])
+    verdict: Verdict = combine([r.valid for r in results] + ([UNKNOWN] if wall_skipped else []))
     notes = [f"{r.key!r}: {r.note}" for r in results if r.valid == UNKNOWN]
+    if wall_skipped:
+        notes.append(f"{_wall_note(wall_budget_s)}; {wall_skipped} keys not checked")
     if skipped:
         notes.append(f"stopped at the first invalid key; {skipped} keys not checked (use all_keys)")
     counts = {
@@ -161,7 +178,7 @@ def check_linearizable(
         "keys_checked": len(results),
         "keys_valid": sum(r.valid is True for r in results),
         "keys_invalid": sum(r.valid is False for r in results),
-        "keys_unknown": sum(r.valid == UNKNOWN for r in results),
+        "keys_unknown": sum(r.valid == UNKNOWN for r in results) + wall_skipped,
     }
     return Result(
         checker="linearizable",
@@ -172,6 +189,10 @@ def check_linearizable(
         counts=counts,
         note="; ".join(notes),
     )
+
+
+def _wall_note(wall_budget_s: float | None) -> str:
+    return f"wall-clock budget of {wall_budget_s:g} s ran out (--wall-budget-s)"
 
 
 def _operations(history: Sequence[Op] | Sequence[Operation]) -> list[Operation]:
@@ -196,8 +217,10 @@ def check_key(
     budget_s: float = DEFAULT_BUDGET_S,
     max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
     max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
+    wall_deadline: float | None = None,
 ) -> KeyResult:
-    """Check one key's operations (already partitioned)."""
+    """Check one key's operations (already partitioned). `wall_deadline` is a
+    time.monotonic() value past which the key is "unknown" (the wall-clock budget)."""
     started = time.perf_counter()
     kept: list[Operation] = []
     steps = []
@@ -209,7 +232,9 @@ def check_key(
     searcher = _Search(kept, steps, model.initial_state())
     # The time budget is CPU time of this process: on a loaded machine (CI, shared hosts)
     # the verdict must not depend on how much CPU the others took.
-    outcome = searcher.run(time.process_time() + budget_s, max_memo_entries, max_memory_mb * 2**20)
+    outcome = searcher.run(
+        time.process_time() + budget_s, max_memo_entries, max_memory_mb * 2**20, wall_deadline
+    )
     counterexample = None
     if outcome.valid is False:
         counterexample = searcher.counterexample(key, model, outcome, operations)
@@ -360,7 +385,9 @@ class _Search:
             + sys.getsizeof(self.state_ids)
         )
 
-    def run(self, deadline: float, max_memo_entries: int, max_memory_bytes: float) -> _Outcome:
+    def run(
+        self, deadline: float, max_memo_entries: int, max_memory_bytes: float, wall_deadline: float | None = None
+    ) -> _Outcome:
         nxt, prv, position = self.nxt, self.prv, self.position
         head, tail, info_head, info_tail = self.head, self.tail, self.info_head, self.info_tail
         info, read_only, twin, blind = self.info, self.read_only, self.twin, self.blind
@@ -417,6 +444,8 @@ class _Search:
                 countdown = _CHECK_EVERY
                 if time.process_time() > deadline:
                     return _Outcome(UNKNOWN, len(memo), "time budget ran out", best_path)
+                if wall_deadline is not None and time.monotonic() > wall_deadline:
+                    return _Outcome(UNKNOWN, len(memo), "wall-clock budget ran out (--wall-budget-s)", best_path)
                 if len(memo) > max_memo_entries:
                     return _Outcome(
                         UNKNOWN,
