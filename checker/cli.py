@@ -29,7 +29,7 @@ from checker.linearizability import (
 from checker.lost_writes import check_lost_writes
 from checker.models import MODELS, ModelError, by_name
 from checker.result import UNKNOWN, Result, Verdict, combine
-from checker.timeline import render_html
+from checker.timeline import FAILING_OP_ANCHOR, render_html
 from histories.edn import parse_edn_value
 from histories.load import FORMATS, load_history
 from histories.ops import HistoryError, Operation
@@ -149,7 +149,8 @@ def _check(args: argparse.Namespace) -> int:
     # Every output file first: a verdict printed before a write failed would be read by CI.
     if args.html:
         _write(args.html, render_html(result, operations, model, title=args.file.name))
-        written.append(f"timeline: {args.html}")
+        opens = f" (opens on the failing operation: {args.html.resolve().as_uri()}#{FAILING_OP_ANCHOR})"
+        written.append(f"timeline: {args.html}" + (opens if result.valid is False else ""))
     if args.json:
         payload = {"file": str(args.file), "valid": verdict, "linearizable": result.to_json()}
         if lost is not None:
