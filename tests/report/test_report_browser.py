@@ -170,7 +170,7 @@ def test_the_timeline_opens_on_the_failing_operation(driver, tmp_path: Path, art
     left, right, top, bottom, width, height, scroll_x, page_width = where
     assert page_width > 20 * width  # the page is far wider than the window
     assert scroll_x > 0  # opened scrolled, not at the top left
-    assert 0 <= left < width and 0 < right and 0 <= top < height and 0 < bottom, where
+    assert 0 <= left < width and right > 0 and 0 <= top < height and bottom > 0, where
     if not fragment:
         driver.save_screenshot(str(artifacts / "timeline-opens-on-failure.png"))
     assert _console_errors(driver) == []
