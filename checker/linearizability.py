@@ -54,7 +54,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from checker.models import ANY_STATE, ILLEGAL, Model, Unpartitioned, versioned_kv
@@ -68,6 +68,7 @@ from checker.result import (
     Verdict,
     combine,
 )
+from checker.windows import windows
 from histories.ops import Op, Operation, OpType
 from histories.pairing import pair_operations
 
@@ -86,6 +87,7 @@ def _measure_transition_bytes() -> int:
 _TRANSITION_BYTES = _measure_transition_bytes()
 _FRAME_BYTES = sys.getsizeof((0,) * 11) + 4 * _INT_BYTES + sys.getsizeof([])  # a frame, its ints, its list
 _CHECK_EVERY = 1024
+_CX_MEMO_ENTRIES = 5_000  # the whole key's search for a refuted window's counterexample
 _SOURCES_SHOWN = 5  # counterexample: ops that write the value the blocking op needs
 _PRODUCER_DEPTH = 3
 _NOTHING_TRIED: frozenset[int] = frozenset()  # how far back _candidates follows "leaves the state that op requires"  # search iterations between budget checks
@@ -206,7 +208,8 @@ class _Outcome:
     valid: Verdict
     explored: int
     note: str
-    best_path: list[int]  # the deepest configuration reached, for the counterexample
+    # the deepest configuration reached, for the counterexample; when valid, the linearization
+    best_path: list[int]
 
 
 def check_key(
@@ -229,24 +232,111 @@ def check_key(
         if step is not None:
             kept.append(op)
             steps.append(step)
-    searcher = _Search(kept, steps, model.initial_state())
     # The time budget is CPU time of this process: on a loaded machine (CI, shared hosts)
     # the verdict must not depend on how much CPU the others took.
-    outcome = searcher.run(
-        time.process_time() + budget_s, max_memo_entries, max_memory_mb * 2**20, wall_deadline
-    )
-    counterexample = None
-    if outcome.valid is False:
-        counterexample = searcher.counterexample(key, model, outcome, operations)
+    limits = _Limits(time.process_time() + budget_s, max_memo_entries, max_memory_mb * 2**20, wall_deadline)
+    cut = windows(kept, steps)
+    decided = _check_windows(key, kept, steps, cut, model, limits, operations) if len(cut) > 1 else None
+    explored = 0
+    if decided is not None:
+        valid, explored, note, counterexample = decided
+    if decided is None or valid is None:
+        searcher = _Search(kept, steps, model.initial_state())
+        outcome = searcher.run(*limits)
+        valid, note, counterexample = outcome.valid, outcome.note, None
+        explored += outcome.explored
+        if outcome.valid is False:
+            counterexample = searcher.counterexample(key, model, outcome, operations)
     return KeyResult(
         key=key,
-        valid=outcome.valid,
+        valid=valid,
         operations=len(operations),
         seconds=time.perf_counter() - started,
-        explored=outcome.explored,
-        note=outcome.note,
+        explored=explored,
+        note=note,
         counterexample=counterexample,
     )
+
+
+@dataclass(frozen=True)
+class _Limits:
+    deadline: float  # time.process_time()
+    max_memo_entries: int
+    max_memory_bytes: float
+    wall_deadline: float | None  # time.monotonic()
+
+    def __iter__(self):  # noqa: ANN204 - unpacks into _Search.run's arguments
+        return iter((self.deadline, self.max_memo_entries, self.max_memory_bytes, self.wall_deadline))
+
+
+def _check_windows(
+    key: Hashable,
+    ops: list[Operation],
+    steps: list[Any],
+    cut: list[list[int]],
+    model: Model,
+    limits: _Limits,
+    operations: Sequence[Operation],
+) -> tuple[Verdict | None, int, str, Counterexample | None]:
+    """Search each window alone (checker/windows.py says why that is exact), the last first:
+    a violation near the end is found without exhausting the key before it. Returns (verdict
+    or None when the windows cannot decide, configurations explored, note, counterexample)."""
+    info_ops = [i for i, op in enumerate(ops) if op.ret is None]
+    used: set[int] = set()  # info ops the windows searched so far linearized
+    explored = 0
+    undecided = ""  # why the windows cannot show validity, if they cannot
+    for members in reversed(cut):
+        end = max(ops[i].ret for i in members)  # type: ignore[type-var]
+        available = [i for i in info_ops if ops[i].call < end]
+        free = [i for i in available if i not in used] if not undecided else available
+        outcome, searcher, chosen = _search_window(ops, steps, members, free, model, limits)
+        explored += outcome.explored
+        if outcome.valid is False and len(free) < len(available):
+            # Failed without the info ops other windows took: with all of them?
+            outcome, searcher, chosen = _search_window(ops, steps, members, available, model, limits)
+            explored += outcome.explored
+            if outcome.valid is True:
+                undecided = undecided or "windows share info ops"
+                continue
+        if outcome.valid is False:  # no linearization even with every info op: refuted
+            # The whole key's deepest prefix explains best (from the initial state), when a
+            # short search finds it; else the window's, from its blind write on.
+            # (It needs a configuration per operation before the window: only a short key can.)
+            if len(ops) <= _CX_MEMO_ENTRIES // 2:
+                whole = _Search(ops, steps, model.initial_state())
+                full = whole.run(limits.deadline, _CX_MEMO_ENTRIES, limits.max_memory_bytes, limits.wall_deadline)
+                explored += full.explored
+                if full.valid is False:
+                    return False, explored, "", whole.counterexample(key, model, full, operations)
+            counterexample = searcher.counterexample(key, model, outcome, operations)
+            start = ops[members[0]] if members is not cut[0] else None
+            return False, explored, "", replace(counterexample, start=start)
+        if outcome.valid == UNKNOWN:
+            undecided = outcome.note
+        elif not undecided:
+            used.update(chosen[j] for j in outcome.best_path if ops[chosen[j]].ret is None)
+    if not undecided:
+        return True, explored, "", None
+    if undecided == "windows share info ops":
+        return None, explored, "", None  # the whole key's search decides
+    return UNKNOWN, explored, undecided, None
+
+
+def _search_window(
+    ops: list[Operation],
+    steps: list[Any],
+    members: list[int],
+    info: list[int],
+    model: Model,
+    limits: _Limits,
+) -> tuple[_Outcome, _Search, list[int]]:
+    """One window's search: its completed ops and the given info ops, in call order, from the
+    model's initial state (window 0's real one; any other window starts with a blind write,
+    which makes the start state irrelevant). Returns the outcome (on success its best_path
+    is the linearization found), the search and the window's ops as indexes into `ops`."""
+    chosen = sorted(members + info, key=lambda i: ops[i].call)
+    searcher = _Search([ops[i] for i in chosen], [steps[i] for i in chosen], model.initial_state())
+    return searcher.run(*limits), searcher, chosen
 
 
 class _Search:
@@ -467,7 +557,7 @@ class _Search:
             backtrack = False
             if phase == 2:
                 if entry == tail:  # no completed operation left: the rest may never happen
-                    return _Outcome(True, len(memo), "", best_path)
+                    return _Outcome(True, len(memo), "", [item[0] for item in stack])
                 if entry & 1:  # the window's first return: now the operations that change state
                     if producers_known and doomed(sid, frontier, above, linearized_info):
                         phase = 1
