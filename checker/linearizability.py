@@ -310,7 +310,8 @@ def _check_windows(
                     return False, explored, "", whole.counterexample(key, model, full, operations)
             counterexample = searcher.counterexample(key, model, outcome, operations)
             start = ops[members[0]] if members is not cut[0] else None
-            return False, explored, "", replace(counterexample, start=start)
+            sources = _sources(ops, steps, searcher, counterexample.blocking, model.initial_state())
+            return False, explored, "", replace(counterexample, start=start, sources=sources)
         if outcome.valid == UNKNOWN:
             undecided = outcome.note
         elif not undecided:
@@ -320,6 +321,30 @@ def _check_windows(
     if undecided == "windows share info ops":
         return None, explored, "", None  # the whole key's search decides
     return UNKNOWN, explored, undecided, None
+
+
+def _sources(
+    ops: list[Operation], steps: list[Any], window: _Search, blocking: Operation, init: Any
+) -> tuple[Operation, ...]:
+    """The latest operations of the whole key (not only the window) that leave the state the
+    blocking operation requires and were invoked before it returned (model hints)."""
+    needed = window.requires[window.ops.index(blocking)]
+    if needed < 0:
+        return ()
+    state = window.states[needed]
+    found = []
+    for op, step in zip(ops, steps, strict=True):
+        if op.call > blocking.ret or step.read_only:  # type: ignore[operator]
+            continue
+        if step.blind:
+            new = step.apply(init)
+        elif step.requires is not ANY_STATE:
+            new = step.apply(step.requires)
+        else:
+            continue
+        if new == state and new is not ILLEGAL:
+            found.append(op)
+    return tuple(found[-_SOURCES_SHOWN:])
 
 
 def _search_window(

@@ -138,6 +138,9 @@ def failure_window(cx: Counterexample, limit: int = _MAX_OPS) -> tuple[list[Oper
     take([op for op in cx.operations if op.call < blocking.ret and (op.ret is None or op.ret > blocking.call)])
     take([c.op for c in cx.candidates])
     take([p.op for p in reversed(cx.prefix)])
+    # A prefix that starts at a cut (checker/windows.py) is short: the operations just before
+    # the failure fill the rest.
+    take([op for op in reversed(cx.operations) if op.call < blocking.call])
     shown = sorted(chosen.values(), key=lambda op: op.call)
     return shown, len(cx.operations) - len(shown)
 

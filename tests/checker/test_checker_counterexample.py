@@ -93,7 +93,9 @@ def test_a_long_key_draws_the_window_around_the_failure_and_says_how_many_were_l
     page = render_html(result, operations, model)
     assert page.count("class='bar blocking'") == 1  # the read that cannot be placed is drawn
     assert f"{len(operations) - 3000} left out" in page
-    assert "class='bar contradicted prefix'" in page and "bar source prefix" in page
+    # The key is refuted from its last write on (checker/windows.py): the write it contradicts
+    # is placed, the first write (of the value the read returned) outlined, before the window.
+    assert "class='bar contradicted prefix'" in page and "class='bar source'" in page
     assert "class='bar unknown candidate'" in page and ">? write(-1)" in page  # unknown stays distinct
 
 
