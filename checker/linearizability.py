@@ -39,6 +39,10 @@ Cheap, sound pruning (each keeps the verdict exact):
   (leaving a state for good that a read still needs; a window operation that can never
   become legal).
 
+Windows (checker/windows.py): a key is first cut at its isolated blind writes and each window
+searched alone, the last first; a window with no linearization refutes the key, disjoint
+window linearizations prove it, and otherwise the whole key is searched as above.
+
 Budget, per key: CPU seconds (a loaded machine does not change the verdict), a cap on memo
 entries and the search's memory, measured (the memo's table and keys, the stack, the
 transition tables, the distinct states); when one is reached the key's verdict is "unknown"
