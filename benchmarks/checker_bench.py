@@ -64,7 +64,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--skip-all-keys", action="store_true", help="skip the c50-bad --all-keys run (~1 min)")
-    parser.add_argument("--only", choices=["corpus", "long", "edn"], help="run one section (the others are left out of the file)")
+    parser.add_argument("--only", choices=["corpus", "long", "edn", "e2e", "generated"],
+                        help="run one section (the others are left out of the file)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[2501, 2502, 2503],
+                        help="histgen seeds of the generated 30-client keys (section generated)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "checker.md")
     args = parser.parse_args()
     data = find_shared_data()
@@ -85,6 +88,10 @@ def main() -> int:
     summary: list[tuple[str, int, float, float]] = []
     if args.only in (None, "long"):
         lines += _long_keys(data, args.repeat, mismatches)
+    if args.only in (None, "e2e"):
+        lines += _end_to_end(data, args.repeat, mismatches)
+    if args.only in (None, "generated"):
+        lines += _generated_keys(args.seeds, mismatches)
     if args.only in (None, "edn"):
         lines += _edn_reading()
     for corpus in CORPORA if args.only in (None, "corpus") else ():
@@ -204,6 +211,109 @@ cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 print(json.dumps({"valid": result.valid, "cpu": cpu, "wall": wall, "peak_mb": after.ru_maxrss / 1024,
                   "explored": result.keys[0].explored if result.keys else 0, "note": result.note}))
 """
+
+
+# One `python -m checker check FILE` as a user runs it, and the same phases timed inside one
+# process (CPU seconds: start-up = interpreter and site before the first line of the script).
+_PHASES_CHILD = """
+import json, sys, time
+start = time.process_time()
+import checker.cli
+from checker import check_linearizable, models
+from histories.load import load_history
+from histories.pairing import pair_operations
+imported = time.process_time()
+records = load_history(sys.argv[1])[0]
+parsed = time.process_time()
+operations = pair_operations(records)
+paired = time.process_time()
+check_linearizable(operations, models.by_name(sys.argv[2]))
+checked = time.process_time()
+print(json.dumps({"startup": start, "imports": imported - start, "parse": parsed - imported,
+                  "pair": paired - parsed, "check": checked - paired}))
+"""
+
+
+def _end_to_end(data: Path, repeat: int, mismatches: list[str]) -> list[str]:
+    """Process start, parse and check: `python -m checker check FILE` in a child, wall and CPU
+    (user+sys of the child) beside Porcupine's measured time, then where the CPU goes."""
+    lines = [
+        "## End to end: `python -m checker check FILE` (process start, parse, check)",
+        "",
+        "Each run a fresh process, as a user runs it (median of the runs). Wall is what a person "
+        "waits; on a loaded machine it mostly measures the others, so the CPU of the child "
+        "(user+sys) is beside it: on a quiet machine the wall time is about that. Porcupine's time "
+        "is its measured check time from `expected.tsv` (Go, same machine kind, unloaded); the "
+        "target is 0.5x. The phases are CPU seconds of the same work timed inside one process.",
+        "",
+        "| file | ops | verdict | wall s | CPU s | Porcupine s | wall vs Porcupine | CPU vs Porcupine "
+        "| start-up | imports | parse | pair | check |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for entry in load_corpus(data, "longkeys"):
+        walls, cpus, code = [], [], None
+        for _ in range(repeat):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            started = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "checker", "check", str(entry.path)],
+                                  capture_output=True, text=True, cwd=REPO, timeout=900)
+            walls.append(time.perf_counter() - started)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+            code = done.returncode
+        verdict = {0: "valid", 1: "invalid", 2: "unknown"}.get(code, f"exit {code}")
+        if verdict != _verdict(entry.expected_valid):
+            mismatches.append(f"e2e longkeys/{entry.file}: expected {_verdict(entry.expected_valid)}, got {verdict}")
+        phases = json.loads(subprocess.run([sys.executable, "-c", _PHASES_CHILD, str(entry.path), entry.model],
+                                           capture_output=True, text=True, cwd=REPO, timeout=900, check=True).stdout)
+        wall, cpu, theirs = statistics.median(walls), statistics.median(cpus), entry.porcupine_s
+
+        def ratio(x: float, theirs: float | None = theirs) -> str:
+            return f"{x / theirs:.2f}x" if theirs else "Porcupine undecided"
+
+        print(f"e2e {entry.file:32s} {verdict:8s} wall {wall:6.2f}s cpu {cpu:6.2f}s porcupine {theirs}", flush=True)
+        lines.append(
+            f"| {entry.file} | {entry.operations} | {verdict} | {wall:.2f} | {cpu:.2f} | "
+            f"{'' if theirs is None else f'{theirs:.2f}'} | {ratio(wall)} | {ratio(cpu)} | "
+            + " | ".join(f"{phases[k]:.3f}" for k in ("startup", "imports", "parse", "pair", "check")) + " |"
+        )
+    lines.append("")
+    return lines
+
+
+def _generated_keys(seeds: list[int], mismatches: list[str]) -> list[str]:
+    """30-client keys like the shared ones, from tests/checker/histgen.py's hot_key: a stale
+    read planted after everything (and its valid twin), and one planted halfway."""
+    from tests.checker.histgen import hot_key
+
+    lines = [
+        "## Generated 30-client keys (`tests/checker/histgen.py` hot_key, default budgets)",
+        "",
+        "20,000 and 50,000 operations, 30 clients, about 1% of writes and cas with unknown outcome. "
+        "`stale-end`: every client done, a write of v1, a write of v2, a read of v1 (the shared "
+        "`-stale` keys' shape); `valid-end` its valid twin (reads v2); `stale-mid`: the same three "
+        "halfway, the traffic going on after. CPU seconds of the check (parsing excluded).",
+        "",
+        "| seed | ops | plant | expected | verdict | CPU s | configurations |",
+        "|---:|---:|---|---|---|---:|---:|",
+    ]
+    model = models.etcd(0)
+    for seed in seeds:
+        for size in (20_000, 50_000):
+            for plant in ("stale-end", "valid-end", "stale-mid"):
+                operations = pair_operations(hot_key(seed, clients=30, operations=size, plant=plant))
+                started = time.process_time()
+                result = check_linearizable(operations, model)
+                cpu = time.process_time() - started
+                expected = plant == "valid-end"
+                if result.valid != expected:
+                    mismatches.append(f"generated seed {seed} {size} {plant}: expected {_verdict(expected)}, "
+                                      f"got {_verdict(result.valid)} {result.note}")
+                print(f"generated seed {seed} {len(operations)} {plant:9s} {_verdict(result.valid)} cpu {cpu:.2f}s", flush=True)
+                lines.append(f"| {seed} | {len(operations)} | {plant} | {_verdict(expected)} | "
+                             f"{_verdict(result.valid)} | {cpu:.2f} | {result.keys[0].explored} |")
+    lines.append("")
+    return lines
 
 
 def _long_keys(data: Path, repeat: int, mismatches: list[str]) -> list[str]:

@@ -18,8 +18,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tabulate import tabulate
-
 from checker.linearizability import (
     DEFAULT_BUDGET_S,
     DEFAULT_MAX_MEMO_ENTRIES,
@@ -29,8 +27,7 @@ from checker.linearizability import (
 from checker.lost_writes import check_lost_writes
 from checker.models import MODELS, ModelError, by_name
 from checker.result import UNKNOWN, Result, Verdict, combine
-from checker.timeline import render_html
-from histories.edn import parse_edn_value
+from checker.timeline import FAILING_OP_ANCHOR, render_html
 from histories.load import FORMATS, load_history
 from histories.ops import HistoryError, Operation
 from histories.pairing import pair_operations
@@ -73,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--init", metavar="VALUE", help="the register's initial value as EDN (default nil)")
     check.add_argument("--format", choices=FORMATS, help="default: from the name and content")
     check.add_argument("--budget-s", type=_budget(float), default=DEFAULT_BUDGET_S, metavar="N", help="CPU seconds per key (default %(default)s)")
+    check.add_argument(
+        "--wall-budget-s",
+        type=_budget(float),
+        default=None,
+        metavar="N",
+        help="wall-clock seconds for the whole check, all keys together (default: none); past it the verdict is unknown",
+    )
     check.add_argument("--max-memo", type=_budget(int), default=DEFAULT_MAX_MEMO_ENTRIES, metavar="N", help="memo entries per key (default %(default)s)")
     check.add_argument("--max-memory-mb", type=_budget(float), default=DEFAULT_MAX_MEMORY_MB, metavar="MB", help="search memory per key (default %(default)s)")
     check.add_argument("--all-keys", action="store_true", help="check every key, not only up to the first invalid")
@@ -122,7 +126,7 @@ def _check(args: argparse.Namespace) -> int:
         )
     model_name = args.model or _default_model(source, operations)
     try:
-        init = parse_edn_value(args.init) if args.init is not None else None
+        init = _parse_init(args.init) if args.init is not None else None
     except ValueError as exc:
         raise ModelError(f"--init: {exc}") from None
     model = by_name(model_name, init)
@@ -134,6 +138,7 @@ def _check(args: argparse.Namespace) -> int:
         partition=not args.no_partition,
         max_memo_entries=args.max_memo,
         max_memory_mb=args.max_memory_mb,
+        wall_budget_s=args.wall_budget_s,
     )
     lost = check_lost_writes(operations) if model_name in _LOST_WRITE_MODELS else None
     verdict: Verdict = combine([result.valid] + ([lost.valid] if lost else []))
@@ -141,7 +146,8 @@ def _check(args: argparse.Namespace) -> int:
     # Every output file first: a verdict printed before a write failed would be read by CI.
     if args.html:
         _write(args.html, render_html(result, operations, model, title=args.file.name))
-        written.append(f"timeline: {args.html}")
+        opens = f" (opens on the failing operation: {args.html.resolve().as_uri()}#{FAILING_OP_ANCHOR})"
+        written.append(f"timeline: {args.html}" + (opens if result.valid is False else ""))
     if args.json:
         payload = {"file": str(args.file), "valid": verdict, "linearizable": result.to_json()}
         if lost is not None:
@@ -158,6 +164,12 @@ def _check(args: argparse.Namespace) -> int:
         # Piped into `head` that closed early: the verdict stands, the rest had no reader.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return code
+
+
+def _parse_init(text: str) -> object:
+    from histories.edn import parse_edn_value  # edn_format costs startup time: only when asked
+
+    return parse_edn_value(text)
 
 
 def _write(path: Path, text: str) -> None:
@@ -190,6 +202,8 @@ def _print_report(path: Path, result: Result, lost: Result | None, verdict: Verd
     )
     if result.note:
         print(f"  note: {result.note}")
+    if "wall-clock budget" in result.note:
+        print("  the wall-clock budget (--wall-budget-s) ran out before a verdict: unknown, not a pass")
     if lost is not None:
         found = len(lost.anomalies)
         print(f"  lost writes: {'none found' if not found else f'{found} found'} ({lost.counts['reads_checked']} reads checked)")
@@ -198,7 +212,7 @@ def _print_report(path: Path, result: Result, lost: Result | None, verdict: Verd
         [repr(k.key), k.operations, _word(k.valid), f"{k.seconds:.3f}", k.explored, k.note]
         for k in rows[:_TABLE_ROWS]
     ]
-    print(tabulate(table, headers=["key", "ops", "verdict", "seconds", "explored", "note"], tablefmt="simple"))
+    print(_table(table, ["key", "ops", "verdict", "seconds", "explored", "note"]))
     if len(rows) > _TABLE_ROWS:
         print(f"  ... {len(rows) - _TABLE_ROWS} more keys, all valid" if rows[_TABLE_ROWS].valid is True else f"  ... {len(rows) - _TABLE_ROWS} more keys")
     for counterexample in result.counterexamples:
@@ -207,6 +221,27 @@ def _print_report(path: Path, result: Result, lost: Result | None, verdict: Verd
     if lost is not None:
         for anomaly in lost.anomalies:
             print(f"  {anomaly.kind}: {anomaly.text}")
+
+
+def _table(rows: list[list[object]], headers: list[str]) -> str:
+    """A plain text table: text left-aligned, numbers right-aligned, a dashed rule under the
+    headers. (tabulate did this; importing it and wcwidth was a third of the start-up time.)"""
+    cells = [[str(c) for c in row] for row in rows]
+    numeric = [bool(rows) and all(_is_number(row[n]) for row in rows) for n in range(len(headers))]
+    widths = [max([len(h)] + [len(row[n]) for row in cells]) for n, h in enumerate(headers)]
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)).rstrip()
+
+    return "\n".join([line(headers), "  ".join("-" * w for w in widths), *(line(row) for row in cells)])
+
+
+def _is_number(value: object) -> bool:
+    try:
+        float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _word(valid: Verdict) -> str:

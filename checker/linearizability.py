@@ -39,6 +39,10 @@ Cheap, sound pruning (each keeps the verdict exact):
   (leaving a state for good that a read still needs; a window operation that can never
   become legal).
 
+Windows (checker/windows.py): a key is first cut at its isolated blind writes and each window
+searched alone, the last first; a window with no linearization refutes the key, disjoint
+window linearizations prove it, and otherwise the whole key is searched as above.
+
 Budget, per key: CPU seconds (a loaded machine does not change the verdict), a cap on memo
 entries and the search's memory, measured (the memo's table and keys, the stack, the
 transition tables, the distinct states); when one is reached the key's verdict is "unknown"
@@ -54,7 +58,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from checker.models import ANY_STATE, ILLEGAL, Model, Unpartitioned, versioned_kv
@@ -68,6 +72,7 @@ from checker.result import (
     Verdict,
     combine,
 )
+from checker.windows import windows
 from histories.ops import Op, Operation, OpType
 from histories.pairing import pair_operations
 
@@ -86,6 +91,7 @@ def _measure_transition_bytes() -> int:
 _TRANSITION_BYTES = _measure_transition_bytes()
 _FRAME_BYTES = sys.getsizeof((0,) * 11) + 4 * _INT_BYTES + sys.getsizeof([])  # a frame, its ints, its list
 _CHECK_EVERY = 1024
+_CX_MEMO_ENTRIES = 5_000  # the whole key's search for a refuted window's counterexample
 _SOURCES_SHOWN = 5  # counterexample: ops that write the value the blocking op needs
 _PRODUCER_DEPTH = 3
 _NOTHING_TRIED: frozenset[int] = frozenset()  # how far back _candidates follows "leaves the state that op requires"  # search iterations between budget checks
@@ -107,6 +113,7 @@ def check_linearizable(
     partition: bool = True,
     max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
     max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
+    wall_budget_s: float | None = None,
 ) -> Result:
     """Is the history linearizable with respect to `model`?
 
@@ -115,13 +122,22 @@ def check_linearizable(
     search memory (memo, transitions, distinct states); past any of them it is "unknown". By default the check stops
     at the first invalid key, as Porcupine does; `all_keys=True` checks every key.
     `partition=False` checks the whole history as one object (slow; for stress tests).
+    `wall_budget_s` bounds the whole check in wall-clock seconds (all keys together; None:
+    no bound): for a harness that must finish by a time, whatever the machine's load. When
+    it runs out the key being searched and every key not reached are "unknown".
     """
     # A budget at or below zero is spent at the first check (callers use it to force
     # "unknown"); the command line refuses negative ones. NaN would never compare as spent.
-    for name, value in (("budget_s", budget_s), ("max_memo_entries", max_memo_entries), ("max_memory_mb", max_memory_mb)):
+    for name, value in (
+        ("budget_s", budget_s),
+        ("max_memo_entries", max_memo_entries),
+        ("max_memory_mb", max_memory_mb),
+        ("wall_budget_s", 0.0 if wall_budget_s is None else wall_budget_s),
+    ):
         if value != value:
             raise ValueError(f"{name} must be a number, got {value!r}")
     started = time.perf_counter()
+    wall_deadline = None if wall_budget_s is None else time.monotonic() + wall_budget_s
     operations = _operations(history)
     if not partition:
         keys_seen: dict[Hashable, None] = {}
@@ -135,7 +151,11 @@ def check_linearizable(
     ordered = sorted(groups.items(), key=lambda item: (len(item[1]), repr(item[0])))
     results: list[KeyResult] = []
     skipped = 0
+    wall_skipped = 0
     for position, (key, ops) in enumerate(ordered):
+        if wall_deadline is not None and position and time.monotonic() > wall_deadline:
+            wall_skipped = len(ordered) - position
+            break
         key_result = check_key(
             key,
             ops,
@@ -143,13 +163,16 @@ def check_linearizable(
             budget_s=budget_s,
             max_memo_entries=max_memo_entries,
             max_memory_mb=max_memory_mb,
+            wall_deadline=wall_deadline,
         )
         results.append(key_result)
         if key_result.valid is False and not all_keys:
             skipped = len(ordered) - position - 1
             break
-    verdict: Verdict = combine([r.valid for r in results])
+    verdict: Verdict = combine([r.valid for r in results] + ([UNKNOWN] if wall_skipped else []))
     notes = [f"{r.key!r}: {r.note}" for r in results if r.valid == UNKNOWN]
+    if wall_skipped:
+        notes.append(f"{_wall_note(wall_budget_s)}; {wall_skipped} keys not checked")
     if skipped:
         notes.append(f"stopped at the first invalid key; {skipped} keys not checked (use all_keys)")
     counts = {
@@ -161,7 +184,7 @@ def check_linearizable(
         "keys_checked": len(results),
         "keys_valid": sum(r.valid is True for r in results),
         "keys_invalid": sum(r.valid is False for r in results),
-        "keys_unknown": sum(r.valid == UNKNOWN for r in results),
+        "keys_unknown": sum(r.valid == UNKNOWN for r in results) + wall_skipped,
     }
     return Result(
         checker="linearizable",
@@ -172,6 +195,10 @@ def check_linearizable(
         counts=counts,
         note="; ".join(notes),
     )
+
+
+def _wall_note(wall_budget_s: float | None) -> str:
+    return f"wall-clock budget of {wall_budget_s:g} s ran out (--wall-budget-s)"
 
 
 def _operations(history: Sequence[Op] | Sequence[Operation]) -> list[Operation]:
@@ -185,7 +212,8 @@ class _Outcome:
     valid: Verdict
     explored: int
     note: str
-    best_path: list[int]  # the deepest configuration reached, for the counterexample
+    # the deepest configuration reached, for the counterexample; when valid, the linearization
+    best_path: list[int]
 
 
 def check_key(
@@ -196,8 +224,10 @@ def check_key(
     budget_s: float = DEFAULT_BUDGET_S,
     max_memo_entries: int = DEFAULT_MAX_MEMO_ENTRIES,
     max_memory_mb: float = DEFAULT_MAX_MEMORY_MB,
+    wall_deadline: float | None = None,
 ) -> KeyResult:
-    """Check one key's operations (already partitioned)."""
+    """Check one key's operations (already partitioned). `wall_deadline` is a
+    time.monotonic() value past which the key is "unknown" (the wall-clock budget)."""
     started = time.perf_counter()
     kept: list[Operation] = []
     steps = []
@@ -206,22 +236,136 @@ def check_key(
         if step is not None:
             kept.append(op)
             steps.append(step)
-    searcher = _Search(kept, steps, model.initial_state())
     # The time budget is CPU time of this process: on a loaded machine (CI, shared hosts)
     # the verdict must not depend on how much CPU the others took.
-    outcome = searcher.run(time.process_time() + budget_s, max_memo_entries, max_memory_mb * 2**20)
-    counterexample = None
-    if outcome.valid is False:
-        counterexample = searcher.counterexample(key, model, outcome, operations)
+    limits = _Limits(time.process_time() + budget_s, max_memo_entries, max_memory_mb * 2**20, wall_deadline)
+    cut = windows(kept, steps)
+    decided = _check_windows(key, kept, steps, cut, model, limits, operations) if len(cut) > 1 else None
+    explored = 0
+    if decided is not None:
+        valid, explored, note, counterexample = decided
+    if decided is None or valid is None:
+        searcher = _Search(kept, steps, model.initial_state())
+        outcome = searcher.run(*limits)
+        valid, note, counterexample = outcome.valid, outcome.note, None
+        explored += outcome.explored
+        if outcome.valid is False:
+            counterexample = searcher.counterexample(key, model, outcome, operations)
     return KeyResult(
         key=key,
-        valid=outcome.valid,
+        valid=valid,
         operations=len(operations),
         seconds=time.perf_counter() - started,
-        explored=outcome.explored,
-        note=outcome.note,
+        explored=explored,
+        note=note,
         counterexample=counterexample,
     )
+
+
+@dataclass(frozen=True)
+class _Limits:
+    deadline: float  # time.process_time()
+    max_memo_entries: int
+    max_memory_bytes: float
+    wall_deadline: float | None  # time.monotonic()
+
+    def __iter__(self):  # noqa: ANN204 - unpacks into _Search.run's arguments
+        return iter((self.deadline, self.max_memo_entries, self.max_memory_bytes, self.wall_deadline))
+
+
+def _check_windows(
+    key: Hashable,
+    ops: list[Operation],
+    steps: list[Any],
+    cut: list[list[int]],
+    model: Model,
+    limits: _Limits,
+    operations: Sequence[Operation],
+) -> tuple[Verdict | None, int, str, Counterexample | None]:
+    """Search each window alone (checker/windows.py says why that is exact), the last first:
+    a violation near the end is found without exhausting the key before it. Returns (verdict
+    or None when the windows cannot decide, configurations explored, note, counterexample)."""
+    info_ops = [i for i, op in enumerate(ops) if op.ret is None]
+    used: set[int] = set()  # info ops the windows searched so far linearized
+    explored = 0
+    undecided = ""  # why the windows cannot show validity, if they cannot
+    for members in reversed(cut):
+        end = max(ops[i].ret for i in members)  # type: ignore[type-var]
+        available = [i for i in info_ops if ops[i].call < end]
+        free = [i for i in available if i not in used] if not undecided else available
+        outcome, searcher, chosen = _search_window(ops, steps, members, free, model, limits)
+        explored += outcome.explored
+        if outcome.valid is False and len(free) < len(available):
+            # Failed without the info ops other windows took: with all of them?
+            outcome, searcher, chosen = _search_window(ops, steps, members, available, model, limits)
+            explored += outcome.explored
+            if outcome.valid is True:
+                undecided = undecided or "windows share info ops"
+                continue
+        if outcome.valid is False:  # no linearization even with every info op: refuted
+            # The whole key's deepest prefix explains best (from the initial state), when a
+            # short search finds it; else the window's, from its blind write on.
+            # (It needs a configuration per operation before the window: only a short key can.)
+            if len(ops) <= _CX_MEMO_ENTRIES // 2:
+                whole = _Search(ops, steps, model.initial_state())
+                full = whole.run(limits.deadline, _CX_MEMO_ENTRIES, limits.max_memory_bytes, limits.wall_deadline)
+                explored += full.explored
+                if full.valid is False:
+                    return False, explored, "", whole.counterexample(key, model, full, operations)
+            counterexample = searcher.counterexample(key, model, outcome, operations)
+            start = ops[members[0]] if members is not cut[0] else None
+            sources = _sources(ops, steps, searcher, counterexample.blocking, model.initial_state())
+            return False, explored, "", replace(counterexample, start=start, sources=sources)
+        if outcome.valid == UNKNOWN:
+            undecided = outcome.note
+        elif not undecided:
+            used.update(chosen[j] for j in outcome.best_path if ops[chosen[j]].ret is None)
+    if not undecided:
+        return True, explored, "", None
+    if undecided == "windows share info ops":
+        return None, explored, "", None  # the whole key's search decides
+    return UNKNOWN, explored, undecided, None
+
+
+def _sources(
+    ops: list[Operation], steps: list[Any], window: _Search, blocking: Operation, init: Any
+) -> tuple[Operation, ...]:
+    """The latest operations of the whole key (not only the window) that leave the state the
+    blocking operation requires and were invoked before it returned (model hints)."""
+    needed = window.requires[window.ops.index(blocking)]
+    if needed < 0:
+        return ()
+    state = window.states[needed]
+    found = []
+    for op, step in zip(ops, steps, strict=True):
+        if op.call > blocking.ret or step.read_only:  # type: ignore[operator]
+            continue
+        if step.blind:
+            new = step.apply(init)
+        elif step.requires is not ANY_STATE:
+            new = step.apply(step.requires)
+        else:
+            continue
+        if new == state and new is not ILLEGAL:
+            found.append(op)
+    return tuple(found[-_SOURCES_SHOWN:])
+
+
+def _search_window(
+    ops: list[Operation],
+    steps: list[Any],
+    members: list[int],
+    info: list[int],
+    model: Model,
+    limits: _Limits,
+) -> tuple[_Outcome, _Search, list[int]]:
+    """One window's search: its completed ops and the given info ops, in call order, from the
+    model's initial state (window 0's real one; any other window starts with a blind write,
+    which makes the start state irrelevant). Returns the outcome (on success its best_path
+    is the linearization found), the search and the window's ops as indexes into `ops`."""
+    chosen = sorted(members + info, key=lambda i: ops[i].call)
+    searcher = _Search([ops[i] for i in chosen], [steps[i] for i in chosen], model.initial_state())
+    return searcher.run(*limits), searcher, chosen
 
 
 class _Search:
@@ -360,7 +504,9 @@ class _Search:
             + sys.getsizeof(self.state_ids)
         )
 
-    def run(self, deadline: float, max_memo_entries: int, max_memory_bytes: float) -> _Outcome:
+    def run(
+        self, deadline: float, max_memo_entries: int, max_memory_bytes: float, wall_deadline: float | None = None
+    ) -> _Outcome:
         nxt, prv, position = self.nxt, self.prv, self.position
         head, tail, info_head, info_tail = self.head, self.tail, self.info_head, self.info_tail
         info, read_only, twin, blind = self.info, self.read_only, self.twin, self.blind
@@ -417,6 +563,8 @@ class _Search:
                 countdown = _CHECK_EVERY
                 if time.process_time() > deadline:
                     return _Outcome(UNKNOWN, len(memo), "time budget ran out", best_path)
+                if wall_deadline is not None and time.monotonic() > wall_deadline:
+                    return _Outcome(UNKNOWN, len(memo), "wall-clock budget ran out (--wall-budget-s)", best_path)
                 if len(memo) > max_memo_entries:
                     return _Outcome(
                         UNKNOWN,
@@ -438,7 +586,7 @@ class _Search:
             backtrack = False
             if phase == 2:
                 if entry == tail:  # no completed operation left: the rest may never happen
-                    return _Outcome(True, len(memo), "", best_path)
+                    return _Outcome(True, len(memo), "", [item[0] for item in stack])
                 if entry & 1:  # the window's first return: now the operations that change state
                     if producers_known and doomed(sid, frontier, above, linearized_info):
                         phase = 1

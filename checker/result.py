@@ -55,6 +55,9 @@ class Counterexample:
     operations: tuple[Operation, ...]  # every operation of the key (for the timeline)
     last_write: Operation | None = None  # the prefix's last state change: what the blocking op contradicts
     sources: tuple[Operation, ...] = ()  # ops that write the state the blocking op needs (model hints)
+    # When the key was refuted from one window (checker/windows.py): the blind write that
+    # starts it; the prefix then starts there, and what came before cannot matter.
+    start: Operation | None = None
 
     def involved_ids(self) -> set[int]:
         return {c.op.id for c in self.candidates} | {self.blocking.id}
@@ -75,9 +78,17 @@ class Counterexample:
 
     def text(self, *, prefix_shown: int = 8, candidates_shown: int = 12) -> str:
         lines = [f"key {self.key!r}: not linearizable"]
-        lines.append(
-            f"  longest linearizable prefix: {len(self.prefix)} of {len(self.operations)} operations"
-        )
+        if self.start is None:
+            lines.append(
+                f"  longest linearizable prefix: {len(self.prefix)} of {len(self.operations)} operations"
+            )
+        else:
+            lines.append(
+                f"  from {_where(self.start)} {self.start.describe()} on: every "
+                f"operation before it returned before it began and it leaves the same state whatever "
+                f"came before, so no order of the earlier ones can help"
+            )
+            lines.append(f"  longest linearizable sequence from there: {len(self.prefix)} operations")
         if len(self.prefix) > prefix_shown:
             lines.append(f"    ... {len(self.prefix) - prefix_shown} earlier operations")
         for placed in self.prefix[-prefix_shown:]:
@@ -107,6 +118,7 @@ class Counterexample:
                 for p in self.prefix
             ],
             "state": self.state,
+            "start": None if self.start is None else _op_json(self.start),
             "blocking": {"op": _op_json(self.blocking), "description": self.blocking_description},
             "last_write": None if self.last_write is None else _op_json(self.last_write),
             "sources": [_op_json(op) for op in self.sources],

@@ -4,8 +4,12 @@ to its completion, in the spirit of Porcupine's visualization and Knossos' linea
 For an invalid key the bars are coloured: the longest linearizable prefix (numbered in its
 linearization order), the operations that could have come next (orange) and the operation
 that cannot be placed (red). Operations with an unknown outcome extend to the end, hatched.
-The page is self-contained (no scripts, no network). Must never embed unescaped history
-text: every value goes through html.escape.
+The page is self-contained (no network). It opens on the operation that cannot be placed,
+however wide the timeline: that bar has the id `failing-op` (FAILING_OP_ANCHOR; the next
+keys' `failing-op-2`, ...), links to the page carry `#failing-op`, and one small inline
+script centres the bar on load when the link had no fragment (the only script; it reads
+nothing from the history). Must never embed unescaped history text: every value goes
+through html.escape.
 """
 
 from __future__ import annotations
@@ -43,6 +47,17 @@ h1 { font-size: 18px; } h2 { font-size: 15px; margin-top: 28px; }
 pre { background: #f6f6f6; padding: 8px; overflow-x: auto; }
 """
 
+FAILING_OP_ANCHOR = "failing-op"
+# Without a fragment in the link (or with one naming nothing here) the browser would open the
+# page at its top left, thousands of pixels from the failure: centre the failing bar instead.
+_SCROLL_TO_FAILURE = f"""<script>
+(function () {{
+  var wanted = location.hash.slice(1);
+  var target = (wanted && document.getElementById(wanted)) || document.getElementById('{FAILING_OP_ANCHOR}');
+  if (target) target.scrollIntoView({{block: 'center', inline: 'center'}});
+}})();
+</script>"""
+
 _LANE_LABEL_PX = 60
 _MAX_OPS = 3000  # beyond this a page is unreadable and heavy; the text report says the rest
 
@@ -69,7 +84,11 @@ def render_html(
     ]
     counterexamples = result.counterexamples
     if counterexamples:
-        for cx in counterexamples:
+        parts.append(
+            f"<p><a href='#{FAILING_OP_ANCHOR}'>Go to the operation that cannot be placed</a> "
+            "(the page opens there; it is the red bar).</p>"
+        )
+        for n, cx in enumerate(counterexamples):
             parts.append(f"<h2>key {html.escape(repr(cx.key))}</h2>")
             parts.append(f"<pre>{html.escape(cx.text())}</pre>")
             shown, left_out = failure_window(cx)
@@ -80,14 +99,21 @@ def render_html(
                     f"the candidates, the write it contradicts and the last operations of the linearizable "
                     f"prefix); {left_out} left out.</p>"
                 )
-            parts.append(_timeline(shown, model, cx))
+            parts.append(_timeline(shown, model, cx, anchor=failing_op_anchor(n)))
     else:
         shown = list(operations)[:_MAX_OPS]
         if len(operations) > _MAX_OPS:
             parts.append(f"<p>showing the first {_MAX_OPS} of {len(operations)} operations</p>")
         parts.append(_timeline(shown, model, None))
+    if counterexamples:
+        parts.append(_SCROLL_TO_FAILURE)
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def failing_op_anchor(n: int = 0) -> str:
+    """The id of the bar of the n-th invalid key's operation that cannot be placed."""
+    return FAILING_OP_ANCHOR if n == 0 else f"{FAILING_OP_ANCHOR}-{n + 1}"
 
 
 def failure_window(cx: Counterexample, limit: int = _MAX_OPS) -> tuple[list[Operation], int]:
@@ -112,11 +138,16 @@ def failure_window(cx: Counterexample, limit: int = _MAX_OPS) -> tuple[list[Oper
     take([op for op in cx.operations if op.call < blocking.ret and (op.ret is None or op.ret > blocking.call)])
     take([c.op for c in cx.candidates])
     take([p.op for p in reversed(cx.prefix)])
+    # A prefix that starts at a cut (checker/windows.py) is short: the operations just before
+    # the failure fill the rest.
+    take([op for op in reversed(cx.operations) if op.call < blocking.call])
     shown = sorted(chosen.values(), key=lambda op: op.call)
     return shown, len(cx.operations) - len(shown)
 
 
-def _timeline(operations: Sequence[Operation], model: Model, cx: Counterexample | None) -> str:
+def _timeline(
+    operations: Sequence[Operation], model: Model, cx: Counterexample | None, *, anchor: str = ""
+) -> str:
     operations = list(operations)[:_MAX_OPS] if cx is None else list(operations)
     if not operations:
         return "<p>no operations</p>"
@@ -167,8 +198,9 @@ def _timeline(operations: Sequence[Operation], model: Model, cx: Counterexample 
             tip = f"{label} | invoke #{op.call}" + (f", completion #{op.ret}" if op.ret is not None else ", outcome unknown")
             if op.invoke.line is not None:
                 tip += f" | line {op.invoke.line}"
+            ident = f" id='{anchor}'" if anchor and op.id == blocking else ""
             rows.append(
-                f"<div class='{' '.join(classes)}' style='left:{left:.0f}px;width:{max(4.0, right - left):.0f}px' "
+                f"<div{ident} class='{' '.join(classes)}' style='left:{left:.0f}px;width:{max(4.0, right - left):.0f}px' "
                 f"title='{html.escape(tip, quote=True)}'>{html.escape(label)}</div>"
             )
         rows.append("</div>")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from histories.edn import read_edn_history
 from histories.ops import HistoryError, Op
 from histories.porcupine import read_etcd_log, read_kv_log
 from histories.read import read_history
@@ -59,4 +58,8 @@ def load_history(path: str | Path, format: str | None = None) -> tuple[list[Op],
         return read_etcd_log(path), source
     if source == "porcupine-kv":
         return read_kv_log(path), source
+    # EDN's reader (and edn_format under it) is imported only for EDN: starting the checker
+    # on a Porcupine log or a jsonl history must not pay for it.
+    from histories.edn import read_edn_history
+
     return read_edn_history(path), source

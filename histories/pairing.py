@@ -84,7 +84,7 @@ def pair_operations(
         else:
             kind, result, ret = completion.type, completion.value, completion.index
         operations.append(
-            Operation(
+            Operation.trusted(
                 id=op_id,
                 process=invoke.process,
                 f=invoke.f,

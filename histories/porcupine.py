@@ -18,7 +18,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from histories.edn import read_edn_history
 from histories.ops import HistoryError, Op, OpType
 
 # Fields are tab-separated in most logs and space-separated in a few (etcd_100, etcd_102).
@@ -34,9 +33,24 @@ def read_etcd_log(path: str | Path) -> list[Op]:
     except (OSError, UnicodeDecodeError) as exc:
         raise HistoryError(f"cannot read the file: {exc}", path=name) from exc
     records: list[Op] = []
+    trusted = Op.trusted
     for number, raw in enumerate(text.splitlines(), start=1):
         if "jepsen.util" not in raw:
             continue
+        # The common shape first, without the regular expression (half of reading a long
+        # log was it and the generic value parser): `INFO  jepsen.util - P<TAB>:type<TAB>:f<TAB>value`
+        # with a plain process number, a known type and a nil / integer / [a b] value.
+        if raw.startswith(_PREFIX):
+            fields = raw[len(_PREFIX):].split("\t")
+            if (len(fields) == 4 and fields[0].isdecimal() and fields[1] in _TYPES
+                    and fields[2][:1] == ":" and " " not in fields[2]):
+                value = _FAST_VALUES.get(fields[3], _NO_FAST_VALUE)
+                if value is _NO_FAST_VALUE:
+                    value = _fast_value(fields[3])
+                if value is not _NO_FAST_VALUE:
+                    records.append(trusted(index=len(records), process=int(fields[0]), type=_TYPES[fields[1]],
+                                           f=fields[2][1:], value=value, line=number))
+                    continue
         match = _LINE.match(raw.rstrip("\r"))
         if match is None:
             if re.match(r"^INFO\s+jepsen\.util\s+-\s+\d+\s+:", raw):
@@ -79,6 +93,22 @@ def read_etcd_log(path: str | Path) -> list[Op]:
     return records
 
 
+_PREFIX = "INFO  jepsen.util - "
+_NO_FAST_VALUE = object()
+_FAST_VALUES = {"nil": None}
+
+
+def _fast_value(text: str) -> Any:
+    """nil, a plain integer or [int int], else _NO_FAST_VALUE (the full parser decides)."""
+    if text.isdecimal():
+        return int(text)
+    if text[:1] == "[" and text[-1:] == "]":
+        parts = text[1:-1].split(" ")
+        if len(parts) == 2 and parts[0].isdecimal() and parts[1].isdecimal():
+            return (int(parts[0]), int(parts[1]))
+    return _NO_FAST_VALUE
+
+
 def _value(text: str, fail: Any) -> Any:
     if text == "nil":
         return None
@@ -98,4 +128,6 @@ def _value(text: str, fail: Any) -> Any:
 
 def read_kv_log(path: str | Path) -> list[Op]:
     """Records of a Porcupine key-value log (EDN maps with :key)."""
+    from histories.edn import read_edn_history  # only here: etcd logs must not pay for edn_format
+
     return read_edn_history(path, independent=False)

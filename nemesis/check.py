@@ -45,10 +45,11 @@ def op_table(operations: list[Operation]) -> dict[str, dict[str, int]]:
     return table
 
 
-def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None = None
-              ) -> dict[str, Any]:
+def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None = None,
+              wall_budget_s: float | None = None) -> dict[str, Any]:
     """Check `run_dir/history.jsonl`; write results.json (keeping the run's own fields) and,
-    when invalid, timeline.html. Returns the results."""
+    when invalid, timeline.html. Returns the results. `budget_s` is CPU seconds per key,
+    `wall_budget_s` wall-clock seconds for the linearizability check as a whole."""
     started = time.monotonic()
     history_path = run_dir / "history.jsonl"
     read = read_history_report(history_path, allow_truncated_tail=True)
@@ -58,7 +59,8 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     if model_name == "trainer":
         return _check_trainer_run(run_dir, test, started, read.records, operations)
     model = by_name(model_name, None)
-    lin: Result = check_linearizable(operations, model, budget_s=budget_s, all_keys=True)
+    lin: Result = check_linearizable(operations, model, budget_s=budget_s, all_keys=True,
+                                     wall_budget_s=wall_budget_s)
     lost: Result = check_lost_writes(operations)
     unread = unverified_keys(operations)
     if unread and lost.valid is True:

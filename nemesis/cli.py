@@ -116,7 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "--workload trainer) deliberately broken; one of: "
                           + ", ".join((*CANARIES, *CLIENT_CANARIES, *TRAINER_CANARIES)))
     run.add_argument("--check-budget-s", type=_positive(float), default=60.0, metavar="S",
-                     help="linearizability search budget per key (default %(default)s)")
+                     help="linearizability search budget per key, CPU seconds (default %(default)s)")
+    run.add_argument("--check-wall-budget-s", type=_positive(float), default=None, metavar="S",
+                     help="wall-clock seconds for the whole linearizability check (default: "
+                          "none); past it the verdict is unknown")
     run.add_argument("--junit", type=Path, default=None, metavar="FILE",
                      help="also write JUnit XML (one test case per checker) for CI")
     run.add_argument("--tls", action="store_true",
@@ -126,7 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     chk = sub.add_parser("check", help="re-check a stored run from its history")
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
-    chk.add_argument("--budget-s", type=_positive(float), default=60.0, metavar="S")
+    chk.add_argument("--budget-s", type=_positive(float), default=60.0, metavar="S",
+                     help="CPU seconds per key (default %(default)s)")
+    chk.add_argument("--wall-budget-s", type=_positive(float), default=None, metavar="S",
+                     help="wall-clock seconds for the whole check (default: none); past it "
+                          "the verdict is unknown")
 
     shrink = sub.add_parser("shrink", help="minimise a failing --platform sim run into a "
                                            "named-step schedule and a pytest test")
@@ -370,7 +377,8 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         workload=args.workload, seed=seed, store=args.store,
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
-        unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit,
+        unsafe=args.unsafe, check_budget_s=args.check_budget_s,
+        check_wall_budget_s=args.check_wall_budget_s, junit=args.junit,
         faults_all=faults_all, mix=args.mix, tls=args.tls, system=args.system)
     return run(config)
 
@@ -384,7 +392,8 @@ def _check(args: argparse.Namespace) -> int:
         return _refuse(f"{args.run_dir} has no history.jsonl; give a run folder such as "
                        f"store/latest or store/kv/<timestamp>")
     try:
-        results = check.check_run(run_dir, budget_s=args.budget_s)
+        results = check.check_run(run_dir, budget_s=args.budget_s,
+                                  wall_budget_s=args.wall_budget_s)
     except HistoryError as exc:
         return _refuse(f"cannot read the history: {exc}")
     for line in check.summary_lines(results):

@@ -80,6 +80,8 @@ class RunConfig:
     tls: bool = False
     # --system: what runs on the nodes (nemesis/systems/; docs/systems.md)
     system: str = DEFAULT_SYSTEM
+    # --check-wall-budget-s: wall-clock seconds for the whole check (None: CPU budget only)
+    check_wall_budget_s: float | None = None
 
     def reproduce(self) -> str:
         faults = "all" if self.faults_all else ",".join(self.faults)
@@ -562,7 +564,8 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
         return check.EXIT_HARNESS
     _print(out, "checking the history ...")
     try:
-        results = check.check_run(run_dir, budget_s=config.check_budget_s)
+        results = check.check_run(run_dir, budget_s=config.check_budget_s,
+                                  wall_budget_s=config.check_wall_budget_s)
     except KeyboardInterrupt:
         _print(out, f"interrupted during the check; the run is stored, re-check it with: "
                     f"python -m nemesis check {run_dir}")

@@ -16,6 +16,7 @@ import html
 import json
 from typing import Any
 
+from checker.timeline import FAILING_OP_ANCHOR
 from nemesis.report.data import (
     INVALID,
     RunData,
@@ -207,8 +208,10 @@ def _violations(data: RunData, cited: set[int]) -> str:
     out.append(_replica_anomalies(data, cited))
     out.append(_trainer_anomalies(data, cited))
     if (data.run_dir / "timeline.html").exists():
+        # The fragment opens that page on the failing operation, however long the key.
         out.append("<p class='meta'>Every operation of each invalid key: "
-                   "<a href='timeline.html'>timeline.html</a>.</p>")
+                   f"<a href='timeline.html#{FAILING_OP_ANCHOR}'>timeline.html</a> (opens on "
+                   "the operation that cannot be placed).</p>")
     out.append("</section>")
     return "\n".join(out)
 

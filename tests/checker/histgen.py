@@ -190,3 +190,67 @@ def concurrent_history(draw: st.DrawFn, kind: str = "register", max_keys: int = 
         elif action == "zombie" and sim.zombies:
             sim.apply(sim.zombies.pop(draw(st.integers(0, len(sim.zombies) - 1))))
     return sim
+
+
+def hot_key(seed: int, clients: int = 30, operations: int = 20_000, info_rate: float = 0.01,
+            plant: str | None = None) -> list[Op]:
+    """One register (key None, initial value 0) hammered by `clients` concurrent processes,
+    like `../shared/data/longkeys/long-p30-*`: reads, writes and compare-and-swaps of fresh
+    values, about `info_rate` of the writes and cas ending `info` (applied before, later or
+    never). Linearizable by construction, then (`plant`):
+
+    - "stale-end": every process done, a write of v1, a write of v2, then a read of v1: a
+      stale read after everything else (the shared `-stale` keys' shape); "valid-end" the
+      same with a read of v2 (its valid twin);
+    - "stale-mid": the same three operations halfway, then the traffic goes on.
+
+    Deterministic for a seed (random.Random, not hypothesis: these are too large to shrink)."""
+    import random
+
+    rng = random.Random(seed)
+    sim = Simulation("register", [None])
+    sim.idle.extend(sim.new_process() for _ in range(clients))
+
+    def plant_here(stale: bool) -> None:
+        sim.quiesce()
+        process = sim.idle[0]
+        first, second = sim.fresh_value(), sim.fresh_value()
+        sim.sequential(process, "write", None, first)
+        sim.sequential(process, "write", None, second)
+        sim.state[None] = second
+        sim.values_seen[None] += [first, second]
+        sim.sequential(process, "read", None, None, answer=first if stale else second)
+
+    planted_mid = False
+    while len(sim.records) < 2 * operations:
+        if plant == "stale-mid" and not planted_mid and len(sim.records) >= operations:
+            plant_here(stale=True)
+            planted_mid = True
+        roll = rng.random()
+        if sim.idle and (roll < 0.5 or not sim.in_flight):
+            process = sim.idle.pop(rng.randrange(len(sim.idle)))
+            f = rng.choice(("read", "read", "write", "cas"))
+            seen = sim.values_seen[None]
+            value = (None if f == "read" else sim.fresh_value() if f == "write"
+                     else (rng.choice(seen[-3:]), sim.fresh_value()))
+            if f != "read":
+                seen.append(value if f == "write" else value[1])
+            sim.invoke(process, f, None, value)
+        elif roll < 0.75:
+            waiting = [op for op in sim.in_flight.values() if not op.applied]
+            if waiting:
+                sim.apply(rng.choice(waiting))
+        elif sim.in_flight:
+            process = rng.choice(sorted(sim.in_flight))
+            op = sim.in_flight[process]
+            unknown = op.f != "read" and rng.random() < info_rate
+            sim.complete(process, "info" if unknown else "ok")
+            if unknown:
+                sim.idle.append(sim.new_process())
+        if sim.zombies and rng.random() < 0.002:
+            sim.apply(sim.zombies.pop(rng.randrange(len(sim.zombies))))
+    if plant in ("stale-end", "valid-end"):
+        plant_here(stale=plant == "stale-end")
+    else:
+        sim.quiesce()
+    return sim.records

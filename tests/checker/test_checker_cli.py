@@ -77,6 +77,25 @@ def test_budget_exhausted_is_unknown_exit_2(capsys) -> None:
 
 
 @needs_corpus
+def test_wall_budget_exhausted_is_unknown_exit_2_with_a_clear_line(capsys) -> None:
+    path = DATA / "porcupine" / "kv" / "c50-ok.txt"  # every key needs thousands of configurations
+    # A CPU budget that cannot run out first: only the wall-clock one can stop it.
+    assert main(["check", str(path), "--budget-s", "600", "--wall-budget-s", "0"]) == EXIT_UNKNOWN
+    out = capsys.readouterr().out
+    assert out.startswith("UNKNOWN")
+    assert "the wall-clock budget (--wall-budget-s) ran out before a verdict" in out
+    assert "wall-clock budget of 0 s ran out (--wall-budget-s); 9 keys not checked" in out
+
+
+def test_generous_wall_budget_keeps_the_verdict(tmp_path: Path, capsys) -> None:
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "stale").mkdir()
+    assert main(["check", str(_history(tmp_path / "ok", stale=False)), "--wall-budget-s", "600"]) == EXIT_VALID
+    assert main(["check", str(_history(tmp_path / "stale", stale=True)), "--wall-budget-s", "600"]) == EXIT_INVALID
+    assert "wall-clock" not in capsys.readouterr().out
+
+
+@needs_corpus
 def test_edn_with_init_value(capsys) -> None:
     good = DATA / "knossos" / "cas-register" / "good" / "memstress3-0.edn"
     bad = DATA / "knossos" / "cas-register" / "bad" / "rethink-fail-minimal.edn"

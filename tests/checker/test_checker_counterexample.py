@@ -3,8 +3,10 @@ cannot be placed and why; the HTML timeline shows the same, escaped, one lane pe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from checker import check_linearizable, models
-from checker.timeline import failure_window, render_html
+from checker.timeline import FAILING_OP_ANCHOR, failing_op_anchor, failure_window, render_html
 from histories.ops import Op, OpType
 from histories.pairing import pair_operations
 
@@ -44,7 +46,7 @@ def test_timeline_has_a_lane_per_process_marks_the_failure_and_escapes_values() 
     operations = pair_operations(history)
     result = check_linearizable(operations, model)
     page = render_html(result, operations, model, title="t<1>")
-    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)" in page
     assert page.count("class='lane'") == 4
     assert page.count("class='bar blocking'") == 1
     assert "class='bar unknown candidate'" in page  # the pending write could go next
@@ -91,5 +93,35 @@ def test_a_long_key_draws_the_window_around_the_failure_and_says_how_many_were_l
     page = render_html(result, operations, model)
     assert page.count("class='bar blocking'") == 1  # the read that cannot be placed is drawn
     assert f"{len(operations) - 3000} left out" in page
-    assert "class='bar contradicted prefix'" in page and "bar source prefix" in page
+    # The key is refuted from its last write on (checker/windows.py): the write it contradicts
+    # is placed, the first write (of the value the read returned) outlined, before the window.
+    assert "class='bar contradicted prefix'" in page and "class='bar source'" in page
     assert "class='bar unknown candidate'" in page and ">? write(-1)" in page  # unknown stays distinct
+
+
+def test_the_timeline_page_opens_on_the_failing_operation_however_long_the_key() -> None:
+    # 4,000 writes then a stale read: past the 3,000 drawn, and tens of thousands of pixels wide.
+    operations = pair_operations(_long_history_with_a_stale_read_at_the_end(4000))
+    model = models.cas_register(None)
+    result = check_linearizable(operations, model)
+    page = render_html(result, operations, model)
+    # Exactly one anchor, on the red bar of the operation that cannot be placed.
+    assert page.count(f"id='{FAILING_OP_ANCHOR}'") == 1
+    assert f"<div id='{FAILING_OP_ANCHOR}' class='bar blocking'" in page
+    assert f"href='#{FAILING_OP_ANCHOR}'" in page
+    assert "scrollIntoView" in page  # the page scrolls there on load, fragment or not
+    valid = render_html(check_linearizable(operations[:-1], model), operations[:-1], model)
+    assert "<script>" not in valid and FAILING_OP_ANCHOR not in valid  # nothing to go to
+
+
+def test_each_invalid_key_has_its_own_failing_op_anchor() -> None:
+    records = []
+    for k, key in enumerate(("a", "b")):
+        for op in _stale_read_history():
+            records.append(replace(op, index=len(records), key=key, process=op.process + 10 * k))
+    operations = pair_operations(records)
+    model = models.cas_register(0)
+    result = check_linearizable(operations, model, all_keys=True)
+    assert len(result.counterexamples) == 2
+    page = render_html(result, operations, model)
+    assert page.count(f"id='{failing_op_anchor(0)}'") == 1 and page.count(f"id='{failing_op_anchor(1)}'") == 1

@@ -107,7 +107,7 @@ def test_the_verdict_line_comes_after_the_files_are_written(tmp_path: Path, caps
 
 @pytest.mark.parametrize(
     "option",
-    [["--budget-s", "-1"], ["--max-memory-mb", "-5"], ["--max-memo", "-1"], ["--budget-s", "nan"], ["--budget-s", "inf"], ["--bogus"]],
+    [["--budget-s", "-1"], ["--max-memory-mb", "-5"], ["--max-memo", "-1"], ["--budget-s", "nan"], ["--budget-s", "inf"], ["--wall-budget-s", "-1"], ["--wall-budget-s", "nan"], ["--bogus"]],
 )
 def test_bad_options_are_exit_3_not_argparse_2(tmp_path: Path, capsys, option: list[str]) -> None:
     path = _file(tmp_path, "\n".join(_valid_lines()) + "\n")

@@ -161,3 +161,31 @@ def test_the_reproduce_line_runs_as_printed() -> None:
     canary = config(unsafe="stale-read").reproduce()
     assert canary.startswith("MAO_ALLOW_UNSAFE=1 python -m nemesis run") and canary.endswith(
         "--unsafe stale-read")  # refused without the variable: the line must carry it
+
+
+def test_check_passes_the_wall_budget_to_the_checker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from nemesis import check
+
+    seen = {}
+    real = check.check_linearizable
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(check, "check_linearizable", spy)
+    run_dir = _stored_run(tmp_path, [
+        (0, "put", "k", "a", "ok", {"version": 1, "applied": True}),
+        (1, "get", "k", "a", "ok", {"version": 1}),
+    ])
+    assert cli.main(["check", str(run_dir), "--budget-s", "7", "--wall-budget-s", "30"]) == 0
+    assert seen["budget_s"] == 7 and seen["wall_budget_s"] == 30
+    assert cli.main(["check", str(run_dir)]) == 0
+    assert seen["wall_budget_s"] is None  # off unless asked for
+
+
+def test_run_takes_a_wall_budget_for_its_check() -> None:
+    args = cli.build_parser().parse_args(["run", "--check-wall-budget-s", "45"])
+    assert args.check_wall_budget_s == 45 and args.check_budget_s == 60
+    assert cli.build_parser().parse_args(["run"]).check_wall_budget_s is None

@@ -66,8 +66,12 @@ def _check_links(driver, run_dir: Path) -> int:  # noqa: ANN001
             assert driver.execute_script("return document.getElementById(arguments[0]) !== null;",
                                          href[1:]), f"dangling in-page link {href}"
         else:
-            assert not urlsplit(href).scheme, f"link leaves the run folder: {href}"
-            assert (run_dir / unquote(href)).exists(), f"broken link {href}"
+            parts = urlsplit(href)
+            assert not parts.scheme, f"link leaves the run folder: {href}"
+            target = run_dir / unquote(parts.path)
+            assert target.exists(), f"broken link {href}"
+            if parts.fragment:  # e.g. timeline.html#failing-op: the id is in that page
+                assert f"id='{parts.fragment}'" in target.read_text(encoding="utf-8"), href
         checked += 1
     return checked
 
@@ -129,3 +133,44 @@ def test_serve_page_in_a_browser(driver, report_store: Path, artifacts: Path) ->
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+def _long_invalid_timeline(path: Path, writes: int) -> Path:
+    """A key of `writes` sequential writes by two processes, then a stale read of the first
+    value: its timeline is tens of thousands of pixels wide, the failure at its far end."""
+    from checker import check_linearizable, models
+    from checker.timeline import render_html
+    from histories.ops import Op, OpType
+    from histories.pairing import pair_operations
+
+    spec = []
+    for n in range(writes):
+        spec += [(n % 2, OpType.INVOKE, "write", n), (n % 2, OpType.OK, "write", n)]
+    spec += [(5, OpType.INVOKE, "read", None), (5, OpType.OK, "read", 0)]
+    operations = pair_operations(
+        [Op(index=i, process=p, type=t, f=f, value=v) for i, (p, t, f, v) in enumerate(spec)])
+    model = models.cas_register(None)
+    result = check_linearizable(operations, model, budget_s=60)
+    assert result.valid is False
+    path.write_text(render_html(result, operations, model, title="long key"), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("fragment", ["", "#failing-op"])
+def test_the_timeline_opens_on_the_failing_operation(driver, tmp_path: Path, artifacts: Path,  # noqa: ANN001
+                                                     fragment: str) -> None:
+    page = _long_invalid_timeline(tmp_path / "timeline.html", 2500)
+    driver.get_log("browser")
+    driver.set_window_size(1280, 900)
+    driver.get(page.as_uri() + fragment)
+    where = driver.execute_script(
+        "const r = document.getElementById('failing-op').getBoundingClientRect();"
+        "return [r.left, r.right, r.top, r.bottom, innerWidth, innerHeight, scrollX,"
+        " document.documentElement.scrollWidth];")
+    left, right, top, bottom, width, height, scroll_x, page_width = where
+    assert page_width > 20 * width  # the page is far wider than the window
+    assert scroll_x > 0  # opened scrolled, not at the top left
+    assert 0 <= left < width and right > 0 and 0 <= top < height and bottom > 0, where
+    if not fragment:
+        driver.save_screenshot(str(artifacts / "timeline-opens-on-failure.png"))
+    assert _console_errors(driver) == []
