@@ -91,10 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", default=DEFAULT, metavar="NAME",
                      help=f"what runs on the nodes: {', '.join(SYSTEMS)} (default "
                           f"%(default)s; docs/systems.md adds one)")
-    run.add_argument("--platform", choices=("docker", "local", "sim"), default=None,
+    run.add_argument("--platform", choices=("docker", "local", "sim", "ssh"), default=None,
                      help="default: docker when a Docker engine answers, else local; sim: "
                           "the deterministic simulator in simulated time (same seed, same "
-                          "history)")
+                          "history); ssh: one node per host of --hosts FILE, over SSH")
+    run.add_argument("--hosts", type=Path, default=None, metavar="FILE",
+                     help="--platform ssh: one host per line, ADDRESS [PORT [USER [KEY]]] "
+                          "[peer=ADDRESS] or an SSH config host name (docs/nemesis.md)")
+    run.add_argument("--known-hosts", type=Path, default=None, metavar="FILE",
+                     help="--platform ssh: the hosts' keys (default ~/.ssh/known_hosts)")
+    run.add_argument("--accept-new-host-keys", action="store_true",
+                     help="--platform ssh: trust a host the known_hosts file does not know "
+                          "yet, and add its key there (a changed key is still refused)")
     run.add_argument("--seed", type=int, default=None, help="repeat a run's fault schedule and op mix")
     run.add_argument("--store", type=Path, default=Path("store"), help="default %(default)s/")
     run.add_argument("--concurrency", type=_positive(int), default=None,
@@ -344,6 +352,25 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        "nodes exchange messages in memory, with no network to encrypt")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
+    ssh_hosts = None
+    if args.platform == "ssh":
+        from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
+
+        if args.hosts is None:
+            return _refuse("--platform ssh needs --hosts FILE (one host per line; "
+                           "docs/nemesis.md, 'Real machines')")
+        try:
+            ssh_hosts = read_hosts(args.hosts)
+        except HostsFileError as exc:
+            return _refuse(str(exc))
+        if len(ssh_hosts) < args.nodes:
+            return _refuse(f"--nodes {args.nodes} needs {args.nodes} hosts, one per node; "
+                           f"{args.hosts} names {len(ssh_hosts)}")
+        if args.known_hosts is not None and not args.known_hosts.is_file():
+            return _refuse(f"--known-hosts {args.known_hosts} does not exist")
+    elif args.hosts is not None or args.known_hosts is not None or args.accept_new_host_keys:
+        return _refuse("--hosts, --known-hosts and --accept-new-host-keys are for "
+                       "--platform ssh")
     if args.interval * 2 > args.duration and faults != ["none"]:
         print(f"note: --interval {args.interval:g} leaves no room for a fault in "
               f"--duration {args.duration:g} (a fault starts after one quiet interval)",
@@ -369,7 +396,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         concurrency=args.concurrency or 2 * args.nodes, rate=args.rate,
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
         unsafe=args.unsafe, check_budget_s=args.check_budget_s, junit=args.junit,
-        faults_all=faults_all, mix=args.mix, tls=args.tls, system=system.name)
+        faults_all=faults_all, mix=args.mix, tls=args.tls, system=system.name,
+        ssh_hosts=ssh_hosts, hosts_file=args.hosts, known_hosts=args.known_hosts,
+        accept_new_host_keys=args.accept_new_host_keys)
     return run(config)
 
 

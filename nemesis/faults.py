@@ -91,8 +91,8 @@ FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all")
 # Where each fault runs when not everywhere (the simulator's disk holds records, not bytes,
 # and its nodes have no identity to re-admit).
-FAULT_PLATFORMS = {"member": ("local", "docker"), "truncate": ("local", "docker"),
-                   "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker")}
+FAULT_PLATFORMS = {"member": ("local", "docker", "ssh"), "truncate": ("local", "docker", "ssh"),
+                   "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh")}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
 # acknowledged writes only when a majority loses them together (a canary must be caught in

@@ -118,7 +118,7 @@ class SshTestbed:
         for i in range(1, self.count + 1):
             container = self.client.containers.create(
                 image, SSHD_COMMAND, name=f"mao-{self.id}-h{i}", hostname=f"h{i}",
-                labels=self._labels("sshd-host"), cap_add=["NET_ADMIN"],
+                labels=self._labels("sshd-host"), cap_add=["NET_ADMIN"], init=True,
                 ports={"22/tcp": ("127.0.0.1", None)}, network=network.name, detach=True)
             self.containers.append(container)
             container.put_archive("/root/.ssh", _tar({"authorized_keys": public}))
