@@ -8,7 +8,7 @@
     python -m nemesis shrink RUN_DIR [--test-out FILE]   minimise a failing --platform sim run
     python -m nemesis explore --platform sim --runs N [--seed S] [--unsafe NAME]
         [--budget-s S] [--tests-out DIR] [--set FLAG=VALUE]   many runs, settings drawn
-    python -m nemesis clean [--run ID]    remove what a crashed run left behind
+    python -m nemesis clean [--run ID] [--hosts FILE]   remove what a crashed run left behind
     python -m nemesis report RUN_DIR [--junit FILE]   regenerate report.html (and JUnit XML)
     python -m nemesis serve [--store DIR] [--port 8080] [--host 127.0.0.1] [--token T]
         browse the store (beyond loopback only with the token it prints)
@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                                          "a crashed run left")
     clean.add_argument("--run", default=None, metavar="RUN_ID", help="only this run's")
     clean.add_argument("--images", action="store_true", help="also remove the cached node images")
+    clean.add_argument("--hosts", type=Path, default=None, metavar="FILE",
+                       help="also the run folders, node processes and iptables rules that "
+                            "--platform ssh runs left on these hosts")
+    clean.add_argument("--known-hosts", type=Path, default=None, metavar="FILE")
+    clean.add_argument("--accept-new-host-keys", action="store_true")
     _add_report_commands(sub)
     return parser
 
@@ -425,6 +430,17 @@ def _clean(args: argparse.Namespace) -> int:
     from nemesis.platforms import local as local_platform
 
     removed = local_platform.clean(args.run)
+    if args.hosts is not None:
+        from nemesis.platforms.base import PlatformError
+        from nemesis.platforms.ssh_clean import clean_hosts
+        from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
+
+        try:
+            removed += clean_hosts(read_hosts(args.hosts), args.run,
+                                   known_hosts=args.known_hosts,
+                                   accept_new=args.accept_new_host_keys)
+        except (HostsFileError, PlatformError) as exc:
+            return _refuse(str(exc))
     ok, reason = docker_status()
     if ok:
         from nemesis.platforms import docker as docker_platform

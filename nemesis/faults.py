@@ -92,7 +92,8 @@ DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all")
 # Where each fault runs when not everywhere (the simulator's disk holds records, not bytes,
 # and its nodes have no identity to re-admit).
 FAULT_PLATFORMS = {"member": ("local", "docker", "ssh"), "truncate": ("local", "docker", "ssh"),
-                   "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh")}
+                   "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
+                   "lose-unsynced": ("local", "docker", "sim")}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
 # acknowledged writes only when a majority loses them together (a canary must be caught in
@@ -147,8 +148,12 @@ def unsupported(faults: list[str], platform: str) -> str | None:
     for fault in faults:
         where = FAULT_PLATFORMS.get(fault)
         if where is not None and platform not in where:
-            why = ("the simulator's nodes have no identity to wipe and re-admit"
-                   if fault == "member" else "the simulator's disk holds records, not bytes")
+            if fault == "lose-unsynced":
+                why = "it has no lazy disk to hold unsynced writes"
+            elif fault == "member":
+                why = "the simulator's nodes have no identity to wipe and re-admit"
+            else:
+                why = "the simulator's disk holds records, not bytes"
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
     return None

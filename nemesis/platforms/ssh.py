@@ -170,7 +170,8 @@ class SshPlatform(Platform):
         owner = shlex.quote(owner_label())
         prepare = (f"mkdir -p {self.dir}/wheels {self.dir}/lib {self.dir}/tls && "
                    f"chmod 700 {self.dir} && echo {owner} > {self.dir}/owner && "
-                   f"echo {self.chain} > {self.dir}/chain && {probe}")
+                   f"echo {self.chain} > {self.dir}/chain && "
+                   f"echo {shlex.quote(self.comment)} > {self.dir}/comment && {probe}")
         answers = self.ssh.run_all({i: prepare for i in range(count)}, timeout_s=60)
         missing: dict[int, list[str]] = {}
         for i, (code, out) in answers.items():
