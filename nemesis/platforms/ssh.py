@@ -64,7 +64,8 @@ def chain_name(run_id: str) -> str:
 
 
 def remove_script(run_dir: str, chain: str, comment: str) -> str:
-    """Kill the run's node groups, delete its iptables chain and jump, remove its folder.
+    """Kill the run's node groups and anything else still working in its folder (a pip
+    install that Ctrl-C interrupted), delete its iptables chain and jump, remove the folder.
     Safe to run twice, and on a host where some of it never existed."""
     rules = ""
     for ipt in ("iptables", "iptables-legacy"):
@@ -72,9 +73,14 @@ def remove_script(run_dir: str, chain: str, comment: str) -> str:
                   f"while {ipt} -D INPUT -m comment --comment {shlex.quote(comment)} "
                   f"-j {chain} 2>/dev/null; do :; done; "
                   f"{ipt} -F {chain} 2>/dev/null; {ipt} -X {chain} 2>/dev/null; fi; ")
-    return (f"for f in {run_dir}/nodes/*/pid; do [ -f \"$f\" ] && "
-            f"kill -KILL -\"$(cat \"$f\")\" 2>/dev/null; done; "
-            f"{rules}rm -rf {run_dir}; true")
+    # The folder's name is split in this script's own text, so pkill -f, which matches
+    # command lines, finds the processes using the folder and not this shell.
+    head, tail = run_dir.rsplit("/", 1)
+    return (f"R={shlex.quote(head + '/')}''{shlex.quote(tail)}; "
+            f'for f in "$R"/nodes/*/pid; do [ -f "$f" ] && '
+            f'kill -KILL -"$(cat "$f")" 2>/dev/null; done; '
+            f'if command -v pkill >/dev/null 2>&1; then pkill -KILL -f "$R" ; fi; '
+            f'{rules}rm -rf "$R"; true')
 
 
 class SshPlatform(Platform):

@@ -117,4 +117,5 @@ def test_what_a_run_leaves_on_a_host_is_named_by_its_id() -> None:
     assert "/" not in remote_dir("kv-2026/../x 1")[len("/var/tmp/"):]
     assert " " not in remote_dir("a b")
     script = remove_script("/var/tmp/mao-r1", "MAO-abc", "mao-run:r1")
-    assert "kill -KILL -" in script and "-X MAO-abc" in script and "rm -rf /var/tmp/mao-r1" in script
+    assert "kill -KILL -" in script and "-X MAO-abc" in script and "rm -rf \"$R\"" in script
+    assert "/var/tmp/mao-r1" not in script  # pkill -f "$R" must not match its own shell
