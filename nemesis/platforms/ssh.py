@@ -64,7 +64,7 @@ def chain_name(run_id: str) -> str:
 
 
 def remove_script(run_dir: str, chain: str, comment: str) -> str:
-    """Kill the run's node groups and anything else still working in its folder (a pip
+    """Kill the run's node groups and anything else still working in its folder (an
     install that Ctrl-C interrupted), delete its iptables chain and jump, remove the folder.
     Safe to run twice, and on a host where some of it never existed."""
     rules = ""
@@ -189,26 +189,24 @@ class SshPlatform(Platform):
                                     f"{last_line(out)}") from None
             missing[i] = inst.missing_pins(pins, found)
             inst.check_python(label, found, missing[i])
-        wheels = inst.dependency_wheels(pins, self._log)
+        wheels = inst.dependency_wheels(pins, self._log) if any(missing.values()) else {}
         t0 = time.monotonic()
         project = inst.project_wheel()
         self._log(f"  the project's wheel: {time.monotonic() - t0:.1f} s")
-        pip = inst.wheels_for([], wheels)[-1]
         scripts = {}
         for i in range(count):
-            deps = inst.wheels_for(missing[i], wheels)[:-1] if missing[i] else []
+            deps = inst.wheels_for(missing[i], wheels) if missing[i] else []
             if deps:
                 self._log(f"  {self.ssh.hosts[i].label()} lacks {len(deps)} dependencies: "
                           f"shipping their wheels")
-            self.ssh.put(i, [project, pip, *deps], f"{self.dir}/wheels")
-            scripts[i] = inst.install_script(self.dir, project.name,
-                                             [d.name for d in deps], pip.name)
+            self.ssh.put(i, [project, *deps], f"{self.dir}/wheels")
+            scripts[i] = inst.install_script(self.dir, [w.name for w in [project, *deps]])
         t0 = time.monotonic()
         for i, (code, out) in self.ssh.run_all(scripts, timeout_s=600).items():
             if code != 0:
                 raise PlatformError(f"{self.ssh.hosts[i].label()}: installing the project "
                                     f"failed (exit {code}): {last_line(out)}")
-        self._log(f"  pip install on the hosts: {time.monotonic() - t0:.1f} s")
+        self._log(f"  unpacking on the hosts: {time.monotonic() - t0:.1f} s")
 
     def _copy_tls(self, node_id: str) -> None:
         files = self.config.tls.files(node_id)  # type: ignore[union-attr]

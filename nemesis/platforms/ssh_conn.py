@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shlex
 import threading
@@ -37,6 +38,11 @@ class SshError(PlatformError):
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:300] or type(exc).__name__
+
+
+# asyncssh logs every channel and command at INFO: thousands of lines in harness.log per
+# run (each node status check is a command). Its warnings and errors still get through.
+logging.getLogger("asyncssh").setLevel(logging.WARNING)
 
 
 class _Loop:

@@ -179,6 +179,9 @@ class SshTestbed:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+        else:  # a folder the person named: remove what we wrote there (the key above all)
+            for path in (self.hosts_file, self.known_hosts, self.key):
+                path.unlink(missing_ok=True)
 
 
 def _tar(files: dict[str, str]) -> bytes:
@@ -198,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=5, help="how many (default 5)")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where to write hosts, known_hosts and the key (default: a "
-                             "temporary folder, removed at the end)")
+                             "temporary folder); they are removed at the end")
     args = parser.parse_args(argv)
     if args.hosts < 1:
         print("error: --hosts must be at least 1", file=sys.stderr)

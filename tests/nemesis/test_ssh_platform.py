@@ -107,12 +107,22 @@ def test_ctrl_c_leaves_no_process_rule_or_file_on_the_hosts(tmp_path: Path,
     assert set(_left_on_hosts(bed).values()) == {NOTHING}, out
 
 
+PTH = "/usr/lib/python3/dist-packages/mao-deps.pth"  # the test image's dependencies
+
+
 def test_every_fault_of_the_platform_on_three_hosts(tmp_path: Path, bed: SshTestbed) -> None:
+    """Also: a host without the node's dependencies (n3's: the image's are hidden) gets
+    them shipped as wheels and runs its node on them."""
     config = ClusterConfig(nodes=3, run_id=f"ssh-faults-{os.getpid()}", work_dir=tmp_path)
     platform = SshPlatform(config, read_hosts(bed.hosts_file), known_hosts=bed.known_hosts,
                            log=lambda line: None)
+    bare = bed.containers[2]
+    assert bare.exec_run(["mv", PTH, "/root/mao-deps.pth"]).exit_code == 0
     try:
         platform.start()
+        shipped = platform._must("n3", f"ls {platform.dir}/lib", "listing")
+        assert "grpc" in shipped.split() and "numpy" in shipped.split(), shipped
+        assert "grpc" not in platform._must("n2", f"ls {platform.dir}/lib", "listing").split()
         wait_until(platform.ready, 120, "a leader", platform.describe)
         platform.pause("n1")
         assert platform._state("n1") == "T" and platform.is_running("n1")
@@ -140,6 +150,7 @@ def test_every_fault_of_the_platform_on_three_hosts(tmp_path: Path, bed: SshTest
         assert {"n1.log", "n1.stderr", "n3.log"} <= set(logs)
     finally:
         platform.close()
+        bare.exec_run(["mv", "/root/mao-deps.pth", PTH])
     assert set(_left_on_hosts(bed).values()) == {NOTHING}
 
 
