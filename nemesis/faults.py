@@ -386,8 +386,7 @@ class Nemesis:
     def healer(self, links: list[tuple[str, str]]) -> Callable[[], dict[str, Any]]:
         """The heal of a fault on these directed links (cut or lossy): each link healed."""
         def heal() -> dict[str, Any]:
-            for src, dst in links:
-                self.platform.heal_link(src, dst)
+            self.platform.heal_links(links)
             return {}
         return heal
 
