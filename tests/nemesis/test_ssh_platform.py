@@ -62,11 +62,20 @@ def _nemesis(tmp_path: Path, bed: SshTestbed, *args: str,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
 
 
+def _finish(proc: subprocess.Popen, timeout_s: float) -> str:
+    try:
+        return proc.communicate(timeout=timeout_s)[0]
+    finally:
+        if proc.poll() is None:  # timed out: the run must not outlive the test
+            proc.kill()
+            proc.wait()
+
+
 def test_a_faulted_run_on_five_hosts_is_valid_and_leaves_nothing(tmp_path: Path,
                                                                  bed: SshTestbed) -> None:
     proc = _nemesis(tmp_path, bed, "--faults", "partition,kill", "--duration", "30",
                     "--interval", "5", "--seed", "26")
-    out, _ = proc.communicate(timeout=1200)
+    out = _finish(proc, 1200)
     assert proc.returncode == 0, out
     run_dir = (tmp_path / "store" / "latest").resolve()
     results = json.loads((run_dir / "results.json").read_text())
@@ -83,7 +92,7 @@ def test_a_canary_is_caught_through_ssh(tmp_path: Path, bed: SshTestbed) -> None
     proc = _nemesis(tmp_path, bed, "--unsafe", "ack-before-commit", "--faults", "partition",
                     "--duration", "40", "--interval", "5", "--seed", "7",
                     env={"MAO_ALLOW_UNSAFE": "1"})
-    out, _ = proc.communicate(timeout=1200)
+    out = _finish(proc, 1200)
     assert proc.returncode == 1, out
     assert "INVALID" in out
     assert set(_left_on_hosts(bed).values()) == {NOTHING}
