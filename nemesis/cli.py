@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     clean.add_argument("--run", default=None, metavar="RUN_ID", help="only this run's")
     clean.add_argument("--images", action="store_true", help="also remove the cached node images")
     clean.add_argument("--hosts", type=Path, default=None, metavar="FILE",
-                       help="also the run folders, node processes and iptables rules that "
+                       help="instead: the run folders, node processes and iptables rules that "
                             "--platform ssh runs left on these hosts")
     clean.add_argument("--known-hosts", type=Path, default=None, metavar="FILE")
     clean.add_argument("--accept-new-host-keys", action="store_true")
@@ -429,18 +429,21 @@ def _clean(args: argparse.Namespace) -> int:
     from nemesis.platforms import docker_status
     from nemesis.platforms import local as local_platform
 
-    removed = local_platform.clean(args.run)
-    if args.hosts is not None:
+    if args.hosts is not None:  # the hosts of --platform ssh, and nothing on this machine
         from nemesis.platforms.base import PlatformError
         from nemesis.platforms.ssh_clean import clean_hosts
         from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
 
         try:
-            removed += clean_hosts(read_hosts(args.hosts), args.run,
-                                   known_hosts=args.known_hosts,
-                                   accept_new=args.accept_new_host_keys)
+            removed = clean_hosts(read_hosts(args.hosts), args.run, known_hosts=args.known_hosts,
+                                  accept_new=args.accept_new_host_keys)
         except (HostsFileError, PlatformError) as exc:
             return _refuse(str(exc))
+        for item in removed:
+            print(f"removed {item}")
+        print(f"clean: removed {len(removed)} item{'s' if len(removed) != 1 else ''}")
+        return 0
+    removed = local_platform.clean(args.run)
     ok, reason = docker_status()
     if ok:
         from nemesis.platforms import docker as docker_platform

@@ -123,6 +123,36 @@ def test_ctrl_c_leaves_no_process_rule_or_file_on_the_hosts(tmp_path: Path,
     assert set(_left_on_hosts(bed).values()) == {NOTHING}, out
 
 
+def test_clean_removes_what_a_killed_harness_left_on_the_hosts(tmp_path: Path,
+                                                                bed: SshTestbed) -> None:
+    proc = _nemesis(tmp_path, bed, "--faults", "partition", "--duration", "600",
+                    "--interval", "2", "--nodes", "3")
+    assert proc.stdout is not None
+    try:
+        deadline = time.monotonic() + 900
+        while "running the kv workload" not in proc.stdout.readline():
+            assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
+    finally:
+        proc.kill()  # SIGKILL: no tear-down at all
+        proc.wait()
+    left = _left_on_hosts(bed)
+    assert all(left[i].startswith("procs=1 dirs=1") for i in range(3)), left
+    clean = subprocess.run(
+        [sys.executable, "-m", "nemesis", "clean", "--run", "no-such-run", "--hosts",
+         str(bed.hosts_file), "--known-hosts", str(bed.known_hosts)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert _left_on_hosts(bed) == left, "--run names another run: nothing of this one goes"
+    clean = subprocess.run(
+        [sys.executable, "-m", "nemesis", "clean", "--hosts", str(bed.hosts_file),
+         "--known-hosts", str(bed.known_hosts)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert clean.returncode == 0, clean.stderr
+    assert clean.stdout.count("/var/tmp/mao-kv-") == 3, clean.stdout
+    assert set(_left_on_hosts(bed).values()) == {NOTHING}
+
+
 PTH = "/usr/lib/python3/dist-packages/mao-deps.pth"  # the test image's dependencies
 
 
