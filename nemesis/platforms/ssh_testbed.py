@@ -141,8 +141,10 @@ class SshTestbed:
         deadline = time.monotonic() + timeout_s
         while True:
             code, out = container.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
-            if code == 0:
-                return " ".join(out.decode().split()[:2])
+            fields = out.decode(errors="replace").split()
+            # The file may exist before ssh-keygen has written it: wait for a whole key.
+            if code == 0 and len(fields) >= 2 and fields[0] == "ssh-ed25519":
+                return " ".join(fields[:2])
             if time.monotonic() > deadline:
                 raise PlatformError(f"{container.name} made no host key within "
                                     f"{timeout_s:g} s: {out.decode()[-200:]}")
