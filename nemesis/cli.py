@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"comma list of {', '.join(FAULTS)}; or all: every kind the "
                           f"platform runs (a note names those left out), dealt in rounds "
                           f"led by a partition that isolates the leader. With kill, "
-                          f"partition or member (kv, local or docker) leader faults are "
+                          f"partition or member (kv, local, docker or ssh) leader faults are "
                           f"also aimed at snapshot transfers and member rejoins "
                           f"(docs/nemesis.md, Windows) (default %(default)s)")
     run.add_argument("--duration", type=_positive(float), default=60.0, metavar="S",
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tls", action="store_true",
                      help="mutual TLS on every node port, with certificates of a CA made for "
                           "this run in a temporary directory (removed at the end; the run "
-                          "folder gets ca.crt only); local and docker platforms")
+                          "folder gets ca.crt only); local, docker and ssh platforms")
 
     chk = sub.add_parser("check", help="re-check a stored run from its history")
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
@@ -353,11 +353,14 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return _refuse(f"--platform sim runs the kv workload only (the simulator holds the "
                        f"store, not the trainer); got --workload {args.workload}")
     if args.tls and args.platform == "sim":
-        return _refuse("--tls needs real nodes (--platform local or docker): the simulator's "
+        return _refuse("--tls needs real nodes (--platform local, docker or ssh): the simulator's "
                        "nodes exchange messages in memory, with no network to encrypt")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
     ssh_hosts = None
+    if args.platform == "ssh" and args.workload != "kv":
+        return _refuse(f"--platform ssh runs the kv workload only for now; --workload "
+                       f"{args.workload} across hosts is not built yet (issue 26)")
     if args.platform == "ssh":
         from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
 

@@ -69,6 +69,11 @@ def test_the_ssh_flags_are_checked_before_anything_starts(tmp_path: Path, capsys
     code, err = _run(["run", "--platform", "ssh", "--hosts", str(hosts)], capsys)
     assert code == EXIT_HARNESS and err == (f"error: --nodes 5 needs 5 hosts, one per node; {hosts} "
                                  f"names 3")
+    code, err = _run(["run", "--platform", "ssh", "--hosts", str(hosts), "--workload",
+                      "trainer"], capsys)
+    assert code == EXIT_HARNESS and err == ("error: --platform ssh runs the kv workload only for "
+                                            "now; --workload trainer across hosts is not built "
+                                            "yet (issue 26)")
     code, err = _run(["run", "--platform", "local", "--hosts", str(hosts)], capsys)
     assert code == EXIT_HARNESS and "are for --platform ssh" in err
     hosts.write_text("10.0.0.1 ssh\n")
