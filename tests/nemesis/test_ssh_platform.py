@@ -98,18 +98,26 @@ def test_a_canary_is_caught_through_ssh(tmp_path: Path, bed: SshTestbed) -> None
     assert set(_left_on_hosts(bed).values()) == {NOTHING}
 
 
+def _wait_for_line(proc: subprocess.Popen, text: str, deadline: float) -> None:
+    assert proc.stdout is not None
+    while text not in proc.stdout.readline():
+        assert time.monotonic() < deadline and proc.poll() is None, f"never printed {text!r}"
+
+
+def _long_run(tmp_path: Path, bed: SshTestbed) -> subprocess.Popen:
+    """Three nodes, partitions every 2 s, for longer than any test waits."""
+    return _nemesis(tmp_path, bed, "--faults", "partition", "--duration", "600",
+                    "--interval", "2", "--nodes", "3")
+
+
 def test_ctrl_c_leaves_no_process_rule_or_file_on_the_hosts(tmp_path: Path,
                                                             bed: SshTestbed) -> None:
-    proc = _nemesis(tmp_path, bed, "--faults", "partition", "--duration", "600",
-                    "--interval", "2", "--nodes", "3")
-    assert proc.stdout is not None
+    proc = _long_run(tmp_path, bed)
     try:
         deadline = time.monotonic() + 900
-        while "running the kv workload" not in proc.stdout.readline():
-            assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
+        _wait_for_line(proc, "running the kv workload", deadline)
         # Interrupt inside a partition: nodes, folders and cut links are all on the hosts.
-        while "faults: partition(" not in proc.stdout.readline():
-            assert time.monotonic() < deadline and proc.poll() is None, "no partition began"
+        _wait_for_line(proc, "faults: partition(", deadline)
         before = _left_on_hosts(bed)
         assert all(before[i].startswith("procs=1 dirs=1 rules=") for i in range(3)), before
         assert all(not before[i].endswith("rules=0") for i in range(3)), before
@@ -125,13 +133,9 @@ def test_ctrl_c_leaves_no_process_rule_or_file_on_the_hosts(tmp_path: Path,
 
 def test_clean_removes_what_a_killed_harness_left_on_the_hosts(tmp_path: Path,
                                                                 bed: SshTestbed) -> None:
-    proc = _nemesis(tmp_path, bed, "--faults", "partition", "--duration", "600",
-                    "--interval", "2", "--nodes", "3")
-    assert proc.stdout is not None
+    proc = _long_run(tmp_path, bed)
     try:
-        deadline = time.monotonic() + 900
-        while "running the kv workload" not in proc.stdout.readline():
-            assert time.monotonic() < deadline and proc.poll() is None, "the run never started"
+        _wait_for_line(proc, "running the kv workload", time.monotonic() + 900)
     finally:
         proc.kill()  # SIGKILL: no tear-down at all
         proc.wait()
