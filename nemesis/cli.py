@@ -8,7 +8,7 @@
     python -m nemesis shrink RUN_DIR [--test-out FILE]   minimise a failing --platform sim run
     python -m nemesis explore --platform sim --runs N [--seed S] [--unsafe NAME]
         [--budget-s S] [--tests-out DIR] [--set FLAG=VALUE]   many runs, settings drawn
-    python -m nemesis clean [--run ID]    remove what a crashed run left behind
+    python -m nemesis clean [--run ID] [--hosts FILE]   remove what a crashed run left behind
     python -m nemesis report RUN_DIR [--junit FILE]   regenerate report.html (and JUnit XML)
     python -m nemesis serve [--store DIR] [--port 8080] [--host 127.0.0.1] [--token T]
         browse the store (beyond loopback only with the token it prints)
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"comma list of {', '.join(FAULTS)}; or all: every kind the "
                           f"platform runs (a note names those left out), dealt in rounds "
                           f"led by a partition that isolates the leader. With kill, "
-                          f"partition or member (kv, local or docker) leader faults are "
+                          f"partition or member (kv, local, docker or ssh) leader faults are "
                           f"also aimed at snapshot transfers and member rejoins "
                           f"(docs/nemesis.md, Windows) (default %(default)s)")
     run.add_argument("--duration", type=_positive(float), default=60.0, metavar="S",
@@ -91,10 +91,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", default=DEFAULT, metavar="NAME",
                      help=f"what runs on the nodes: {', '.join(SYSTEMS)} (default "
                           f"%(default)s; docs/systems.md adds one)")
-    run.add_argument("--platform", choices=("docker", "local", "sim"), default=None,
+    run.add_argument("--platform", choices=("docker", "local", "sim", "ssh"), default=None,
                      help="default: docker when a Docker engine answers, else local; sim: "
                           "the deterministic simulator in simulated time (same seed, same "
-                          "history)")
+                          "history); ssh: one node per host of --hosts FILE, over SSH")
+    run.add_argument("--hosts", type=Path, default=None, metavar="FILE",
+                     help="--platform ssh: one host per line, ADDRESS [PORT [USER [KEY]]] "
+                          "[peer=ADDRESS] or an SSH config host name (docs/nemesis.md)")
+    run.add_argument("--known-hosts", type=Path, default=None, metavar="FILE",
+                     help="--platform ssh: the hosts' keys (default ~/.ssh/known_hosts)")
+    run.add_argument("--accept-new-host-keys", action="store_true",
+                     help="--platform ssh: trust a host the known_hosts file does not know "
+                          "yet, and add its key there (a changed key is still refused)")
     run.add_argument("--seed", type=int, default=None, help="repeat a run's fault schedule and op mix")
     run.add_argument("--store", type=Path, default=Path("store"), help="default %(default)s/")
     run.add_argument("--concurrency", type=_positive(int), default=None,
@@ -125,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tls", action="store_true",
                      help="mutual TLS on every node port, with certificates of a CA made for "
                           "this run in a temporary directory (removed at the end; the run "
-                          "folder gets ca.crt only); local and docker platforms")
+                          "folder gets ca.crt only); local, docker and ssh platforms")
 
     chk = sub.add_parser("check", help="re-check a stored run from its history")
     chk.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="e.g. store/latest")
@@ -146,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                                          "a crashed run left")
     clean.add_argument("--run", default=None, metavar="RUN_ID", help="only this run's")
     clean.add_argument("--images", action="store_true", help="also remove the cached node images")
+    clean.add_argument("--hosts", type=Path, default=None, metavar="FILE",
+                       help="instead: the run folders, node processes and iptables rules that "
+                            "--platform ssh runs left on these hosts")
+    clean.add_argument("--known-hosts", type=Path, default=None, metavar="FILE")
+    clean.add_argument("--accept-new-host-keys", action="store_true")
     _add_report_commands(sub)
     return parser
 
@@ -349,10 +362,32 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         return _refuse(f"--platform sim runs the kv workload only (the simulator holds the "
                        f"store, not the trainer); got --workload {args.workload}")
     if args.tls and args.platform == "sim":
-        return _refuse("--tls needs real nodes (--platform local or docker): the simulator's "
+        return _refuse("--tls needs real nodes (--platform local, docker or ssh): the simulator's "
                        "nodes exchange messages in memory, with no network to encrypt")
     if args.rate < 0:
         return _refuse(f"--rate must be >= 0, got {args.rate:g}")
+    ssh_hosts = None
+    if args.platform == "ssh" and args.workload != "kv":
+        return _refuse(f"--platform ssh runs the kv workload only for now; --workload "
+                       f"{args.workload} across hosts is not built yet (issue 26)")
+    if args.platform == "ssh":
+        from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
+
+        if args.hosts is None:
+            return _refuse("--platform ssh needs --hosts FILE (one host per line; "
+                           "docs/nemesis.md, 'Real machines')")
+        try:
+            ssh_hosts = read_hosts(args.hosts)
+        except HostsFileError as exc:
+            return _refuse(str(exc))
+        if len(ssh_hosts) < args.nodes:
+            return _refuse(f"--nodes {args.nodes} needs {args.nodes} hosts, one per node; "
+                           f"{args.hosts} names {len(ssh_hosts)}")
+        if args.known_hosts is not None and not args.known_hosts.is_file():
+            return _refuse(f"--known-hosts {args.known_hosts} does not exist")
+    elif args.hosts is not None or args.known_hosts is not None or args.accept_new_host_keys:
+        return _refuse("--hosts, --known-hosts and --accept-new-host-keys are for "
+                       "--platform ssh")
     if args.interval * 2 > args.duration and faults != ["none"]:
         print(f"note: --interval {args.interval:g} leaves no room for a fault in "
               f"--duration {args.duration:g} (a fault starts after one quiet interval)",
@@ -379,7 +414,9 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
         op_timeout_s=args.op_timeout, read_consistency=args.read_consistency,
         unsafe=args.unsafe, check_budget_s=args.check_budget_s,
         check_wall_budget_s=args.check_wall_budget_s, junit=args.junit,
-        faults_all=faults_all, mix=args.mix, tls=args.tls, system=args.system)
+        faults_all=faults_all, mix=args.mix, tls=args.tls, system=args.system,
+        ssh_hosts=ssh_hosts, hosts_file=args.hosts, known_hosts=args.known_hosts,
+        accept_new_host_keys=args.accept_new_host_keys)
     return run(config)
 
 
@@ -406,6 +443,20 @@ def _clean(args: argparse.Namespace) -> int:
     from nemesis.platforms import docker_status
     from nemesis.platforms import local as local_platform
 
+    if args.hosts is not None:  # the hosts of --platform ssh, and nothing on this machine
+        from nemesis.platforms.base import PlatformError
+        from nemesis.platforms.ssh_clean import clean_hosts
+        from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
+
+        try:
+            removed = clean_hosts(read_hosts(args.hosts), args.run, known_hosts=args.known_hosts,
+                                  accept_new=args.accept_new_host_keys)
+        except (HostsFileError, PlatformError) as exc:
+            return _refuse(str(exc))
+        for item in removed:
+            print(f"removed {item}")
+        print(f"clean: removed {len(removed)} item{'s' if len(removed) != 1 else ''}")
+        return 0
     removed = local_platform.clean(args.run)
     ok, reason = docker_status()
     if ok:

@@ -104,8 +104,9 @@ FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all", "rollback")
 # Where each fault runs when not everywhere (the simulator's disk holds records, not bytes;
 # its nodes have no identity to re-admit, so it deals only the member fault's two-in-flight).
-FAULT_PLATFORMS = {"truncate": ("local", "docker"),
-                   "bitflip": ("local", "docker"), "wipe-wal": ("local", "docker"),
+FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
+                   "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
+                   "lose-unsynced": ("local", "docker", "sim"),
                    "election": ("local", "docker"), "rollback": ("local",)}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
@@ -163,8 +164,10 @@ def unsupported(faults: list[str], platform: str) -> str | None:
     for fault in faults:
         where = FAULT_PLATFORMS.get(fault)
         if where is not None and platform not in where:
-            why = {"election": "it times its steps by the nodes' Status, which the "
-                               "simulator's nodes do not serve",
+            why = {"lose-unsynced": "it has no lazy disk to hold unsynced writes",
+                   "election": "it times its steps by the nodes' Status, which the "
+                               "simulator's nodes do not serve" if platform == "sim" else
+                               "it has not been tried there yet",
                    "rollback": "it copies a node's data directory, which only the local "
                                "platform does yet" if platform != "sim" else
                                "the simulator's disk holds records, not bytes"}.get(
@@ -419,8 +422,7 @@ class Nemesis:
     def healer(self, links: list[tuple[str, str]]) -> Callable[[], dict[str, Any]]:
         """The heal of a fault on these directed links (cut or lossy): each link healed."""
         def heal() -> dict[str, Any]:
-            for src, dst in links:
-                self.platform.heal_link(src, dst)
+            self.platform.heal_links(links)
             return {}
         return heal
 

@@ -82,6 +82,11 @@ class RunConfig:
     system: str = DEFAULT_SYSTEM
     # --check-wall-budget-s: wall-clock seconds for the whole check (None: CPU budget only)
     check_wall_budget_s: float | None = None
+    # --platform ssh: the hosts (nemesis/platforms/ssh_hosts.py) and how their keys are checked
+    ssh_hosts: list | None = None
+    hosts_file: Path | None = None
+    known_hosts: Path | None = None
+    accept_new_host_keys: bool = False
 
     def reproduce(self) -> str:
         faults = "all" if self.faults_all else ",".join(self.faults)
@@ -89,6 +94,12 @@ class RunConfig:
                  f"--duration {self.duration_s:g}", f"--interval {self.interval_s:g}",
                  f"--nodes {self.nodes}", f"--workload {self.workload}",
                  f"--platform {self.platform}", f"--seed {self.seed}"]
+        if self.hosts_file is not None:
+            parts.append(f"--hosts {self.hosts_file}")
+            if self.known_hosts is not None:
+                parts.append(f"--known-hosts {self.known_hosts}")
+            if self.accept_new_host_keys:
+                parts.append("--accept-new-host-keys")
         if self.system != DEFAULT_SYSTEM:
             parts.append(f"--system {self.system}")
         if self.workload == "kv":  # the trainer's clients are its workers: no rate, no concurrency
@@ -146,6 +157,11 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | No
         from nemesis.platforms.docker import DockerPlatform
 
         return DockerPlatform(cluster, image=image)
+    if config.platform == "ssh":
+        from nemesis.platforms.ssh import SshPlatform
+
+        return SshPlatform(cluster, config.ssh_hosts or [], known_hosts=config.known_hosts,
+                           accept_new=config.accept_new_host_keys)
     from nemesis.platforms.local import LocalPlatform
 
     return LocalPlatform(cluster)

@@ -63,7 +63,7 @@ STRIKES = ("kill", "pause", "partition")  # leader faults, in the order a deck r
 def aims_at_windows(faults: list[str], workload: str, platform: str) -> bool:
     """Whether a run aims leader faults at windows: the kv workload on real processes with
     a fault that creates them (the simulator's nodes have no Status RPC to watch)."""
-    return (workload == "kv" and platform in ("local", "docker")
+    return (workload == "kv" and platform in ("local", "docker", "ssh")
             and any(f in AIMED_KINDS for f in faults))
 
 

@@ -1,6 +1,7 @@
 """Where the nodes run: `docker` (containers on a network the run creates) or `local`
 (processes on loopback behind fault-injecting proxies), or `sim`: the deterministic
-simulator in simulated time (asked for by name only). `choose` picks one and says why."""
+simulator in simulated time, or `ssh`: nodes on real hosts over SSH (both asked for by name
+only). `choose` picks one and says why."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def choose(requested: str | None) -> tuple[str, str]:
     Raises PlatformUnavailable when docker is requested and no engine answers."""
     if requested == "local":
         return "local", "asked for with --platform local"
+    if requested == "ssh":
+        return "ssh", "asked for with --platform ssh: one node per host of --hosts"
     if requested == "sim":
         return "sim", "asked for with --platform sim: the simulator, in simulated time"
     ok, reason = docker_status()

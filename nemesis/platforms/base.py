@@ -304,6 +304,12 @@ class Platform(abc.ABC):
         for src, dst in links:
             self.cut(src, dst)
 
+    def heal_links(self, links: Iterable[tuple[str, str]]) -> None:
+        """`heal_link` of each; a platform whose every change is a round trip (ssh) heals
+        them all in one round."""
+        for src, dst in links:
+            self.heal_link(src, dst)
+
     @abc.abstractmethod
     def set_loss(self, src: str, dst: str, probability: float) -> None:
         """Lose a share of what `src` sends to `dst` (0 < probability < 1)."""
