@@ -344,6 +344,13 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"got --system {system.name}")
     if args.platform == "sim" and not system.simulated:
         return _refuse(f"--platform sim simulates our store only; got --system {system.name}")
+    # election and rollback time their steps by Raft fields of the nodes' Status (candidates
+    # and their term, the index a node was told to catch up to) that only our store serves.
+    raft_status_faults = [f for f in faults if f in RAFT_STATUS_FAULTS]
+    if raft_status_faults and not system.status_windows and not faults_all:
+        return _refuse(f"--faults {raft_status_faults[0]} times its steps by Raft fields of "
+                       f"the nodes' status that the {system.name} system does not report; "
+                       f"it runs on --system store")
 
     # A broken Raft core (system/raft/unsafe.py) runs only when the person asks twice: by
     # name and in the environment, as `serve --unsafe` demands of a node.
@@ -403,6 +410,14 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"platform: {platform} ({reason})", flush=True)
     if faults_all:
         faults, note = _fit_all(*expand_all(platform), args.nodes)
+        if not system.status_windows:
+            left = [f for f in faults if f in RAFT_STATUS_FAULTS]
+            faults = [f for f in faults if f not in RAFT_STATUS_FAULTS]
+            if left:
+                why = (f"{', '.join(left)} (they time their steps by Raft fields of the "
+                       f"status only our store reports)")
+                note = (f"{note}; {why}" if note else
+                        f"note: --faults all with --system {system.name} leaves out {why}")
     if note:
         print(note, flush=True)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
@@ -473,6 +488,9 @@ def _clean(args: argparse.Namespace) -> int:
         print(f"removed {item}")
     print(f"clean: removed {len(removed)} item{'s' if len(removed) != 1 else ''}")
     return 0
+
+
+RAFT_STATUS_FAULTS = ("election", "rollback")  # need System.status_windows
 
 
 def _fit_all(faults: list[str], note: str, nodes: int) -> tuple[list[str], str]:

@@ -417,3 +417,36 @@ def test_a_system_without_membership_makes_the_platform_say_so(tmp_path: Path) -
         check_platform(["kill", "partition", "pause"], platform)
     finally:
         platform.close()
+
+
+# ----- faults that need our store's Raft status ----------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["election", "rollback"])
+def test_etcd_refuses_the_faults_timed_by_our_raft_status_in_one_line(
+        fault: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--platform", "local", "--system", "etcd", "--faults", fault,
+                 "--store", str(tmp_path / "store")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--faults {fault}" in err and "store" in err, err
+    assert not (tmp_path / "store").exists()
+
+
+def test_faults_all_on_etcd_leaves_them_out_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import nemesis.runner
+
+    configs = []
+    monkeypatch.setattr(nemesis.runner, "run", lambda config: configs.append(config) or 0)
+    assert main(["run", "--platform", "local", "--system", "etcd", "--faults", "all",
+                 "--store", str(tmp_path / "store")]) == 0
+    [config] = configs
+    assert "election" not in config.faults and "rollback" not in config.faults
+    assert "partition" in config.faults and "member" in config.faults
+    out = capsys.readouterr().out
+    assert "leaves out" in out and "election, rollback" in out, out
+    configs.clear()
+    assert main(["run", "--platform", "local", "--faults", "all",
+                 "--store", str(tmp_path / "store")]) == 0
+    assert {"election", "rollback"} <= set(configs[0].faults)  # the store runs them
