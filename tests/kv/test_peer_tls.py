@@ -467,10 +467,14 @@ def test_a_grpc_lane_streams_as_the_node_it_is_and_not_as_another(
     assert asyncio.run(scenario()) == [append(3, "n2", "n1")]
     [line] = lines("peer refused")
     assert line.certificate == "node 'n2'" and line.claimed == "n3"
-    [failure] = lines("peer unreachable")
+    # Both senders dial n1, so both log as peer n1: on a loaded machine the honest one's
+    # first connection can fail too (and then recover); the impostor's line is the one
+    # that names the refusal, once, and the impostor never reaches n1.
+    unreachable = lines("peer unreachable")
+    [failure] = [r for r in unreachable if "claim to come from 'n3'" in getattr(r, "reason", "")]
     assert failure.peer == "n1" and failure.code == "PERMISSION_DENIED"
-    assert "claim to come from 'n3'" in failure.reason
-    assert not lines("peer reachable again")
+    honest_outages = len(unreachable) - 1
+    assert len(lines("peer reachable again")) <= honest_outages
 
 
 def test_a_grpc_lane_dialling_n3_does_not_deliver_to_a_node_holding_n2s_certificate(

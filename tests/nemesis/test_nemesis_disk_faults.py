@@ -306,7 +306,7 @@ def test_file_faults_are_refused_on_sim_with_one_line_naming_the_platforms(
     assert unsupported(["partition", "bitflip"], "local") is None
     problem = unsupported(["partition", "bitflip"], "sim")
     assert problem == ("--faults bitflip does not run on --platform sim (the simulator's disk "
-                       "holds records, not bytes); use --platform local or docker")
+                       "holds records, not bytes); use --platform local or docker or ssh")
     assert cli.main(["run", "--platform", "sim", "--faults", "truncate", "--duration", "5"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {unsupported(['truncate'], 'sim')}"]
