@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from system.trainer.blas import BLAS_THREAD_VARIABLES
+from system.trainer.blas import BLAS_THREAD_VARIABLES, blas_kernel_env
 
 COORDINATOR_PORT = 7100
 FIRST_HOST = 101  # trainer containers' addresses: .101, .102, ... of the run's /24
@@ -109,7 +109,9 @@ class DockerTrainerProcesses:
             self._next = FIRST_HOST  # long runs reuse the addresses of exited processes
         if args and args[0] == "coordinator":
             args = [*args, "--listen", f"{ip}:{COORDINATOR_PORT}"]
-        env = {"PYTHONUNBUFFERED": "1", **{v: "1" for v in BLAS_THREAD_VARIABLES}, **(extra_env or {})}
+        # The BLAS kernel too: the reference run is computed here, in the harness.
+        env = {"PYTHONUNBUFFERED": "1", **{v: "1" for v in BLAS_THREAD_VARIABLES},
+               **blas_kernel_env(), **(extra_env or {})}
         log_path.parent.mkdir(parents=True, exist_ok=True)
         script = f'exec python3 -m system.trainer "$@" >> {shlex.quote(str(log_path))} 2>&1'
         self._count += 1

@@ -30,4 +30,27 @@ def pin_blas_threads() -> None:
     threadpool_limits(1)
 
 
+def blas_kernel_env() -> dict[str, str]:
+    """`OPENBLAS_CORETYPE` naming the kernel this process's OpenBLAS runs, for processes
+    started elsewhere (containers) whose arithmetic must match this one's bit for bit.
+
+    Why: OpenBLAS picks its kernels by the CPU it detects, unless OPENBLAS_CORETYPE names
+    one, and two kernels round a product differently. A machine whose environment sets
+    OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU ran the harness's fault-free reference
+    with the Haswell kernel while the trainer's containers detected SkylakeX: every docker
+    trainer run ended "differs-from-reference" from its first step. Empty when numpy's
+    BLAS is not OpenBLAS (then nothing is known to pass on)."""
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        return {"OPENBLAS_CORETYPE": os.environ["OPENBLAS_CORETYPE"]}
+    try:
+        import numpy  # noqa: F401 - loads the BLAS that threadpoolctl then reports
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return {}
+    for info in threadpool_info():
+        if info.get("internal_api") == "openblas" and info.get("architecture"):
+            return {"OPENBLAS_CORETYPE": str(info["architecture"])}
+    return {}
+
+
 pin_blas_threads()
