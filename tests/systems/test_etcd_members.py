@@ -33,10 +33,12 @@ def test_learner_added_started_promoted_and_removed(etcd_cluster_factory):
     addresses = list(cluster.addresses.values())
     client_port, peer_port = free_ports(2)
     peer = f"127.0.0.1:{peer_port}"
-    learner = members.add_learner(addresses, f"http://{peer}")
+    # etcd answers a MemberAdd once the change is applied (a duplicate once it is refused
+    # there): under a loaded CI run that took longer than the default 15 s once.
+    learner = members.add_learner(addresses, f"http://{peer}", timeout_s=60)
     assert learner.is_learner and learner.name == ""  # nameless until it starts
     with pytest.raises(members.MemberError, match="already exist"):
-        members.add_learner(addresses, f"http://{peer}")
+        members.add_learner(addresses, f"http://{peer}", timeout_s=60)
     joined = {n: m.peer for n, m in cluster.members.items()} | {"e4": peer}
     cluster.members["e4"] = EtcdMember("e4", cluster.root / "e4", f"127.0.0.1:{client_port}",
                                        peer, joined, new=False, token=f"test-{cluster.root.name}")
