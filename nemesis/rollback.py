@@ -44,6 +44,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from nemesis.platforms.base import PlatformError
+from nemesis.windows import wait_or_stop
 
 if TYPE_CHECKING:
     from nemesis.faults import ActiveFault, Nemesis
@@ -232,14 +233,7 @@ class Rollback:
         log.info("rollback fault, %.2f s: %s", time.monotonic() - self.began, what)
 
     def _wait(self, probe, timeout_s: float, poll_s: float = 0.05):  # noqa: ANN001, ANN202
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = probe()
-            if value:
-                return value
-            if self.nemesis._stop.wait(poll_s):
-                return None
-        return None
+        return wait_or_stop(probe, timeout_s, self.nemesis._stop, poll_s)
 
 
 def partitions_away(nodes: list[str], away: list[str]) -> list[tuple[str, str]]:

@@ -456,12 +456,19 @@ class Windows:
     def _wait(self, probe, timeout_s: float, poll_s: float = POLL_S):  # noqa: ANN001, ANN202
         """The first truthy value of `probe()` within `timeout_s`, else None (also when the
         run is stopping)."""
-        deadline = time.monotonic() + timeout_s
         self._known_leader = None
-        while time.monotonic() < deadline:
-            value = probe()
-            if value:
-                return value
-            if self.nemesis._stop.wait(poll_s):
-                return None
-        return None
+        return wait_or_stop(probe, timeout_s, self.nemesis._stop, poll_s)
+
+
+def wait_or_stop(probe, timeout_s: float, stop: threading.Event,  # noqa: ANN001, ANN201
+                 poll_s: float = POLL_S):
+    """The first truthy value of `probe()` within `timeout_s`; None when the time runs out
+    or `stop` is set (the run is ending: an aimed fault gives up its wait)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        if stop.wait(poll_s):
+            return None
+    return None
