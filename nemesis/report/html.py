@@ -95,6 +95,16 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
+def _operation_links(anomaly: dict[str, Any], cited: set[int]) -> list[str]:
+    """Links to the history lines of each operation an anomaly names (invoke, completion)."""
+    lines = []
+    for op in anomaly.get("operations", []):
+        lines.append(_line_link(op["invoke_index"] + 1, cited))
+        if op.get("complete_index") is not None:
+            lines.append(_line_link(op["complete_index"] + 1, cited))
+    return lines
+
+
 def _line_link(line: int | None, cited: set[int], text: str | None = None) -> str:
     if line is None:
         return "—"
@@ -191,11 +201,7 @@ def _violations(data: RunData, cited: set[int]) -> str:
         out.append(f"<h3 id='lost-writes'>Acknowledged writes a read missed ({title})</h3><table>"
                    "<tr><th>key</th><th>kind</th><th>what</th><th>history lines</th><th>at</th></tr>")
         for anomaly in anomalies[:MAX_ANOMALIES_SHOWN]:
-            lines = []
-            for op in anomaly.get("operations", []):
-                lines.append(_line_link(op["invoke_index"] + 1, cited))
-                if op.get("complete_index") is not None:
-                    lines.append(_line_link(op["complete_index"] + 1, cited))
+            lines = _operation_links(anomaly, cited)
             when = data._anomaly_time(anomaly)
             out.append(f"<tr><td>{_e(repr(anomaly.get('key')))}</td>"
                        f"<td>{_e(anomaly.get('kind', 'lost-write'))}</td><td>{_e(anomaly['text'])}"
@@ -227,11 +233,7 @@ def _replica_anomalies(data: RunData, cited: set[int]) -> str:
            "value and version.</p><table><tr><th>key</th><th>kind</th><th>what</th>"
            "<th>history lines</th></tr>"]
     for anomaly in anomalies[:MAX_ANOMALIES_SHOWN]:
-        lines = []
-        for op in anomaly.get("operations", []):
-            lines.append(_line_link(op["invoke_index"] + 1, cited))
-            if op.get("complete_index") is not None:
-                lines.append(_line_link(op["complete_index"] + 1, cited))
+        lines = _operation_links(anomaly, cited)
         out.append(f"<tr><td>{_e(repr(anomaly.get('key')))}</td><td>{_e(anomaly.get('kind'))}"
                    f"</td><td>{_e(anomaly['text'])}</td><td>{' '.join(lines)}</td></tr>")
     out.append("</table>")
