@@ -64,7 +64,8 @@ def chain_name(run_id: str) -> str:
 
 
 def remove_script(run_dir: str, chain: str, comment: str) -> str:
-    """Kill the run's node groups and anything else still working in its folder (an
+    """Kill the run's node groups (nodes/*/pid; procs/*.pid: the trainer's processes,
+    system/trainer/hosts.py) and anything else still working in its folder (an
     install that Ctrl-C interrupted), delete its iptables chain and jump, remove the folder.
     Safe to run twice, and on a host where some of it never existed."""
     rules = ""
@@ -77,7 +78,7 @@ def remove_script(run_dir: str, chain: str, comment: str) -> str:
     # command lines, finds the processes using the folder and not this shell.
     head, tail = run_dir.rsplit("/", 1)
     return (f"R={shlex.quote(head + '/')}''{shlex.quote(tail)}; "
-            f'for f in "$R"/nodes/*/pid; do [ -f "$f" ] && '
+            f'for f in "$R"/nodes/*/pid "$R"/procs/*.pid; do [ -f "$f" ] && '
             f'kill -KILL -"$(cat "$f")" 2>/dev/null; done; '
             f'if command -v pkill >/dev/null 2>&1; then pkill -KILL -f "$R" ; fi; '
             f'{rules}rm -rf "$R"; true')

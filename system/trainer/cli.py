@@ -165,14 +165,16 @@ def make_run(args: argparse.Namespace, config: TrainConfig):  # noqa: ANN201 - T
 
 class CoordinatorKill:
     """--kill-coordinator-at-step: SIGKILL the active coordinator once its Status says step
-    N or later, then time until another coordinator's Status shows a step past the killed
-    one's (what a worker waits through: lease expiry, takeover, resume, first step)."""
+    N or later, then time until another coordinator's Status shows a step past the one it
+    resumed at (what the workers wait through: lease expiry, takeover, resume, one step),
+    as the harness sees it: within one poll (0.1 s and a Status round trip)."""
 
     def __init__(self, at_step: int | None) -> None:
         self.at_step = at_step
         self.victim: str | None = None
         self.killed_step = 0
         self.killed_at = 0.0
+        self.resumed_step: int | None = None  # the successor's step when first seen
         self.takeover_s: float | None = None
 
     def pending(self) -> bool:
@@ -188,15 +190,18 @@ class CoordinatorKill:
             run.kill(self.victim)
             print(f"killed the active coordinator {self.victim} at step {st.step}",
                   file=sys.stderr, flush=True)
-        elif (self.victim is not None and st.coordinator_id != self.victim
-              and st.step > self.killed_step):
-            self.takeover_s = time.monotonic() - self.killed_at
+        elif self.victim is not None and st.coordinator_id != self.victim:
+            if self.resumed_step is None:
+                self.resumed_step = st.step
+            elif st.step > self.resumed_step:
+                self.takeover_s = time.monotonic() - self.killed_at
 
     def rows(self) -> list[tuple[str, object]]:
         if self.at_step is None:
             return []
         took = f"{self.takeover_s:.2f}" if self.takeover_s is not None else "not seen"
-        return [("coordinator killed", f"{self.victim} at step {self.killed_step}"),
+        resumed = f", successor first seen at step {self.resumed_step}" if self.resumed_step is not None else ""
+        return [("coordinator killed", f"{self.victim} at step {self.killed_step}{resumed}"),
                 ("kill -> next coordinator's first step, s", took)]
 
 

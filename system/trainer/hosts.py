@@ -43,6 +43,8 @@ from system.trainer.run import TrainerRun
 STORE_NODES = 3
 STATE_CACHE_S = 0.5  # one round of state commands to the hosts at most this often
 LEADER_WAIT_S = 60.0
+# Where S3 is, for --checkpoint-store s3://; never credentials (a process list shows them).
+PASSED_ON = ("TRAINER_S3_ENDPOINT", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
 class HostProcess:
@@ -196,6 +198,7 @@ class HostsTrainerRun(TrainerRun):
             args += ["--listen", f"{host.peer_address}:0"]
         env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": f"{self.remote}/lib",
                **{v: "1" for v in BLAS_THREAD_VARIABLES}, **blas_kernel_env(),
+               **{k: os.environ[k] for k in PASSED_ON if os.environ.get(k)},
                **(extra_env or {})}
         exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         d, log = f"{self.remote}/procs", self._remote_path(str(log_path))
@@ -315,11 +318,9 @@ class HostsTrainerRun(TrainerRun):
         errors = []
         try:
             if self._connected:
-                # The workers' command lines do not name RUN (remove_script's pkill finds
-                # processes by it): kill every process group recorded first.
-                script = (f'for f in {self.remote}/procs/*.pid; do [ -f "$f" ] && '
-                          f'kill -KILL -"$(cat "$f")" 2>/dev/null; done; '
-                          + remove_script(self.remote, self._chain, self._comment))
+                # It kills every process group in RUN/procs too (the workers' command
+                # lines do not name RUN, which its pkill looks for).
+                script = remove_script(self.remote, self._chain, self._comment)
                 answers = self.ssh.run_all({i: script for i in range(len(self.hosts))},
                                            timeout_s=60)
                 errors += [f"{self.hosts[i].label()}: {last_line(out)}"
