@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -57,4 +59,27 @@ def test_a_run_across_five_hosts_with_a_coordinator_kill_ends_bit_for_bit_equal(
     assert int(rows["steps"]) == 300
     assert int(rows["coordinator takeovers"]) >= 1, out[-3000:]
     assert "killed the active coordinator" in proc.stderr
+    assert _left_on_hosts(bed) == {"procs=0 dirs=0"}
+
+
+def test_ctrl_c_mid_run_leaves_nothing_on_the_hosts(bed: SshTestbed, tmp_path) -> None:  # noqa: ANN001
+    err = tmp_path / "stderr"
+    with open(err, "w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "system.trainer", "run", "--hosts", str(bed.hosts_file),
+             "--known-hosts", str(bed.known_hosts), "--dataset", "digits", "--workers", "4",
+             "--steps", "1000000"],
+            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=sink, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    try:
+        deadline = time.monotonic() + 600
+        while "step " not in err.read_text():  # training has begun on the hosts
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) == 130, err.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert _left_on_hosts(bed) == {"procs=0 dirs=0"}
