@@ -289,7 +289,7 @@ def run_command(args: argparse.Namespace) -> int:
         return code
     except (ConfigError, CheckpointError, TlsError, PlatformError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigError) else 1
+        return 1 if isinstance(exc, PlatformError) else 2  # a host, not the settings
     except RunTimeout as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
