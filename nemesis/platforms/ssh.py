@@ -42,7 +42,7 @@ from pathlib import Path
 
 from nemesis.platforms import disk_damage
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, last_line
-from nemesis.platforms.docker import _name_part, owner_label
+from nemesis.platforms.docker import _name_part
 from nemesis.platforms.ssh_conn import SshHosts
 from nemesis.platforms.ssh_hosts import Host
 from nemesis.systems.base import NodeSetup
@@ -64,7 +64,8 @@ def chain_name(run_id: str) -> str:
 
 
 def remove_script(run_dir: str, chain: str, comment: str) -> str:
-    """Kill the run's node groups and anything else still working in its folder (an
+    """Kill the run's node groups (nodes/*/pid; procs/*.pid: the trainer's processes,
+    system/trainer/hosts.py) and anything else still working in its folder (an
     install that Ctrl-C interrupted), delete its iptables chain and jump, remove the folder.
     Safe to run twice, and on a host where some of it never existed."""
     rules = ""
@@ -77,7 +78,7 @@ def remove_script(run_dir: str, chain: str, comment: str) -> str:
     # command lines, finds the processes using the folder and not this shell.
     head, tail = run_dir.rsplit("/", 1)
     return (f"R={shlex.quote(head + '/')}''{shlex.quote(tail)}; "
-            f'for f in "$R"/nodes/*/pid; do [ -f "$f" ] && '
+            f'for f in "$R"/nodes/*/pid "$R"/procs/*.pid; do [ -f "$f" ] && '
             f'kill -KILL -"$(cat "$f")" 2>/dev/null; done; '
             f'if command -v pkill >/dev/null 2>&1; then pkill -KILL -f "$R" ; fi; '
             f'{rules}rm -rf "$R"; true')
@@ -148,65 +149,14 @@ class SshPlatform(Platform):
             self.start_node(node_id)
 
     def _preflight(self) -> None:
-        """One line per missing piece: iptables, python3, a run folder already there."""
-        checks = ("command -v iptables >/dev/null 2>&1 || { echo no-iptables; exit 1; }; "
-                  "command -v python3 >/dev/null 2>&1 || { echo no-python3; exit 1; }; "
-                  f"[ ! -e {self.dir} ] || {{ echo run-dir-exists; exit 1; }}")
-        answers = self.ssh.run_all({i: checks for i in range(len(self.node_ids))}, timeout_s=60)
-        for i, (code, out) in answers.items():
-            if code == 0:
-                continue
-            label = self.ssh.hosts[i].label()
-            if "no-iptables" in out:
-                raise PlatformError(f"{label} has no iptables, which partitions need: install "
-                                    f"it (Debian: apt-get install iptables)")
-            if "no-python3" in out:
-                raise PlatformError(f"{label} has no python3 (3.11 or newer is needed)")
-            if "run-dir-exists" in out:
-                raise PlatformError(f"{label} already has {self.dir}: a run with this id is "
-                                    f"there; run `python -m nemesis clean --hosts FILE`")
-            raise PlatformError(f"{label}: checking the host failed: {last_line(out)}")
+        from nemesis.platforms.ssh_install import preflight
+
+        preflight(self.ssh, self.dir, iptables=True)
 
     def _install(self) -> None:
-        from nemesis.platforms import ssh_install as inst
+        from nemesis.platforms.ssh_install import install_on_hosts
 
-        pins, probe_arg = inst.probe_request()
-        count = len(self.node_ids)
-        probe = f"python3 -c {shlex.quote(inst.HOST_PROBE)} {shlex.quote(probe_arg)}"
-        owner = shlex.quote(owner_label())
-        prepare = (f"mkdir -p {self.dir}/wheels {self.dir}/lib {self.dir}/tls && "
-                   f"chmod 700 {self.dir} && echo {owner} > {self.dir}/owner && "
-                   f"echo {self.chain} > {self.dir}/chain && "
-                   f"echo {shlex.quote(self.comment)} > {self.dir}/comment && {probe}")
-        answers = self.ssh.run_all({i: prepare for i in range(count)}, timeout_s=60)
-        missing: dict[int, list[str]] = {}
-        for i, (code, out) in answers.items():
-            label = self.ssh.hosts[i].label()
-            try:
-                found = json.loads(last_line(out, limit=10**6))
-            except ValueError:
-                raise PlatformError(f"{label}: preparing {self.dir} failed (exit {code}): "
-                                    f"{last_line(out)}") from None
-            missing[i] = inst.missing_pins(pins, found)
-            inst.check_python(label, found, missing[i])
-        wheels = inst.dependency_wheels(pins, self._log) if any(missing.values()) else {}
-        t0 = time.monotonic()
-        project = inst.project_wheel()
-        self._log(f"  the project's wheel: {time.monotonic() - t0:.1f} s")
-        scripts = {}
-        for i in range(count):
-            deps = inst.wheels_for(missing[i], wheels) if missing[i] else []
-            if deps:
-                self._log(f"  {self.ssh.hosts[i].label()} lacks {len(deps)} dependencies: "
-                          f"shipping their wheels")
-            self.ssh.put(i, [project, *deps], f"{self.dir}/wheels")
-            scripts[i] = inst.install_script(self.dir, [w.name for w in [project, *deps]])
-        t0 = time.monotonic()
-        for i, (code, out) in self.ssh.run_all(scripts, timeout_s=600).items():
-            if code != 0:
-                raise PlatformError(f"{self.ssh.hosts[i].label()}: installing the project "
-                                    f"failed (exit {code}): {last_line(out)}")
-        self._log(f"  unpacking on the hosts: {time.monotonic() - t0:.1f} s")
+        install_on_hosts(self.ssh, self.dir, self.chain, self.comment, self._log)
 
     def _copy_tls(self, node_id: str) -> None:
         files = self.config.tls.files(node_id)  # type: ignore[union-attr]

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from nemesis.platforms.base import PlatformError
@@ -172,3 +173,74 @@ def install_script(remote_dir: str, wheels: list[str]) -> str:
     """The host's python3 unpacks the wheels into remote_dir/lib, offline."""
     files = " ".join(f"{remote_dir}/wheels/{name}" for name in wheels)
     return f"python3 -c {shlex.quote(UNPACK)} {remote_dir}/lib {files}"
+
+
+def preflight(ssh, run_dir: str, *, iptables: bool) -> None:  # noqa: ANN001 - SshHosts
+    """One line per missing piece on any host of `ssh`: iptables (if `iptables`), python3,
+    a run folder already there."""
+    from nemesis.platforms.base import last_line
+
+    checks = (("command -v iptables >/dev/null 2>&1 || { echo no-iptables; exit 1; }; "
+               if iptables else "")
+              + "command -v python3 >/dev/null 2>&1 || { echo no-python3; exit 1; }; "
+              f"[ ! -e {run_dir} ] || {{ echo run-dir-exists; exit 1; }}")
+    answers = ssh.run_all({i: checks for i in range(len(ssh.hosts))}, timeout_s=60)
+    for i, (code, out) in answers.items():
+        if code == 0:
+            continue
+        label = ssh.hosts[i].label()
+        if "no-iptables" in out:
+            raise PlatformError(f"{label} has no iptables, which partitions need: install "
+                                f"it (Debian: apt-get install iptables)")
+        if "no-python3" in out:
+            raise PlatformError(f"{label} has no python3 (3.11 or newer is needed)")
+        if "run-dir-exists" in out:
+            raise PlatformError(f"{label} already has {run_dir}: a run with this id is "
+                                f"there; run `python -m nemesis clean --hosts FILE`")
+        raise PlatformError(f"{label}: checking the host failed: {last_line(out)}")
+
+
+def install_on_hosts(ssh, run_dir: str, chain: str, comment: str, log) -> None:  # noqa: ANN001
+    """Make `run_dir` on every host of `ssh` (with its `owner`, `chain` and `comment`, which
+    `ssh_clean` reads) and install the project into run_dir/lib: the project's wheel, and
+    the wheels of the dependencies a host lacks."""
+    from nemesis.platforms.base import last_line
+    from nemesis.platforms.docker import owner_label
+
+    pins, probe_arg = probe_request()
+    count = len(ssh.hosts)
+    probe = f"python3 -c {shlex.quote(HOST_PROBE)} {shlex.quote(probe_arg)}"
+    owner = shlex.quote(owner_label())
+    prepare = (f"mkdir -p {run_dir}/wheels {run_dir}/lib {run_dir}/tls && "
+               f"chmod 700 {run_dir} && echo {owner} > {run_dir}/owner && "
+               f"echo {chain} > {run_dir}/chain && "
+               f"echo {shlex.quote(comment)} > {run_dir}/comment && {probe}")
+    answers = ssh.run_all({i: prepare for i in range(count)}, timeout_s=60)
+    missing: dict[int, list[str]] = {}
+    for i, (code, out) in answers.items():
+        label = ssh.hosts[i].label()
+        try:
+            found = json.loads(last_line(out, limit=10**6))
+        except ValueError:
+            raise PlatformError(f"{label}: preparing {run_dir} failed (exit {code}): "
+                                f"{last_line(out)}") from None
+        missing[i] = missing_pins(pins, found)
+        check_python(label, found, missing[i])
+    wheels = dependency_wheels(pins, log) if any(missing.values()) else {}
+    t0 = time.monotonic()
+    project = project_wheel()
+    log(f"  the project's wheel: {time.monotonic() - t0:.1f} s")
+    scripts = {}
+    for i in range(count):
+        deps = wheels_for(missing[i], wheels) if missing[i] else []
+        if deps:
+            log(f"  {ssh.hosts[i].label()} lacks {len(deps)} dependencies: shipping their "
+                f"wheels")
+        ssh.put(i, [project, *deps], f"{run_dir}/wheels")
+        scripts[i] = install_script(run_dir, [w.name for w in [project, *deps]])
+    t0 = time.monotonic()
+    for i, (code, out) in ssh.run_all(scripts, timeout_s=600).items():
+        if code != 0:
+            raise PlatformError(f"{ssh.hosts[i].label()}: installing the project failed "
+                                f"(exit {code}): {last_line(out)}")
+    log(f"  unpacking on the hosts: {time.monotonic() - t0:.1f} s")

@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 import time
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -47,6 +48,19 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action="store_true",
                    help="mutual TLS with a throw-away CA made in the run directory for this run's "
                         "coordinators, workers and (without --kv) its store")
+    p.add_argument("--kill-coordinator-at-step", type=int, default=None, metavar="N",
+                   help="SIGKILL the active coordinator once it reaches step N (a standby "
+                        "takes over); the table gives the kill-to-next-step time")
+    p.add_argument("--compare-reference", action="store_true",
+                   help="compare the final parameters bit for bit with the one-process "
+                        "computation (always done with --hosts)")
+    p.add_argument("--hosts", type=Path, default=None, metavar="FILE",
+                   help="run the store (unless --kv), coordinators and workers on these SSH "
+                        "hosts (the nemesis ssh platform's hosts file)")
+    p.add_argument("--known-hosts", type=Path, default=None, metavar="FILE",
+                   help="--hosts: the hosts' keys (default ~/.ssh/known_hosts)")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="--hosts: trust a host the known_hosts file does not know yet")
     add_tls_arguments(p)
 
 
@@ -115,30 +129,113 @@ def takeovers(events: list[dict]) -> int:
                for a, b in zip(acquired, acquired[1:], strict=False))
 
 
-def run_command(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def make_run(args: argparse.Namespace, config: TrainConfig):  # noqa: ANN201 - TrainerRun
+    """The TrainerRun of `run`'s arguments: on this machine, or on --hosts."""
+    from system.trainer.run import TrainerRun
 
+    if args.standbys < 0:
+        raise ConfigError("--standbys must be 0 or more")
+    if args.kill_coordinator_at_step is not None and args.standbys < 1:
+        raise ConfigError("--kill-coordinator-at-step needs a standby to take over "
+                          "(--standbys 1 or more)")
+    if args.kill_coordinator_at_step is not None and not 0 < args.kill_coordinator_at_step < config.steps:
+        raise ConfigError(f"--kill-coordinator-at-step must be from 1 to {config.steps - 1}")
+    if args.hosts is None and (args.known_hosts is not None or args.accept_new_host_keys):
+        raise ConfigError("--known-hosts and --accept-new-host-keys are for --hosts")
+    tls = run_tls(args)
+    kwargs = dict(standbys=args.standbys, kv=args.kv.split(",") if args.kv else None,
+                  checkpoint_store=args.checkpoint_store,
+                  run_dir=Path(args.run_dir) if args.run_dir else None,
+                  lease_s=args.lease_s, gradient_deadline_s=args.gradient_deadline_s,
+                  object_dir=Path(args.object_dir).resolve(), tls=tls, generate_tls=args.tls)
+    if args.hosts is None:
+        return TrainerRun(config, **kwargs)
+    from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
+    from system.trainer.hosts import HostsTrainerRun
+
+    if args.known_hosts is not None and not args.known_hosts.is_file():
+        raise ConfigError(f"--known-hosts {args.known_hosts} does not exist")
+    try:
+        hosts = read_hosts(args.hosts)
+    except HostsFileError as exc:
+        raise ConfigError(str(exc)) from None
+    return HostsTrainerRun(config, hosts=hosts, known_hosts=args.known_hosts,
+                           accept_new=args.accept_new_host_keys, **kwargs)
+
+
+class CoordinatorKill:
+    """--kill-coordinator-at-step: SIGKILL the active coordinator once its Status says step
+    N or later, then time until another coordinator's Status shows a step past the one it
+    resumed at (what the workers wait through: lease expiry, takeover, resume, one step),
+    as the harness sees it: within one poll (0.1 s and a Status round trip)."""
+
+    def __init__(self, at_step: int | None) -> None:
+        self.at_step = at_step
+        self.victim: str | None = None
+        self.killed_step = 0
+        self.killed_at = 0.0
+        self.resumed_step: int | None = None  # the successor's step when first seen
+        self.takeover_s: float | None = None
+
+    def pending(self) -> bool:
+        return self.at_step is not None and (self.victim is None or self.takeover_s is None)
+
+    def check(self, run) -> None:  # noqa: ANN001 - TrainerRun
+        st = run.status()
+        if st is None or not st.active:
+            return
+        if self.victim is None and st.step >= self.at_step:
+            self.victim, self.killed_step = st.coordinator_id, st.step
+            self.killed_at = time.monotonic()
+            run.kill(self.victim)
+            print(f"killed the active coordinator {self.victim} at step {st.step}",
+                  file=sys.stderr, flush=True)
+        elif self.victim is not None and st.coordinator_id != self.victim:
+            if self.resumed_step is None:
+                self.resumed_step = st.step
+            elif st.step > self.resumed_step:
+                self.takeover_s = time.monotonic() - self.killed_at
+
+    def rows(self) -> list[tuple[str, object]]:
+        if self.at_step is None:
+            return []
+        took = f"{self.takeover_s:.2f}" if self.takeover_s is not None else "not seen"
+        resumed = f", successor first seen at step {self.resumed_step}" if self.resumed_step is not None else ""
+        return [("coordinator killed", f"{self.victim} at step {self.killed_step}{resumed}"),
+                ("kill -> next coordinator's first step, s", took)]
+
+
+def reference_row(config: TrainConfig, params) -> tuple[str, str]:  # noqa: ANN001 - ndarray
+    """The final parameters against the one-process computation (system/trainer/local.py),
+    bit for bit."""
+    import numpy as np
+
+    from system.trainer.local import train_local
+
+    expected = train_local(config).params
+    if params.shape == expected.shape and params.tobytes() == expected.tobytes():
+        return ("vs one-process reference", "bit-for-bit equal")
+    differ = (int(np.count_nonzero(params != expected)) if params.shape == expected.shape
+              else params.size)
+    return ("vs one-process reference", f"DIFFERS ({differ} of {expected.size} values)")
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from nemesis.platforms.base import PlatformError
     from system.trainer import data, model
     from system.trainer.checkpoint import CheckpointError
-    from system.trainer.run import RunTimeout, TrainerRun
+    from system.trainer.run import RunTimeout
 
     try:
         config = config_from_args(args)
         config.validate()
-        if args.standbys < 0:
-            raise ConfigError("--standbys must be 0 or more")
-        tls = run_tls(args)
-        run = TrainerRun(config, standbys=args.standbys,
-                         kv=args.kv.split(",") if args.kv else None,
-                         checkpoint_store=args.checkpoint_store,
-                         run_dir=Path(args.run_dir) if args.run_dir else None,
-                         lease_s=args.lease_s, gradient_deadline_s=args.gradient_deadline_s,
-                         object_dir=Path(args.object_dir).resolve(),
-                         tls=tls, generate_tls=args.tls)
+        run = make_run(args, config)
     except (ConfigError, TlsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     tty = sys.stderr.isatty()
+    killer = CoordinatorKill(args.kill_coordinator_at_step)
+    code = 0
     try:
         run.start()
         last_line = 0.0
@@ -151,6 +248,8 @@ def run_command(args: argparse.Namespace) -> int:
             error = run.config_error()
             if error:
                 raise ConfigError(error)
+            if killer.pending():
+                killer.check(run)
             now = time.monotonic()
             if now - last_line >= (0.5 if tty else 5.0):
                 last_line = now
@@ -181,12 +280,16 @@ def run_command(args: argparse.Namespace) -> int:
             ("final checkpoint", f"version {latest.version}, {latest.meta.checksum[:23]}"),
             ("wall time, s", f"{elapsed:.1f}"),
             ("samples/s", f"{config.steps * config.workers * config.batch_size / elapsed:,.0f}"),
+            *killer.rows(),
         ]
+        if args.compare_reference or args.hosts is not None:
+            rows.append(reference_row(config, params))
+            code = 0 if rows[-1][1] == "bit-for-bit equal" else 1
         print(tabulate(rows, tablefmt="simple"))
-        return 0
-    except (ConfigError, CheckpointError, TlsError) as exc:
+        return code
+    except (ConfigError, CheckpointError, TlsError, PlatformError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, PlatformError) else 2  # a host, not the settings
     except RunTimeout as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -194,7 +297,10 @@ def run_command(args: argparse.Namespace) -> int:
         print("\ninterrupted; every committed checkpoint stays in the store", file=sys.stderr)
         return 130
     finally:
-        run.close()
+        try:
+            run.close()
+        except PlatformError as exc:  # the hosts could not all be cleaned: say so
+            print(f"error: {exc}", file=sys.stderr)
 
 
 def inspect_command(args: argparse.Namespace) -> int:

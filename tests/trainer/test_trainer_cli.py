@@ -93,3 +93,18 @@ def test_a_head_naming_a_missing_object_stops_the_run_with_one_line_not_a_restar
     assert "checkpoint step 50" in lines[0] and f"object {meta.pointer} at {tmp_path / 'objects'}" in lines[0]
     # Each coordinator stopped once (exit 2); none was restarted in a loop.
     assert len(list((tmp_path / "run").glob("c*.log"))) == 2
+
+
+def test_kill_coordinator_at_step_ends_bit_for_bit_equal_to_the_reference(kv_cluster, job) -> None:
+    """The local form of `run --hosts`'s check: --kill-coordinator-at-step and
+    --compare-reference (tests/trainer/test_trainer_hosts.py shows the comparison catches
+    a planted difference)."""
+    result = trainer("run", "--kv", ",".join(kv_cluster.addresses), "--job", job,
+                     "--dataset", "breast_cancer", "--workers", "2", "--steps", "300",
+                     "--checkpoint-every", "25", "--lease-s", "1.5",
+                     "--kill-coordinator-at-step", "100", "--compare-reference")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {line.split("  ")[0]: line.split("  ")[-1].strip() for line in result.stdout.splitlines()}
+    assert rows["vs one-process reference"] == "bit-for-bit equal", result.stdout
+    assert rows["coordinator takeovers"] == "1", result.stdout
+    assert rows["coordinator killed"].split()[0].startswith("c"), result.stdout
