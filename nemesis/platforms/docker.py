@@ -124,8 +124,13 @@ def _engine_address() -> str:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:300] or type(exc).__name__
+    """The engine's own sentence for an API error (`explanation`: "driver failed programming
+    external connectivity on endpoint ...: Bind for 127.0.0.1:7001 failed: port is already
+    allocated"), not the request URL that str() starts with, which used up the 300
+    characters before the reason (seen in a run that exited 3)."""
+    explanation = getattr(exc, "explanation", None)
+    text = " ".join(str(explanation if explanation else exc).split())
+    return text[:500] or type(exc).__name__
 
 
 def docker_available(timeout_s: float = 2.0) -> tuple[bool, str]:

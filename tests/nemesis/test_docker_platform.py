@@ -332,3 +332,20 @@ def test_nothing_is_left_behind(image: str, tmp_path: Path) -> None:
     assert f"network {crashed.network_name}" in removed
     assert labelled(crashed.config.run_id) == NOTHING
     crashed.close()
+
+
+def test_an_engine_error_reads_as_the_engines_reason_not_the_request_url():
+    """A port that could not be published exited 3 with a line cut inside the request URL."""
+    import docker.errors
+    import requests
+
+    from nemesis.platforms.docker import _one_line
+
+    response = requests.Response()
+    response.status_code, response.reason = 500, "Internal Server Error"
+    response.url = "http+docker://localhost/v1.47/containers/" + "a" * 300 + "/start"
+    reason = ("driver failed programming external connectivity on endpoint mao-n1: "
+              "Bind for 127.0.0.1:7001 failed: port is already allocated")
+    exc = docker.errors.APIError("500 Server Error", response=response, explanation=reason)
+    assert _one_line(exc) == reason
+    assert _one_line(ValueError("two\n  lines")) == "two lines"
