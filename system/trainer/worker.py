@@ -3,7 +3,8 @@
 Best effort and stateless beyond its shard: the batch of a step is a function of
 (seed, worker, step), so a restarted worker, or one that follows a new coordinator back to
 an older step, computes exactly the gradient it would have computed the first time.
-It finds the coordinator in the lease record, remembers the highest term it has seen
+It finds the coordinator in the lease record, keeps one Train stream to it (one message
+each way per step), remembers the highest term it has seen
 and ignores any coordinator with a lower one (a deposed coordinator cannot lead it back).
 Failures cost a bounded backoff (20 ms doubling to 500 ms), never a retry storm.
 Exit 0 when the coordinator says the run is finished (or the lease record says done).
@@ -11,6 +12,8 @@ Exit 0 when the coordinator says the run is finished (or the lease record says d
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass
 
@@ -36,6 +39,51 @@ WAIT_S = 1.0
 RPC_TIMEOUT_S = WAIT_S + 1.0
 
 
+class TrainStream:
+    """A worker's Train stream to one coordinator: `ask` sends one message and returns its
+    answer, or raises grpc.RpcError. An answer not in within `timeout_s` cancels the
+    stream (a paused coordinator keeps its connection open and nothing fails): a watchdog
+    thread, which wakes about once per timeout, not once per message."""
+
+    def __init__(self, stub: trainer_pb2_grpc.ParameterServerStub) -> None:
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._call = stub.Train(iter(self._requests.get, None))
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._closed = False
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def ask(self, request: trainer_pb2.StepRequest, timeout_s: float) -> trainer_pb2.GradientReply:
+        with self._cond:
+            self._deadline = time.monotonic() + timeout_s
+        self._requests.put(request)
+        try:
+            return next(self._call)
+        except StopIteration:  # the coordinator ended the stream (it is stopping)
+            self._call.cancel()
+            raise self._call from None  # a finished call is the RpcError of its status
+        finally:
+            with self._cond:
+                self._deadline = None
+
+    def _watch(self) -> None:
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                if self._deadline is not None and now >= self._deadline:
+                    self._call.cancel()  # the blocked `ask` raises CANCELLED
+                    return
+                # Asleep at most 1 s: a deadline set meanwhile is always further ahead.
+                self._cond.wait(1.0 if self._deadline is None else self._deadline - now)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._requests.put(None)
+        self._call.cancel()
+
+
 @dataclass
 class WorkerStats:
     pushed: int = 0
@@ -57,7 +105,7 @@ class Worker:
         self.max_term = 0
         self.stats = WorkerStats()
         self._channel: grpc.Channel | None = None
-        self._stub: trainer_pb2_grpc.ParameterServerStub | None = None
+        self._stream: TrainStream | None = None
         self._address = ""
         self._backoff_s = BACKOFF_MIN_S
 
@@ -81,12 +129,18 @@ class Worker:
                 self._channel.close()
             self._channel = open_channel(record.address, self._credentials, GRPC_OPTIONS)
             self._address = record.address
-        # A failed call drops the stub, not the address: when the lease still names the same
-        # coordinator (paused, slow, restarting on its port) the stub is made again on the
-        # same channel (gRPC reconnects it). Before, the address check alone decided, so the
-        # stub stayed None and the run loop's assertion crashed the worker (16-35 times a run).
-        self._stub = trainer_pb2_grpc.ParameterServerStub(self._channel)
+        # A failed call drops the stream, not the address: when the lease still names the
+        # same coordinator (paused, slow, restarting on its port) the stream is opened again
+        # on the same channel (gRPC reconnects it). Before, the address check alone decided,
+        # so the stub stayed None and the run loop's assertion crashed the worker (16-35
+        # times a run).
+        self._stream = TrainStream(trainer_pb2_grpc.ParameterServerStub(self._channel))
         return True
+
+    def _drop_stream(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     def _failed(self, error: grpc.RpcError) -> None:
         """A failed call: look the coordinator up again after a backoff. A TLS refusal is
@@ -94,32 +148,38 @@ class Worker:
         line = certs.explain(error, self._address, uses_tls=self._credentials is not None)
         if line is not None:
             self._refusals.print(f"worker {self.worker}: {line}")
-        self._stub = None
+        self._drop_stream()
         self._sleep_backoff()
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self._drop_stream()
+
+    def _run(self) -> int:
         after_step = 0
         reply: trainer_pb2.ParametersReply | None = None  # next parameters, if a push brought them
         while True:
-            if self._stub is None:
+            if self._stream is None:
                 found = self._lookup()
                 if found is None:
                     return 0
                 if not found:
                     self._sleep_backoff()
                     continue
-            assert self._stub is not None
+            assert self._stream is not None
             if reply is None:
                 try:
-                    reply = self._stub.GetParameters(trainer_pb2.ParametersRequest(
+                    reply = self._stream.ask(trainer_pb2.StepRequest(pull=trainer_pb2.ParametersRequest(
                         job=self.config.job, worker=self.worker, after_step=after_step,
-                        term=self.max_term, wait_s=WAIT_S), timeout=RPC_TIMEOUT_S)
+                        term=self.max_term, wait_s=WAIT_S)), RPC_TIMEOUT_S).next
                 except grpc.RpcError as exc:
                     self._failed(exc)
                     continue
             current, reply = reply, None
             if not current.serving or current.term < self.max_term:
-                self._stub = None  # not (or no longer) the coordinator: look it up again
+                self._drop_stream()  # not (or no longer) the coordinator: look it up again
                 self._sleep_backoff()
                 continue
             if current.term > self.max_term:
@@ -131,9 +191,9 @@ class Worker:
             params = from_tensor(current.params)
             grad, rows = self.shard.gradient(params, current.step)
             try:
-                pushed = self._stub.PushGradient(trainer_pb2.GradientPush(
+                pushed = self._stream.ask(trainer_pb2.StepRequest(push=trainer_pb2.GradientPush(
                     job=self.config.job, worker=self.worker, step=current.step, term=current.term,
-                    gradient=to_tensor(grad), rows=rows, wait_s=WAIT_S), timeout=RPC_TIMEOUT_S)
+                    gradient=to_tensor(grad), rows=rows, wait_s=WAIT_S)), RPC_TIMEOUT_S)
             except grpc.RpcError as exc:
                 self._failed(exc)
                 continue

@@ -31,6 +31,7 @@ from system.trainer.procs import REPO_ROOT
 from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
 from system.trainer.run import TrainerRun
 from system.trainer.tensors import to_tensor
+from system.trainer.worker import TrainStream
 
 CONFIG = TrainConfig(dataset="breast_cancer", workers=1, steps=10, batch_size=8, job="tls")
 
@@ -90,6 +91,27 @@ def test_a_worker_with_this_ca_s_certificate_is_served(coordinator, cas) -> None
         reply = push(channel)
     assert not reply.accepted and reply.reason == "not-active"  # answered: standing by
 
+
+
+def test_the_train_stream_serves_a_worker_and_refuses_an_admin_certificate(coordinator, cas, capfd) -> None:  # noqa: ANN001
+    """The workers' path (worker.TrainStream) checks the caller as the unary push does."""
+    ours, _ = cas
+    request = trainer_pb2.StepRequest(push=trainer_pb2.GradientPush(
+        job=CONFIG.job, worker=0, step=1, term=1, gradient=to_tensor(np.zeros(3))))
+    capfd.readouterr()
+    for name in (certs.worker_name(0), "admin"):
+        with channel_for(coordinator.address, TlsFiles.in_dir(ours, name)) as channel:
+            stream = TrainStream(trainer_pb2_grpc.ParameterServerStub(channel))
+            try:
+                if name == "admin":
+                    with pytest.raises(grpc.RpcError) as refused:
+                        stream.ask(request, 10)
+                else:
+                    assert stream.ask(request, 10).reason == "not-active"  # answered: standing by
+            finally:
+                stream.close()
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert wait_for_line(capfd, "refused: a gradient push needs a client or node certificate", [])
 
 @pytest.mark.parametrize("caller", ["plaintext", "no certificate", "another CA", "admin"])
 def test_a_caller_that_is_not_a_worker_of_this_ca_is_refused_with_one_line_each_side(

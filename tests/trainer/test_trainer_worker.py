@@ -22,20 +22,22 @@ CONFIG = TrainConfig(dataset="breast_cancer", workers=1, steps=10, batch_size=8,
 
 
 class _FlakyCoordinator(trainer_pb2_grpc.ParameterServerServicer):
-    """Fails the first GetParameters (a coordinator that stopped answering), then says the
+    """Fails the first Train stream (a coordinator that stopped answering), then says the
     job is done."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.lock = threading.Lock()
 
-    def GetParameters(self, request, context):  # noqa: ANN001, N802 - gRPC's names
+    def Train(self, requests, context):  # noqa: ANN001, ANN201, N802 - gRPC's names
         with self.lock:
             self.calls += 1
             first = self.calls == 1
-        if first:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "coordinator not answering")
-        return trainer_pb2.ParametersReply(job=request.job, term=1, serving=True, done=True)
+        for request in requests:
+            if first:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "coordinator not answering")
+            yield trainer_pb2.GradientReply(next=trainer_pb2.ParametersReply(
+                job=request.pull.job, term=1, serving=True, done=True))
 
 
 def test_a_worker_reconnects_to_the_same_coordinator_after_a_failed_call(monkeypatch) -> None:  # noqa: ANN001

@@ -80,6 +80,14 @@ class GradientReply(_message.Message):
     next: ParametersReply
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., step: _Optional[int] = ..., term: _Optional[int] = ..., next: _Optional[_Union[ParametersReply, _Mapping]] = ...) -> None: ...
 
+class StepRequest(_message.Message):
+    __slots__ = ("pull", "push")
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    PUSH_FIELD_NUMBER: _ClassVar[int]
+    pull: ParametersRequest
+    push: GradientPush
+    def __init__(self, pull: _Optional[_Union[ParametersRequest, _Mapping]] = ..., push: _Optional[_Union[GradientPush, _Mapping]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

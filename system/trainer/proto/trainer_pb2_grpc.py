@@ -44,6 +44,11 @@ class ParameterServerStub:
                 request_serializer=system_dot_trainer_dot_proto_dot_trainer__pb2.GradientPush.SerializeToString,
                 response_deserializer=system_dot_trainer_dot_proto_dot_trainer__pb2.GradientReply.FromString,
                 _registered_method=True)
+        self.Train = channel.stream_stream(
+                '/trainer.ParameterServer/Train',
+                request_serializer=system_dot_trainer_dot_proto_dot_trainer__pb2.StepRequest.SerializeToString,
+                response_deserializer=system_dot_trainer_dot_proto_dot_trainer__pb2.GradientReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/trainer.ParameterServer/Status',
                 request_serializer=system_dot_trainer_dot_proto_dot_trainer__pb2.StatusRequest.SerializeToString,
@@ -66,6 +71,15 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Train(self, request_iterator, context):
+        """What workers use: one long-lived stream per worker, one message each way per step.
+        A push's answer is a GradientReply (with `next` when accepted); a pull's answer is a
+        GradientReply with only `next` set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -83,6 +97,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
             'PushGradient': grpc.unary_unary_rpc_method_handler(
                     servicer.PushGradient,
                     request_deserializer=system_dot_trainer_dot_proto_dot_trainer__pb2.GradientPush.FromString,
+                    response_serializer=system_dot_trainer_dot_proto_dot_trainer__pb2.GradientReply.SerializeToString,
+            ),
+            'Train': grpc.stream_stream_rpc_method_handler(
+                    servicer.Train,
+                    request_deserializer=system_dot_trainer_dot_proto_dot_trainer__pb2.StepRequest.FromString,
                     response_serializer=system_dot_trainer_dot_proto_dot_trainer__pb2.GradientReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
@@ -144,6 +163,33 @@ class ParameterServer:
             target,
             '/trainer.ParameterServer/PushGradient',
             system_dot_trainer_dot_proto_dot_trainer__pb2.GradientPush.SerializeToString,
+            system_dot_trainer_dot_proto_dot_trainer__pb2.GradientReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Train(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/trainer.ParameterServer/Train',
+            system_dot_trainer_dot_proto_dot_trainer__pb2.StepRequest.SerializeToString,
             system_dot_trainer_dot_proto_dot_trainer__pb2.GradientReply.FromString,
             options,
             channel_credentials,
