@@ -156,6 +156,13 @@ def failovers(kv: list[str], kills: int, job: str, sig: int = signal.SIGKILL,
                 return (evs[0], res[0]) if evs and res else None
             first, resume = run.wait_until(resumed, 60, "the standby's first step")
             out.append((first["time"] - killed_at, max(0, step_at_kill - resume["step"])))
+            marks = {}
+            for e in run.events():
+                if e["coordinator_id"] == first["coordinator_id"] and e["time"] > killed_at:
+                    marks.setdefault(e["kind"], e["time"] - killed_at)
+            print(f"  {signal.Signals(sig).name} {i + 1}: " + ", ".join(
+                f"{kind} +{marks[kind]:.2f}s" for kind in ("holder-gone", "lease-acquired", "resume", "step")
+                if kind in marks), flush=True)
             if sig == signal.SIGSTOP:
                 os.killpg(run.procs[victim].pid, signal.SIGCONT)
                 code = run.procs[victim].wait(timeout=30)
