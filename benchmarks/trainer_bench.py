@@ -140,6 +140,11 @@ def failovers(kv: list[str], kills: int, job: str, sig: int = signal.SIGKILL,
             st = run.wait_until(lambda t=target: (s if (s := run.status()) and s.step >= t else None),
                                 120, f"step {target}")
             victim = st.coordinator_id
+            # A standby standing by (it has read the lease naming the victim): otherwise
+            # the figure would time a replacement process's start-up, not a takeover.
+            run.wait_until(lambda v=victim: any(e["kind"] == "lease-read" and e.get("holder") == v
+                                                and e["coordinator_id"] != v for e in run.events()),
+                           120, "a standby following the active coordinator")
             if loads is not None:
                 loads.append(os.getloadavg()[0])
             killed_at = time.time()
@@ -161,7 +166,7 @@ def failovers(kv: list[str], kills: int, job: str, sig: int = signal.SIGKILL,
                 if e["coordinator_id"] == first["coordinator_id"] and e["time"] > killed_at:
                     marks.setdefault(e["kind"], e["time"] - killed_at)
             print(f"  {signal.Signals(sig).name} {i + 1}: " + ", ".join(
-                f"{kind} +{marks[kind]:.2f}s" for kind in ("holder-gone", "lease-acquired", "resume", "step")
+                f"{kind} +{marks[kind]:.2f}s" for kind in ("started", "holder-gone", "lease-acquired", "resume", "step")
                 if kind in marks), flush=True)
             if sig == signal.SIGSTOP:
                 os.killpg(run.procs[victim].pid, signal.SIGCONT)

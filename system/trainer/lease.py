@@ -10,9 +10,10 @@ watch}.
 - Lapse: a standby that sees the same version for longer than `lease_s` (by its own clock)
   takes it. Or earlier, when the holder's process has ended: `watch` is an address whose
   connection closes when it does (liveness.py), and a standby that sees it close takes the
-  lease at once by the same CAS (`try_acquire(holder_gone=True)`). The holder stops acting at `renewed_at + lease_s * HOLDER_FRACTION`, measured
-  from *before* its last successful renewal was sent, so with clocks that drift by less
-  than the margin the holder always gives up before a standby can take over. The
+  lease at once by the same CAS (`try_acquire(holder_gone=True)`). The holder stops acting
+  at `renewed_at + lease_s * HOLDER_FRACTION`, measured from *before* its last successful
+  renewal was sent, so with clock rates that differ by less than the margin (0.2 lease_s
+  over a lease_s) the holder always gives up before a standby can take over. The
   checkpoint CAS is the real fence either way (checkpoint_store.py).
 
 `LeaseTimer` is the pure timing rule (tests drive it with numbers); `LeaseKeeper` is the
@@ -33,13 +34,19 @@ from dataclasses import dataclass
 from system.kv.client import CasMismatch, Indeterminate, KVClient, KVError, NotFound, Unavailable
 from system.trainer import pause_points
 
-HOLDER_FRACTION = 0.6  # the holder trusts its lease for this share of lease_s after renewal
+# The holder trusts its lease for this share of lease_s after sending its last successful
+# renewal. A standby takes over no earlier than lease_s after it *observed* that renewal
+# (after it applied, so after it was sent): 0.2 lease_s (0.4 s) of margin, which covers
+# any difference of clock rates (one machine here: none) many times over. It was 0.6:
+# a slow renewal ate its successor's budget, since the budget counts from the send of the
+# last one that succeeded; at load 12-17 one took 0.94 s, left the next 0.26 s, and the
+# lease lapsed with no fault (issue 25; benchmarks/trainer_lease_bench.py).
+HOLDER_FRACTION = 0.8
 # The holder sends its next renewal this share of lease_s after sending the last successful
-# one, which leaves the renewal HOLDER_FRACTION - RENEW_FRACTION = 0.5 lease_s (1 s at the
-# default 2 s) to be answered before the holder stops acting. It was 0.2 (0.8 s left, and
-# with the renewer's 0.1 s polling about 0.7 s): under load the renewal round trip through
-# the harness's proxies had a tail past that (one attempt's timeout, 0.67 s, plus a retry),
-# and the lease lapsed with no fault (issue 22; benchmarks/trainer_lease_bench.py).
+# one, which leaves the renewal HOLDER_FRACTION - RENEW_FRACTION = 0.7 lease_s (1.4 s at the
+# default 2 s) to be answered before the holder stops acting. It was 0.2 (0.4 lease_s left):
+# under load the renewal round trip through the harness's proxies had a tail past that
+# (issue 22).
 RENEW_FRACTION = 0.1
 
 
