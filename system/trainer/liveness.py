@@ -25,8 +25,6 @@ import socket
 import threading
 import time
 
-MAX_HELD = 64  # connections the holder keeps open at most (one per standby is the need)
-
 
 class WatchListener:
     """Holder side: accept and hold connections until the process ends."""
@@ -48,9 +46,11 @@ class WatchListener:
                 conn, _ = self._sock.accept()
             except OSError:
                 return  # closed
+            # Forget the connections of standbys that have gone (their end closed: a
+            # watcher never writes, so readable means closed). A live one is never
+            # closed here: that would look like this holder's death to its standby.
+            self._held = [held for held in self._held if not _peer_closed(held)]
             self._held.append(conn)
-            while len(self._held) > MAX_HELD:  # a standby that reconnects often: drop its old ones
-                self._held.pop(0).close()
 
     def close(self) -> None:
         self._closed = True
@@ -59,6 +59,18 @@ class WatchListener:
         self._sock.close()
         for conn in self._held:
             conn.close()
+
+
+def _peer_closed(conn: socket.socket) -> bool:
+    try:
+        closed = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        closed = True
+    if closed:
+        conn.close()
+    return closed
 
 
 class HolderWatch:

@@ -5,6 +5,7 @@ take on that signal of a holder that is in fact alive deposes it by the lease CA
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -93,3 +94,18 @@ def test_an_early_take_of_a_live_holder_deposes_it_by_the_lease_cas(kv_cluster, 
         assert not old.renew(), "the old holder renewed a lease its successor had taken"
         assert not old.valid()
         assert new.renew() and new.valid()
+
+
+def test_the_holder_forgets_closed_watchers_and_never_closes_a_live_one() -> None:
+    listener = WatchListener("127.0.0.1")
+    host, port = listener.address.rsplit(":", 1)
+    live = HolderWatch()
+    try:
+        live.follow("c1", 1, listener.address)
+        for _ in range(100):  # standbys that came and went
+            socket.create_connection((host, int(port)), timeout=5).close()
+        wait_for(lambda: len(listener._held) <= 3, 10, "closed watchers to be forgotten")
+        assert not live.gone(0.1), "the holder closed a live standby's connection"
+    finally:
+        live.drop()
+        listener.close()
