@@ -49,6 +49,7 @@ from system.kv.client import KVClient  # noqa: E402
 from system.trainer import checkpoint as codec  # noqa: E402
 from system.trainer import local  # noqa: E402
 from system.trainer.checkpoint_store import CheckpointStore  # noqa: E402
+from system.trainer.procs import cpu_hog  # noqa: E402
 from system.trainer.config import TrainConfig  # noqa: E402
 from system.trainer.object_store import LocalObjectStore  # noqa: E402
 from system.trainer.run import TrainerRun  # noqa: E402
@@ -129,7 +130,8 @@ def checkpoint_ms(kv: KVClient, params: int, mode: str, objects: LocalObjectStor
     return 1000 * statistics.median(samples)
 
 
-def failovers(kv: list[str], kills: int, job: str, sig: int = signal.SIGKILL) -> list[tuple[float, int]]:
+def failovers(kv: list[str], kills: int, job: str, sig: int = signal.SIGKILL,
+              loads: list[float] | None = None) -> list[tuple[float, int]]:
     """(seconds from the signal (SIGKILL or SIGSTOP) to the next coordinator's first step,
     steps lost) per failover. A stopped coordinator is continued once its successor has
     stepped, and must then exit (deposed)."""
@@ -145,6 +147,13 @@ def failovers(kv: list[str], kills: int, job: str, sig: int = signal.SIGKILL) ->
             st = run.wait_until(lambda t=target: (s if (s := run.status()) and s.step >= t else None),
                                 120, f"step {target}")
             victim = st.coordinator_id
+            # A standby standing by (it has read the lease naming the victim): otherwise
+            # the figure would time a replacement process's start-up, not a takeover.
+            run.wait_until(lambda v=victim: any(e["kind"] == "lease-read" and e.get("holder") == v
+                                                and e["coordinator_id"] != v for e in run.events()),
+                           120, "a standby following the active coordinator")
+            if loads is not None:
+                loads.append(os.getloadavg()[0])
             killed_at = time.time()
             os.killpg(run.procs[victim].pid, sig)
             step_at_kill = st.step  # read just before the kill; it may have closed a few more
@@ -159,6 +168,13 @@ def failovers(kv: list[str], kills: int, job: str, sig: int = signal.SIGKILL) ->
                 return (evs[0], res[0]) if evs and res else None
             first, resume = run.wait_until(resumed, 60, "the standby's first step")
             out.append((first["time"] - killed_at, max(0, step_at_kill - resume["step"])))
+            marks = {}
+            for e in run.events():
+                if e["coordinator_id"] == first["coordinator_id"] and e["time"] > killed_at:
+                    marks.setdefault(e["kind"], e["time"] - killed_at)
+            print(f"  {signal.Signals(sig).name} {i + 1}: " + ", ".join(
+                f"{kind} +{marks[kind]:.2f}s" for kind in ("started", "holder-gone", "lease-acquired", "resume", "step")
+                if kind in marks), flush=True)
             if sig == signal.SIGSTOP:
                 os.killpg(run.procs[victim].pid, signal.SIGCONT)
                 code = run.procs[victim].wait(timeout=30)
@@ -204,6 +220,11 @@ def main() -> int:
     parser.add_argument("--out", default="")
     parser.add_argument("--failover-only", action="store_true", help="only the failover rows")
     parser.add_argument("--step-only", action="store_true", help="only the step overhead rows")
+    parser.add_argument("--kills", type=int, default=0,
+                        help="failovers per signal (default 3, 2 with --quick)")
+    parser.add_argument("--hogs", type=int, default=0,
+                        help="busy-loop processes beside the failover rows (a loaded machine)")
+    parser.add_argument("--sigkill-only", action="store_true", help="no SIGSTOP failover rows")
     args = parser.parse_args()
     scale = 0.2 if args.quick else 0.5
     lines: list[str] = []
@@ -225,14 +246,20 @@ def main() -> int:
         kv = cluster.addresses
         if not args.failover_only:
             throughput_and_checkpoints(kv, scale, Path(tmp), say)
-        say("\n| failover (lease 2 s, 3 workers, digits) | value |")
+        say(f"\n| failover (lease 2 s, 3 workers, digits, {args.hogs} busy loops) | value |")
         say("|---|---:|")
-        for sig, what in ((signal.SIGKILL, "SIGKILL"), (signal.SIGSTOP, "SIGSTOP (pause)")):
-            result = failovers(kv, 3 if not args.quick else 2, f"failover-{what[:7]}", sig)
+        kills = args.kills or (3 if not args.quick else 2)
+        signals = [(signal.SIGKILL, "SIGKILL"), (signal.SIGSTOP, "SIGSTOP (pause)")]
+        for sig, what in signals[:1] if args.sigkill_only else signals:
+            loads: list[float] = []
+            with cpu_hog(args.hogs):
+                result = failovers(kv, kills, f"failover-{what[:7]}", sig, loads)
             times = [t for t, _ in result]
             lost = [n for _, n in result]
             say(f"| {what} -> first step of the next coordinator, s (each) | "
                 f"{', '.join(f'{t:.2f}' for t in times)} |")
+            say(f"| {what}: median, s (load average at the kills {min(loads):.1f}-{max(loads):.1f}) | "
+                f"{statistics.median(times):.2f} |")
             say(f"| steps of work lost per {what} failover (each; interval 100) | "
                 f"{', '.join(str(n) for n in lost)} |")
     if args.out:

@@ -14,8 +14,8 @@ from invoke to answer and how long it had been since its last successful one —
 what tells a slow store round trip from a renewer that did not run. And the renewals'
 round trips (invoke -> answer: median, 99th percentile, max) against their budget: a
 renewal is sent RENEW_FRACTION of the lease after the last one and must be answered within
-HOLDER_FRACTION of the lease of that one's sending (lease.py: 0.1 and 0.6, so 0.5 lease,
-1 s at the default 2 s; 0.4 lease before issue 22).
+HOLDER_FRACTION of the lease of that one's sending (lease.py: 0.1 and 0.8, so 0.7 lease,
+1.4 s at the default 2 s; 0.4 lease before issue 22, 0.5 before issue 25).
 
 `--proxies` puts a TCP proxy (nemesis/platforms/tcp_proxy.py, threads in this process)
 between each coordinator and each store node, as the nemesis's trainer workload does

@@ -128,7 +128,7 @@ START_TIMEOUT_S = 60.0  # from the processes' start to a coordinator holding the
 # progress, rejected gradients — stay in the event logs only).
 EVENT_KINDS = {"started", "lease-acquired", "lease-lost", "lease-observe-failed", "resume",
                "checkpoint-retry", "skip", "worker-back", "deposed", "done", "error",
-               "job-finished", "paused-at"}
+               "job-finished", "paused-at", "holder-gone"}
 
 
 def default_config(seed: int) -> TrainConfig:

@@ -34,7 +34,8 @@ from system.trainer import checkpoint as codec
 from system.trainer.checkpoint_store import CheckpointStore, Latest, StopWriting
 from system.trainer.config import ConfigError, TrainConfig
 from system.trainer.coordinator_core import CoordinatorCore
-from system.trainer.lease import LeaseKeeper
+from system.trainer.lease import LeaseKeeper, LeaseRecord
+from system.trainer.liveness import HolderWatch, WatchListener
 from system.trainer.object_store import ObjectStoreError, open_object_store
 from system.trainer.proto import trainer_pb2, trainer_pb2_grpc
 from system.trainer.tensors import from_tensor, to_tensor
@@ -193,6 +194,13 @@ class Coordinator:
         if port == 0:
             raise ConfigError(f"cannot listen on {options.listen}")
         self.address = f"{options.listen.rsplit(':', 1)[0]}:{port}"
+        # Closes when this process ends: a standby watching it takes over at once after a
+        # kill instead of after the lease's lapse (liveness.py).
+        try:
+            self.watch_listener = WatchListener(options.listen.rsplit(":", 1)[0])
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {options.listen.rsplit(':', 1)[0]} "
+                              f"(liveness port): {exc.strerror or exc}") from None
         self._emit_lock = threading.Lock()  # events come from several threads
         self._event_file = None
         self.unsafe = check_unsafe(options.unsafe)
@@ -202,7 +210,8 @@ class Coordinator:
             from system.trainer.unsafe import shared_request_id_prefix
             self.rid_prefix = shared_request_id_prefix()
         self.lease = LeaseKeeper(self.kv, config.job, options.coordinator_id, self.address, options.lease_s,
-                                 on_event=self._emit, rid_prefix=self.rid_prefix, unsafe=self.unsafe)
+                                 on_event=self._emit, rid_prefix=self.rid_prefix, unsafe=self.unsafe,
+                                 watch=self.watch_listener.address)
         objects = None
         mode = "inline"
         if options.checkpoint_store != "inline":
@@ -281,6 +290,7 @@ class Coordinator:
             return EXIT_CONFIG
         finally:
             self.server.stop(grace=0.2)
+            self.watch_listener.close()
             self.kv.close()
             if self._event_file:
                 with self._emit_lock:
@@ -307,24 +317,54 @@ class Coordinator:
             raise ConfigError(f"cannot use the object store {objects.url}: {first}") from None
 
     def stand_by(self) -> bool:
-        """Wait until we hold the lease (True) or the job is finished (False)."""
+        """Wait until we hold the lease (True) or the job is finished (False): take it when
+        it lapses, or as soon as the holder's process ends (its watch connection closes)."""
         poll_s = max(0.05, self.options.lease_s / 10)
-        while True:
-            try:
-                record = self.lease.observe()
-                if record is not None and record.done:
-                    self._emit({"kind": "job-finished", "detail": "lease record says done"})
-                    return False
-                if self.lease.try_acquire():
-                    self._emit({"kind": "lease-acquired", "lease_version": self.lease.term,
-                                "version": self.lease.version, "outcome": "ok"})
-                    # Test-only: the harness may stop the process here, between taking the
-                    # lease and resuming (the takeover window; inert unless armed).
-                    pause_points.reach("after-lease-take", self.lease.term)
-                    return True
-            except KVError as exc:
-                self._emit({"kind": "lease-observe-failed", "detail": str(exc)})
-            time.sleep(poll_s)  # a standby's polling period, not a wait for an event
+        watch = HolderWatch()
+        try:
+            while True:
+                full_period = False  # after a refused early take or a store error
+                try:
+                    record = self.lease.observe()
+                    if record is not None and record.done:
+                        self._emit({"kind": "job-finished", "detail": "lease record says done"})
+                        return False
+                    if self.lease.try_acquire():
+                        return self._acquired()
+                    if record is not None and record.coordinator_id != self.options.coordinator_id:
+                        watch.follow(record.coordinator_id, record.term, record.watch)
+                    if self._holder_gone(record, watch):
+                        full_period = True
+                        if self.lease.try_acquire(holder_gone=True):
+                            return self._acquired()
+                except KVError as exc:
+                    self._emit({"kind": "lease-observe-failed", "detail": str(exc)})
+                    full_period = True
+                # The standby's polling period, cut short when the holder's process ends
+                # (never twice in a row: no spinning on the store).
+                if full_period:
+                    time.sleep(poll_s)
+                else:
+                    watch.gone(poll_s)
+        finally:
+            watch.drop()
+
+    def _holder_gone(self, record: LeaseRecord | None, watch: HolderWatch) -> bool:
+        """The holder named by the record just read is the one whose process was seen to
+        end: an early take is due (on that record's version)."""
+        if record is None or not watch.gone(0) or watch.key != (record.coordinator_id, record.term):
+            return False
+        self._emit({"kind": "holder-gone", "lease_version": record.term,
+                    "detail": f"{record.coordinator_id}: its liveness connection closed"})
+        return True
+
+    def _acquired(self) -> bool:
+        self._emit({"kind": "lease-acquired", "lease_version": self.lease.term,
+                    "version": self.lease.version, "outcome": "ok"})
+        # Test-only: the harness may stop the process here, between taking the
+        # lease and resuming (the takeover window; inert unless armed).
+        pause_points.reach("after-lease-take", self.lease.term)
+        return True
 
     def resume(self, dataset: data.Dataset, early: Latest | None = None) -> bool:
         """Load the latest checkpoint and fence older coordinators. False: already finished."""

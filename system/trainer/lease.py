@@ -1,15 +1,19 @@
 """Coordinator leadership: a lease key in the store, taken and renewed by compare-and-swap.
 
-The key `trainer/<job>/lease` holds one JSON record {coordinator_id, address, term, done}.
+The key `trainer/<job>/lease` holds one JSON record {coordinator_id, address, term, done,
+watch}.
 - Take: CAS from the version last observed (0 = no key). The version the CAS produces is
   the new holder's *term*: the fencing token it puts on every parameter reply and every
   checkpoint write. Terms only grow, because a key's version only grows.
 - Renew: CAS from the holder's last version (each renewal bumps the version; the term in
   the record stays). A mismatch means someone took the lease: the holder is deposed.
 - Lapse: a standby that sees the same version for longer than `lease_s` (by its own clock)
-  takes it. The holder stops acting at `renewed_at + lease_s * HOLDER_FRACTION`, measured
-  from *before* its last successful renewal was sent, so with clocks that drift by less
-  than the margin the holder always gives up before a standby can take over. The
+  takes it. Or earlier, when the holder's process has ended: `watch` is an address whose
+  connection closes when it does (liveness.py), and a standby that sees it close takes the
+  lease at once by the same CAS (`try_acquire(holder_gone=True)`). The holder stops acting
+  at `renewed_at + lease_s * HOLDER_FRACTION`, measured from *before* its last successful
+  renewal was sent, so with clock rates that differ by less than the margin (0.2 lease_s
+  over a lease_s) the holder always gives up before a standby can take over. The
   checkpoint CAS is the real fence either way (checkpoint_store.py).
 
 `LeaseTimer` is the pure timing rule (tests drive it with numbers); `LeaseKeeper` is the
@@ -30,13 +34,19 @@ from dataclasses import dataclass
 from system.kv.client import CasMismatch, Indeterminate, KVClient, KVError, NotFound, Unavailable
 from system.trainer import pause_points
 
-HOLDER_FRACTION = 0.6  # the holder trusts its lease for this share of lease_s after renewal
+# The holder trusts its lease for this share of lease_s after sending its last successful
+# renewal. A standby takes over no earlier than lease_s after it *observed* that renewal
+# (after it applied, so after it was sent): 0.2 lease_s (0.4 s) of margin, which covers
+# any difference of clock rates (one machine here: none) many times over. It was 0.6:
+# a slow renewal ate its successor's budget, since the budget counts from the send of the
+# last one that succeeded; at load 12-17 one took 0.94 s, left the next 0.26 s, and the
+# lease lapsed with no fault (issue 25; benchmarks/trainer_lease_bench.py).
+HOLDER_FRACTION = 0.8
 # The holder sends its next renewal this share of lease_s after sending the last successful
-# one, which leaves the renewal HOLDER_FRACTION - RENEW_FRACTION = 0.5 lease_s (1 s at the
-# default 2 s) to be answered before the holder stops acting. It was 0.2 (0.8 s left, and
-# with the renewer's 0.1 s polling about 0.7 s): under load the renewal round trip through
-# the harness's proxies had a tail past that (one attempt's timeout, 0.67 s, plus a retry),
-# and the lease lapsed with no fault (issue 22; benchmarks/trainer_lease_bench.py).
+# one, which leaves the renewal HOLDER_FRACTION - RENEW_FRACTION = 0.7 lease_s (1.4 s at the
+# default 2 s) to be answered before the holder stops acting. It was 0.2 (0.4 lease_s left):
+# under load the renewal round trip through the harness's proxies had a tail past that
+# (issue 22).
 RENEW_FRACTION = 0.1
 
 
@@ -78,6 +88,7 @@ class LeaseRecord:
     address: str
     term: int
     done: bool = False
+    watch: str = ""  # the holder's liveness address (liveness.py); "" = none
 
 
 def read_lease(kv: KVClient, job: str, consistency: str = "linearizable",
@@ -92,8 +103,9 @@ def read_lease(kv: KVClient, job: str, consistency: str = "linearizable",
 class LeaseKeeper:
     def __init__(self, kv: KVClient, job: str, coordinator_id: str, address: str, lease_s: float,
                  on_event: Callable[[dict], None] | None = None, rid_prefix: str | None = None,
-                 unsafe: str = "") -> None:
+                 unsafe: str = "", watch: str = "") -> None:
         self.kv, self.job, self.coordinator_id, self.address = kv, job, coordinator_id, address
+        self.watch = watch  # our liveness address, written into every record we write
         self.timer = LeaseTimer(lease_s)
         self.version = 0  # holder: the lease key's version after our last write
         self.term = 0  # holder: version of our acquiring write
@@ -106,7 +118,8 @@ class LeaseKeeper:
         self._lock = threading.Lock()
 
     def _value(self, term: int, done: bool = False) -> bytes:
-        return json.dumps(LeaseRecord(self.coordinator_id, self.address, term, done).__dict__).encode()
+        return json.dumps(LeaseRecord(self.coordinator_id, self.address, term, done,
+                                      self.watch).__dict__).encode()
 
     def _write_event(self, phase: str, op: str, rid: str, term: int, **fields: object) -> None:
         self.on_event({"kind": "lease-write", "phase": phase, "detail": op, "request_id": rid,
@@ -120,9 +133,11 @@ class LeaseKeeper:
                        "lease_version": record.term if record else 0})
         return record
 
-    def try_acquire(self) -> bool:
-        """CAS from the observed version if the lease lapsed. True: we hold it (term set)."""
-        if not self.timer.lapsed(time.monotonic()):
+    def try_acquire(self, holder_gone: bool = False) -> bool:
+        """CAS from the observed version if the lease lapsed, or at once when the caller
+        has seen the holder's process end (`holder_gone`: its watch connection closed after
+        the version was observed). True: we hold it (term set)."""
+        if not holder_gone and not self.timer.lapsed(time.monotonic()):
             return False
         expected = self.timer.seen_version or 0
         rid = f"{self.rid_prefix}lease-{expected}"

@@ -109,6 +109,10 @@ def test_coordinator_paused_past_its_lease_can_never_write_again(kv_cluster, job
         assert run.procs[old].returncode == EXIT_DEPOSED
         latest = run.wait_finished(90)
         old_events = run.events(old)
+        # A pause keeps the holder's liveness connection open: the successor waited for
+        # the lapse, it did not take the lease early.
+        early = [e for e in run.events() if e["kind"] == "holder-gone" and old in e["detail"]]
+        assert early == [], early
 
     takeover = next(e for e in latest.meta.history if e["kind"] == "resume" and e["coordinator_id"] != old
                     and e["step"] > 0)
@@ -119,6 +123,24 @@ def test_coordinator_paused_past_its_lease_can_never_write_again(kv_cluster, job
     assert deposed, old_events[-5:]
     ok_after_pause = [e for e in old_events if e["kind"] == "checkpoint-ok" and e["step"] > takeover["step"]]
     assert ok_after_pause == []
+    assert latest.checkpoint.params.tobytes() == train_local(config).params.tobytes()
+
+
+def test_a_killed_coordinator_is_replaced_without_waiting_for_its_lease_to_lapse(kv_cluster, job) -> None:
+    """With a 60 s lease, a takeover within the test's deadline can only be the early one:
+    the standby sees the killed holder's liveness connection close and takes the lease by
+    CAS at once. The run still ends bit-for-bit equal to the one-process loop."""
+    config = config_for(job, steps=150)
+    with TrainerRun(config, standbys=1, kv=kv_cluster.addresses, lease_s=60.0) as run:
+        run.start()
+        old = wait_step(run, 40).coordinator_id
+        run.kill(old, signal.SIGKILL)
+        new = wait_step(run, 1, not_coordinator=old).coordinator_id
+        events = run.events(new)
+        latest = run.wait_finished(90)
+    kinds = [e["kind"] for e in events if e["kind"] in ("holder-gone", "lease-acquired")]
+    assert kinds[:2] == ["holder-gone", "lease-acquired"], kinds
+    assert old in next(e for e in events if e["kind"] == "holder-gone")["detail"]
     assert latest.checkpoint.params.tobytes() == train_local(config).params.tobytes()
 
 
