@@ -37,6 +37,12 @@ BACKOFF_MIN_S, BACKOFF_MAX_S = 0.02, 0.5
 # after its takeover, waiting for the workers to give up on the old one.
 WAIT_S = 1.0
 RPC_TIMEOUT_S = WAIT_S + 1.0
+# After a coordinator went silent (a call timed out), a lease record that still names it
+# is read again for up to SILENT_WAIT_S before it is called again: a paused coordinator's
+# lease lapses about when the worker gives up on it, and calling it again at once cost
+# another RPC_TIMEOUT_S after the successor had taken over (SIGSTOP -> the successor's first
+# step: 4.1 s median at load 8-26). A coordinator that was only slow is called again then.
+SILENT_WAIT_S = 1.0
 
 
 class TrainStream:
@@ -51,6 +57,7 @@ class TrainStream:
         self._cond = threading.Condition()
         self._deadline: float | None = None
         self._closed = False
+        self.timed_out = False  # the watchdog cancelled it: no answer within the timeout
         threading.Thread(target=self._watch, daemon=True).start()
 
     def ask(self, request: trainer_pb2.StepRequest, timeout_s: float) -> trainer_pb2.GradientReply:
@@ -71,6 +78,7 @@ class TrainStream:
             while not self._closed:
                 now = time.monotonic()
                 if self._deadline is not None and now >= self._deadline:
+                    self.timed_out = True
                     self._call.cancel()  # the blocked `ask` raises CANCELLED
                     return
                 # Asleep at most 1 s: a deadline set meanwhile is always further ahead.
@@ -107,6 +115,8 @@ class Worker:
         self._channel: grpc.Channel | None = None
         self._stream: TrainStream | None = None
         self._address = ""
+        self._term = 0  # the lease term of the coordinator at self._address
+        self._silent: tuple[str, int, float] | None = None  # address, term, until (monotonic)
         self._backoff_s = BACKOFF_MIN_S
 
     def _sleep_backoff(self) -> None:
@@ -124,11 +134,17 @@ class Worker:
             return False
         if record.done and record.term >= self.max_term:
             return None
+        if self._silent is not None:
+            address, term, until = self._silent
+            if (record.address, record.term) == (address, term) and time.monotonic() < until:
+                return False  # still the one that went silent: read the lease again first
+            self._silent = None
         if record.address != self._address or self._channel is None:
             if self._channel is not None:
                 self._channel.close()
             self._channel = open_channel(record.address, self._credentials, GRPC_OPTIONS)
             self._address = record.address
+        self._term = record.term
         # A failed call drops the stream, not the address: when the lease still names the
         # same coordinator (paused, slow, restarting on its port) the stream is opened again
         # on the same channel (gRPC reconnects it). Before, the address check alone decided,
@@ -148,6 +164,8 @@ class Worker:
         line = certs.explain(error, self._address, uses_tls=self._credentials is not None)
         if line is not None:
             self._refusals.print(f"worker {self.worker}: {line}")
+        if self._stream is not None and self._stream.timed_out:
+            self._silent = (self._address, self._term, time.monotonic() + SILENT_WAIT_S)
         self._drop_stream()
         self._sleep_backoff()
 
