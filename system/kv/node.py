@@ -561,7 +561,8 @@ class Node:
         drive task is parked: each wake-up of that task is a turn of the event loop (about
         a tenth of a millisecond on a busy machine), and a write at one client waits for
         three of them, in series (the leader's proposal, the follower's APPEND, the answer
-        that commits it). The same steps in the same order as the task, which only runs
+        that commits it); peer messages come here, proposals still wake the task (that
+        turn lets the requests read in one turn share a Ready). The same steps in the same order as the task, which only runs
         when no `drive_now` is under way (one thread; nothing here awaits); the first Ready
         that needs the loop to wait (the storage thread, a yield to a writer task) is
         handed to the task with everything after it. Otherwise a kick."""
