@@ -107,3 +107,102 @@ def test_the_loop_never_uses_the_storage_while_the_thread_holds_it(tmp_path: Pat
 def test_the_overlap_check_fails_when_the_busy_rule_is_broken(tmp_path: Path) -> None:
     detector = asyncio.run(_puts_during_snapshots(IgnoresStorageThread, tmp_path))
     assert detector.overlaps, "the broken variant must call the storage during a save"
+
+
+# ----- drive_now: Readies carried out on an input's stack (Node.drive_now) ----------------
+#
+# The rule: Readies are carried out one at a time, in order, whoever carries them out; an
+# input may carry them out on its own stack only while the drive task is parked, and
+# leaves the task any Ready that must wait for the storage thread. Concurrent puts (Readies
+# of several entries, persisted on the thread, each fsync slowed) run while another task
+# calls drive_now every half millisecond, as peer messages would; the detector records any
+# two storage calls that overlap, and the entries must reach the storage in index order.
+
+
+class DrivesOverTheTask(Node):
+    """drive_now that ignores the drive task being busy. Its failures are recorded instead
+    of stopping the process."""
+
+    failures: list[str]
+
+    def drive_now(self) -> None:
+        self._drive_busy = False
+        super().drive_now()
+
+    def _drive_failed(self) -> None:
+        import sys
+        self.failures = [*getattr(self, "failures", []), repr(sys.exc_info()[1])]
+
+
+class RecordsOrder(OverlapDetector):
+    def __init__(self, storage: DurableStorage, slow_sync_s: float) -> None:
+        super().__init__(storage, slow_save_s=0.0)
+        self._slow_sync_s = slow_sync_s
+        self.appended: list[int] = []
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        call = super().__getattr__(name)
+        if name == "append":
+            def append(entries):  # noqa: ANN001, ANN202
+                self.appended += [e.index for e in entries]
+                return call(entries)
+            return append
+        if name == "sync":
+            def sync():  # noqa: ANN202
+                time.sleep(self._slow_sync_s)  # a slow disk: the task waits on the thread
+                return call()
+            return sync
+        return call
+
+
+async def _puts_while_inputs_drive(node_class: type[Node], data_dir: Path) -> tuple[RecordsOrder, Node]:
+    config = NodeConfig(node_id="n1", listen_address="127.0.0.1:1", peers={},
+                        data_dir=data_dir, tick_ms=5, election_timeout_ticks=2)
+    detector = RecordsOrder(DurableStorage.open(data_dir), slow_sync_s=0.003)
+    node = node_class(config, detector)  # type: ignore[arg-type]
+    await node.start()
+    stop = asyncio.Event()
+
+    async def inputs() -> None:
+        while not stop.is_set():
+            node.drive_now()
+            await asyncio.sleep(0.0005)
+
+    driver = asyncio.get_running_loop().create_task(inputs())
+    try:
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while not node.is_leader:
+            assert asyncio.get_running_loop().time() < deadline, "no leader in 10 s"
+            await asyncio.sleep(0.005)
+        loop = asyncio.get_running_loop()
+        puts = []
+        for n in range(96):  # Readies of 1-3 entries, proposed while the task waits
+            puts.append(loop.create_task(node.put(f"k{n}", b"v", None, f"r{n}")))
+            if n % 3 == 2:
+                await asyncio.sleep(0.0005)
+        await asyncio.wait(puts, timeout=10.0)
+        node.unanswered = sum(not (p.done() and not p.cancelled() and p.exception() is None
+                                   and p.result().applied) for p in puts)
+        for put in puts:
+            put.cancel()
+    finally:
+        stop.set()
+        await driver
+        await node.stop()
+    return detector, node
+
+
+def test_inputs_drive_readies_in_order_and_never_beside_the_task(tmp_path: Path) -> None:
+    detector, node = asyncio.run(_puts_while_inputs_drive(Node, tmp_path))
+    assert detector.overlaps == []
+    assert detector.appended == list(range(1, len(detector.appended) + 1)), \
+        "entries persisted out of order or skipped"
+    assert node.unanswered == 0
+    assert len(detector.appended) > 96
+
+
+def test_the_order_check_fails_when_drive_now_ignores_the_task(tmp_path: Path) -> None:
+    detector, node = asyncio.run(_puts_while_inputs_drive(DrivesOverTheTask, tmp_path))
+    broken = (detector.overlaps or getattr(node, "failures", None) or node.unanswered
+              or detector.appended != list(range(1, len(detector.appended) + 1)))
+    assert broken, "drive_now beside a busy task must show in the storage calls"
