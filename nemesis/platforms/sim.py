@@ -27,7 +27,11 @@ The fault vocabulary maps onto the simulator:
   fsync; `kill-all` is a crash of every node (written data kept). The file faults
   (truncate, bitflip, wipe-wal) are not offered: the fake disk holds records, not bytes;
 - `change_membership_at`: a membership change appended on the leader at once (the member
-  fault's two-in-flight shape only: a removed node cannot be wiped and re-admitted here).
+  fault's two-in-flight shape only: a removed node cannot be wiped and re-admitted here);
+- `hold_from` / `hold_in_flight` / `release_held` (the `hold` fault, sim only): messages
+  kept on the wire, in order, and delivered late rather than lost — what a real network
+  can do and iptables cannot: a deposed leader's APPENDs and answers arriving in a newer
+  term, or an older APPEND overtaken by newer ones of the same term.
 
 What it must never do: read a clock, use global randomness, or let anything but the seed
 and the calls made on it decide what happens.
@@ -79,6 +83,14 @@ class SimPlatform(Platform):
         # Nodes whose core refused what their disk holds at a restart (after a power loss,
         # a store that skipped fsync): down, as a real node that exits 3, with the reason.
         self.refused: dict[str, str] = {}
+        # The hold fault: nodes whose every message stays on the wire, and single messages
+        # kept there, until `release_held` (late, never lost).
+        self.holding: set[str] = set()
+        self.held_flights: set[int] = set()
+        # hold_from's aim: the held node's term; the messages go as soon as another node
+        # holds an entry of a newer term it has not committed (`_stale_window_open`).
+        self.held_term: int | None = None
+        self.released_in_window = 0  # messages released that way, for the fault's record
         self.ticks = 0  # simulated time, in ticks
         self._events_in_tick = 0  # orders records within one tick (1 ns apart)
 
@@ -112,7 +124,7 @@ class SimPlatform(Platform):
         while moved < min(limit, MAX_DELIVERIES_PER_TICK):
             self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_DELIVERY)
             flight = next((f for f in sim.network.in_flight.values()
-                           if f.message.dst not in paused), None)
+                           if f.message.dst not in paused and not self._held(f)), None)
             if flight is None:
                 break
             moved += 1
@@ -121,6 +133,8 @@ class SimPlatform(Platform):
                 sim.drop_flight(flight, "packet loss")
             else:
                 sim.deliver_flight(flight)
+                if self.held_term is not None and self._stale_window_open():
+                    self.released_in_window += self.release_held()
         return moved
 
     def maybe_finish_fsyncs(self, chance: float) -> None:
@@ -275,7 +289,51 @@ class SimPlatform(Platform):
 
     def heal_all(self) -> None:
         self.loss.clear()
+        self.release_held()
         self.sim.heal()
+
+    def _held(self, flight) -> bool:  # noqa: ANN001 - an InFlight
+        return flight.message.src in self.holding or flight.id in self.held_flights
+
+    def hold_from(self, node_id: str) -> None:
+        """Keep every message `node_id` sends (and has on the wire now) in flight, in
+        order: its peers stop hearing it while it runs on. Released by `release_held`, or
+        at once when a follower first holds an entry of a newer term than `node_id`'s that it
+        has not committed: then its old-term APPENDs arrive where a receiver that took
+        them for current would overwrite entries the new leader counts as replicated."""
+        self.sim.record(f"hold everything {node_id} sends")
+        self.holding.add(node_id)
+        self.held_term = self.sim.core(node_id).term
+
+    def _stale_window_open(self) -> bool:
+        for node in self.answering():
+            core = self.sim.core(node)
+            if node in self.holding or core.role is not Role.FOLLOWER:
+                continue
+            log = core.log
+            last = log.last_index()
+            if last > log.committed and (log.term(last) or 0) > (self.held_term or 0):
+                return True
+        return False
+
+    def hold_in_flight(self, node_id: str) -> int:
+        """Keep the messages `node_id` has on the wire now in flight until `release_held`;
+        what it sends later is delivered as usual, ahead of them. Returns how many."""
+        ids = [f.id for f in self.sim.network.in_flight.values() if f.message.src == node_id]
+        self.held_flights.update(ids)
+        self.sim.record(f"hold {node_id}'s messages in flight: " + ",".join(f"#{i}" for i in ids))
+        return len(ids)
+
+    def release_held(self) -> int:
+        """Deliver what the hold fault kept, from the next delivery on (oldest first, so
+        before anything sent since). Returns how many messages were held."""
+        held = sum(1 for f in self.sim.network.in_flight.values() if self._held(f))
+        if self.holding or self.held_flights:
+            self.sim.record(f"release {held} held message(s)")
+        self.holding.clear()
+        self.held_flights.clear()
+        self.held_term = None
+        return held
 
     def set_loss(self, src: str, dst: str, probability: float) -> None:
         if not 0 < probability < 1:
