@@ -593,7 +593,8 @@ class Nemesis:
             self.platform.hold_from(leader)
             detail = "everything it sends held"
         else:
-            detail = f"its {self.platform.hold_in_flight(leader)} message(s) in flight held"
+            held = self.platform.hold_in_flight(leader)
+            detail = f"its {held} message(s) in flight held, and its next APPENDs with entries"
 
         self.platform.released_in_window = 0
 

@@ -45,6 +45,7 @@ from typing import Any
 
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from system.raft.core import Role
+from system.raft.messages import MessageType
 from system.sim.simulation import Simulation
 from system.sim.variant import SimVariant
 
@@ -91,6 +92,13 @@ class SimPlatform(Platform):
         # holds an entry of a newer term it has not committed (`_stale_window_open`).
         self.held_term: int | None = None
         self.released_in_window = 0  # messages released that way, for the fault's record
+        # hold_in_flight's aim: (leader, the lowest index its held APPENDs follow, the
+        # highest they carry); the leader crashes (and restarts) on the tick after it.
+        self.overtaken: tuple[str, int, int] | None = None
+        self.crash_after_release: str | None = None
+        # hold_in_flight found no APPEND with entries on the wire: it holds the node's
+        # next ones instead (what it has on the wire when the first is about to go).
+        self.overtake_next: str | None = None
         self.ticks = 0  # simulated time, in ticks
         self._events_in_tick = 0  # orders records within one tick (1 ns apart)
 
@@ -108,6 +116,11 @@ class SimPlatform(Platform):
     def advance(self) -> None:
         """One tick of simulated time: deliver what is on the wire, then tick the nodes."""
         self.deliver_pending()
+        if self.crash_after_release is not None:
+            node, self.crash_after_release = self.crash_after_release, None
+            self.sim.record(f"crash and restart {node}: its overtaken APPENDs arrived")
+            self.kill(node)
+            self.start_node(node)
         self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_TICK)
         running = [n for n in self.sim.alive() if n not in self.paused]
         if running:
@@ -127,6 +140,10 @@ class SimPlatform(Platform):
                            if f.message.dst not in paused and not self._held(f)), None)
             if flight is None:
                 break
+            if self.overtake_next is not None and flight.message.src == self.overtake_next \
+                    and flight.message.type is MessageType.APPEND and flight.message.entries:
+                self.hold_in_flight(flight.message.src)  # the write's APPENDs, as aimed
+                continue
             moved += 1
             loss = self.loss.get((flight.message.src, flight.message.dst), 0.0)
             if loss and self.rng.random() < loss:
@@ -134,6 +151,9 @@ class SimPlatform(Platform):
             else:
                 sim.deliver_flight(flight)
                 if self.held_term is not None and self._stale_window_open():
+                    self.released_in_window += self.release_held()
+                elif self.overtaken is not None and self._overtaken_window_open():
+                    self.crash_after_release = self.overtaken[0]
                     self.released_in_window += self.release_held()
         return moved
 
@@ -318,11 +338,36 @@ class SimPlatform(Platform):
 
     def hold_in_flight(self, node_id: str) -> int:
         """Keep the messages `node_id` has on the wire now in flight until `release_held`;
-        what it sends later is delivered as usual, ahead of them. Returns how many."""
-        ids = [f.id for f in self.sim.network.in_flight.values() if f.message.src == node_id]
+        what it sends later is delivered as usual, ahead of them. Returns how many.
+
+        Aimed: when none of them is an APPEND with entries, the node's next APPENDs with
+        entries are held instead, with whatever it has on the wire then. Those are
+        released at once when a majority's worth of followers holds entries past them with a commit index
+        not past the entry they follow (an older APPEND that overtook nothing yet they
+        would take as current), and the leader crashes and restarts on the next tick, as
+        if it died before it could notice and repair them."""
+        flights = [f for f in self.sim.network.in_flight.values() if f.message.src == node_id]
+        ids = [f.id for f in flights]
+        appends = [f.message for f in flights
+                   if f.message.type is MessageType.APPEND and f.message.entries]
+        self.overtake_next = None if appends else node_id
+        if appends:
+            self.overtaken = (node_id, min(m.index for m in appends),
+                              max(m.entries[-1].index for m in appends))
         self.held_flights.update(ids)
         self.sim.record(f"hold {node_id}'s messages in flight: " + ",".join(f"#{i}" for i in ids))
         return len(ids)
+
+    def _overtaken_window_open(self) -> bool:
+        assert self.overtaken is not None
+        leader, after, last = self.overtaken
+        quorum = len(self.sim.alive()) // 2 + 1
+        ahead = 0
+        for node in self.answering():
+            log = self.sim.core(node).log
+            if node != leader and log.last_index() > last and log.committed <= after:
+                ahead += 1
+        return ahead >= quorum
 
     def release_held(self) -> int:
         """Deliver what the hold fault kept, from the next delivery on (oldest first, so
@@ -333,6 +378,8 @@ class SimPlatform(Platform):
         self.holding.clear()
         self.held_flights.clear()
         self.held_term = None
+        self.overtaken = None
+        self.overtake_next = None
         return held
 
     def set_loss(self, src: str, dst: str, probability: float) -> None:
