@@ -51,7 +51,8 @@ Faults (`--faults`, a comma list):
   or else at the heal, its old-term APPENDs and answers arrive in the newer term) and
   overtaken (only the leader's messages on the wire now held: what it
   sends later overtakes them, and at the end an older APPEND of the same term arrives
-  after newer ones); healed by releasing them;
+  after newer ones, and the leader crashes until the heal); healed by releasing them
+  (and restarting that leader);
 - none: no faults (a baseline run).
 
 After a disk fault a node may refuse its data (exit 3, one line naming the file and

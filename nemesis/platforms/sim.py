@@ -45,7 +45,7 @@ from typing import Any
 
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from system.raft.core import Role
-from system.raft.messages import MessageType
+from system.raft.messages import Message, MessageType
 from system.sim.simulation import Simulation
 from system.sim.variant import SimVariant
 
@@ -92,10 +92,11 @@ class SimPlatform(Platform):
         # holds an entry of a newer term it has not committed (`_stale_window_open`).
         self.held_term: int | None = None
         self.released_in_window = 0  # messages released that way, for the fault's record
-        # hold_in_flight's aim: (leader, the lowest index its held APPENDs follow, the
-        # highest they carry); the leader crashes (and restarts) on the tick after it.
-        self.overtaken: tuple[str, int, int] | None = None
+        # hold_in_flight's aim: the leader and its held APPENDs with entries; it crashes
+        # on the tick after their release, until the heal.
+        self.overtaken: tuple[str, list[Message]] | None = None
         self.crash_after_release: str | None = None
+        self.crashed_by_hold: str | None = None  # restarted by the next release_held
         # hold_in_flight found no APPEND with entries on the wire: it holds the node's
         # next ones instead (what it has on the wire when the first is about to go).
         self.overtake_next: str | None = None
@@ -118,9 +119,9 @@ class SimPlatform(Platform):
         self.deliver_pending()
         if self.crash_after_release is not None:
             node, self.crash_after_release = self.crash_after_release, None
-            self.sim.record(f"crash and restart {node}: its overtaken APPENDs arrived")
+            self.sim.record(f"crash {node} until the heal: its overtaken APPENDs arrived")
             self.kill(node)
-            self.start_node(node)
+            self.crashed_by_hold = node
         self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_TICK)
         running = [n for n in self.sim.alive() if n not in self.paused]
         if running:
@@ -342,32 +343,37 @@ class SimPlatform(Platform):
 
         Aimed: when none of them is an APPEND with entries, the node's next APPENDs with
         entries are held instead, with whatever it has on the wire then. Those are
-        released at once when a majority's worth of followers holds entries past them with a commit index
-        not past the entry they follow (an older APPEND that overtook nothing yet they
-        would take as current), and the leader crashes and restarts on the next tick, as
-        if it died before it could notice and repair them."""
+        released at once when a majority's worth of followers each holds entries past one
+        of them, with a commit index not past the entry it follows (an older APPEND they
+        must not let shorten their log), and the leader crashes on the next tick, as if
+        it died before it could notice and repair them; it restarts at the next
+        `release_held` (the fault's heal), so the others elect a leader without it."""
         flights = [f for f in self.sim.network.in_flight.values() if f.message.src == node_id]
         ids = [f.id for f in flights]
         appends = [f.message for f in flights
                    if f.message.type is MessageType.APPEND and f.message.entries]
         self.overtake_next = None if appends else node_id
         if appends:
-            self.overtaken = (node_id, min(m.index for m in appends),
-                              max(m.entries[-1].index for m in appends))
+            self.overtaken = (node_id, appends)
         self.held_flights.update(ids)
         self.sim.record(f"hold {node_id}'s messages in flight: " + ",".join(f"#{i}" for i in ids))
         return len(ids)
 
     def _overtaken_window_open(self) -> bool:
         assert self.overtaken is not None
-        leader, after, last = self.overtaken
+        leader, appends = self.overtaken
         quorum = len(self.sim.alive()) // 2 + 1
-        ahead = 0
-        for node in self.answering():
-            log = self.sim.core(node).log
-            if node != leader and log.last_index() > last and log.committed <= after:
-                ahead += 1
-        return ahead >= quorum
+        ahead = set()
+        for m in appends:
+            if m.dst in ahead or m.dst not in self.answering():
+                continue
+            log = self.sim.core(m.dst).log
+            # One of the held APPENDs still follows an entry this follower holds, at or
+            # past its commit index, and ends before its log does.
+            if log.committed <= m.index and log.term(m.index) == m.log_term \
+                    and m.entries[-1].index < log.last_index():
+                ahead.add(m.dst)
+        return len(ahead) >= quorum
 
     def release_held(self) -> int:
         """Deliver what the hold fault kept, from the next delivery on (oldest first, so
@@ -375,6 +381,9 @@ class SimPlatform(Platform):
         held = sum(1 for f in self.sim.network.in_flight.values() if self._held(f))
         if self.holding or self.held_flights:
             self.sim.record(f"release {held} held message(s)")
+        if self.crashed_by_hold is not None:
+            node, self.crashed_by_hold = self.crashed_by_hold, None
+            self.start_node(node)
         self.holding.clear()
         self.held_flights.clear()
         self.held_term = None
