@@ -20,8 +20,12 @@ from system.raft.messages import MessageType
 from tests.nemesis.test_nemesis_schedule import FakePlatform
 
 
-def _ready_platform(tmp_path: Path, nodes: int = 3, seed: int = 3) -> SimPlatform:
-    platform = SimPlatform(ClusterConfig(nodes=nodes, run_id="t", work_dir=tmp_path), seed=seed)
+def _ready_platform(tmp_path: Path, nodes: int = 3, seed: int = 3,
+                    unsafe: str | None = None) -> SimPlatform:
+    from nemesis.sim_runner import variant_for_run
+
+    platform = SimPlatform(ClusterConfig(nodes=nodes, run_id="t", work_dir=tmp_path), seed=seed,
+                           variant=variant_for_run(unsafe))
     for _ in range(1000):
         if platform.ready():
             return platform
@@ -145,3 +149,45 @@ def test_hold_is_refused_off_the_simulator_in_one_line() -> None:
     assert line is not None and "\n" not in line
     assert "--platform sim" in line and "delays messages" in line
     assert unsupported(["hold"], "sim") is None
+
+
+def _overtaken_write(tmp_path: Path, unsafe: str | None) -> tuple[Any, str, bool]:
+    """A write whose APPENDs are held (overtaken), a second write that overtakes them, the
+    release at the aimed moment and the leader's crash; then the others elect a leader.
+    Three nodes: the aim (a majority of followers) is then every follower, so no node
+    but the crashed leader is left with the second write if they drop it. Returns the
+    second write, the new leader and whether its log holds that write."""
+    platform = _ready_platform(tmp_path, unsafe=unsafe)
+    leader = platform.leader()
+    assert leader is not None
+    platform.hold_in_flight(leader)  # nothing with entries on the wire: the next ones
+    platform.sim.put(leader, "k", "first")
+    platform.advance()
+    assert platform.overtaken is not None and platform.held_flights
+    second = platform.sim.put(leader, "k", "second")
+    for _ in range(200):
+        platform.advance()
+        if platform.crashed_by_hold is not None:
+            break
+    assert platform.crashed_by_hold == leader, "the aimed window never opened"
+    assert second.status.name == "OK"  # acknowledged before the leader crashed
+    written = second.attempts[-1]
+    for _ in range(2000):
+        platform.advance()
+        new = platform.leader()
+        if new is not None and new != leader:
+            return second, new, platform.sim.core(new).log.term(written.index) == written.term
+    raise AssertionError("no new leader within 2000 ticks")
+
+
+def test_overtaken_releases_at_the_aimed_moment_and_the_real_core_keeps_the_write(
+        tmp_path: Path) -> None:
+    _, _, kept = _overtaken_write(tmp_path, None)
+    assert kept
+
+
+def test_overtaken_makes_a_follower_that_truncates_without_a_conflict_lose_the_write(
+        tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv("MAO_ALLOW_UNSAFE", "1")
+    _, _, kept = _overtaken_write(tmp_path, "truncates-without-a-conflict")
+    assert not kept
