@@ -343,9 +343,9 @@ class SimPlatform(Platform):
 
         Aimed: when none of them is an APPEND with entries, the node's next APPENDs with
         entries are held instead, with whatever it has on the wire then. Those are
-        released at once when a majority's worth of followers each holds entries past one
-        of them, with a commit index not past the entry it follows (an older APPEND they
-        must not let shorten their log), and the leader crashes on the next tick, as if
+        released at once when a majority's worth of followers each holds entries past the
+        last of them, with a commit index not past the entry it follows (older APPENDs
+        they must not let shorten their log), and the leader crashes on the next tick, as if
         it died before it could notice and repair them; it restarts at the next
         `release_held` (the fault's heal), so the others elect a leader without it."""
         flights = [f for f in self.sim.network.in_flight.values() if f.message.src == node_id]
@@ -363,17 +363,23 @@ class SimPlatform(Platform):
         assert self.overtaken is not None
         leader, appends = self.overtaken
         quorum = len(self.sim.alive()) // 2 + 1
-        ahead = set()
+        last_held: dict[str, Message] = {}  # per follower, the one that ends last
         for m in appends:
-            if m.dst in ahead or m.dst not in self.answering():
+            if m.dst not in last_held or m.entries[-1].index > last_held[m.dst].entries[-1].index:
+                last_held[m.dst] = m
+        answering = self.answering()
+        ahead = 0
+        for node, m in last_held.items():
+            if node == leader or node not in answering:
                 continue
-            log = self.sim.core(m.dst).log
-            # One of the held APPENDs still follows an entry this follower holds, at or
-            # past its commit index, and ends before its log does.
+            log = self.sim.core(node).log
+            # Delivered in order, the held APPENDs leave a follower that takes them as
+            # current with its log ending where the last of them ends: shorter than it is
+            # now, if that one still follows an entry it holds, at or past its commit.
             if log.committed <= m.index and log.term(m.index) == m.log_term \
                     and m.entries[-1].index < log.last_index():
-                ahead.add(m.dst)
-        return len(ahead) >= quorum
+                ahead += 1
+        return ahead >= quorum
 
     def release_held(self) -> int:
         """Deliver what the hold fault kept, from the next delivery on (oldest first, so
