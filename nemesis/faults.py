@@ -43,6 +43,16 @@ Faults (`--faults`, a comma list):
   follower knows it lost acknowledged entries and before it caught up, with the nodes
   that lack those entries let back in (nemesis/rollback.py); healed by restarting the
   leader;
+- hold (sim only; 3 nodes or more): messages delivered late rather than lost, aimed at
+  Figure 2's receiver rules about messages of older terms (`--platform sim`: iptables
+  cannot delay or reorder). Shapes, dealt from a deck: stale-leader (everything the leader
+  sends, and has on the wire, held: its peers elect a new leader while it runs on and
+  takes writes; the moment a follower holds an entry of the newer term it has not committed,
+  or else at the heal, its old-term APPENDs and answers arrive in the newer term) and
+  overtaken (only the leader's messages on the wire now held: what it
+  sends later overtakes them, and at the end an older APPEND of the same term arrives
+  after newer ones, and the leader crashes until the heal); healed by releasing them
+  (and restarting that leader);
 - none: no faults (a baseline run).
 
 After a disk fault a node may refuse its data (exit 3, one line naming the file and
@@ -96,7 +106,7 @@ from nemesis.platforms.base import Platform, PlatformError
 log = logging.getLogger("nemesis")
 
 FAULTS = ("partition", "kill", "pause", "packet", "member", "truncate", "bitflip", "wipe-wal",
-          "lose-unsynced", "kill-all", "election", "rollback", "none")
+          "lose-unsynced", "kill-all", "election", "rollback", "hold", "none")
 # Faults that damage a stopped node's files (the platform's `damage_files`).
 FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 # Faults after which a node may refuse its data at the restart (exit 3): the heal waits for
@@ -107,7 +117,7 @@ DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all", "rollback")
 FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
-                   "election": ("local", "docker"), "rollback": ("local",)}
+                   "election": ("local", "docker"), "rollback": ("local",), "hold": ("sim",)}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
 # acknowledged writes only when a majority loses them together (a canary must be caught in
@@ -135,7 +145,7 @@ LOSS_PROBABILITIES = (0.1, 0.2, 0.3, 0.5)
 MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "member": 3, "truncate": 3,
              "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1,
              # a split election needs two candidates one voter short of a majority each
-             "election": 5, "rollback": 3}
+             "election": 5, "rollback": 3, "hold": 3}
 REFUSED_EXIT = 3  # a node that refuses its data (docs/kv.md, "Recovery")
 START_TIMEOUT_S = 60.0  # a restarted node answers or exits within this (a loaded machine)
 # With file faults the nodes snapshot every this many entries (their default, 10,000, takes
@@ -170,7 +180,9 @@ def unsupported(faults: list[str], platform: str) -> str | None:
                                "it has not been tried there yet",
                    "rollback": "it copies a node's data directory, which only the local "
                                "platform does yet" if platform != "sim" else
-                               "the simulator's disk holds records, not bytes"}.get(
+                               "the simulator's disk holds records, not bytes",
+                   "hold": "it delays messages, which iptables and the proxies cannot: "
+                           "they drop them"}.get(
                 fault, "the simulator's disk holds records, not bytes")
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
@@ -192,6 +204,7 @@ Step = Callable[[str, Callable[[], Any]], None]  # runs (and records) one step o
 PROCESS_PARTITION = "coordinator-from-store"
 WINDOW_KINDS = ("kill", "pause", "partition")  # the kinds a workload's window fault can be
 REPLY_LOST = "coordinator-reply-lost"
+HOLD_SHAPES = ("stale-leader", "overtaken")
 
 
 def _is_node(name: str, nodes: list[str]) -> bool:
@@ -349,6 +362,8 @@ class Nemesis:
             from nemesis.rollback import rollback
 
             return rollback(self)
+        if kind == "hold":
+            return self._hold()
         raise ValueError(f"unknown fault {kind!r}")
 
     def _register(self, kind: str, nodes: list[str], description: str,
@@ -376,7 +391,8 @@ class Nemesis:
                 self.errors.append(message)
                 value = {"error": str(exc)}
             f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
-                 "packet": "stop-packet", "member": "rejoin-member"}.get(fault.kind, "restart")
+                 "packet": "stop-packet", "member": "rejoin-member",
+                 "hold": "release"}.get(fault.kind, "restart")
             self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end",
                             "nodes": fault.nodes, "description": fault.description, **value})
         finally:
@@ -564,6 +580,34 @@ class Nemesis:
                               f"(cut from its peers, then frozen)", heal,
                               {"target": "isolated-leader",
                                "cut": [list(link) for link in links]}, "pause")
+
+    def _hold(self) -> ActiveFault | None:
+        """The leader's messages kept on the wire (sim only, see the module doc): all it
+        sends (stale-leader) or those in flight now (overtaken); released at the heal."""
+        shape = self._deal("hold-shape", HOLD_SHAPES)
+        leader = self._leader()
+        if leader is None:
+            self.record("nemesis-skip", {"fault": "hold", "shape": shape,
+                                         "description": f"{shape}: no leader now"})
+            return None
+        if shape == "stale-leader":
+            self.platform.hold_from(leader)
+            detail = "everything it sends held"
+        else:
+            held = self.platform.hold_in_flight(leader)
+            detail = f"its {held} message(s) in flight held, and its next APPENDs with entries"
+
+        self.platform.released_in_window = 0
+
+        def heal() -> dict[str, Any]:
+            at_heal = self.platform.release_held()
+            early = self.platform.released_in_window
+            return {"released": at_heal + early, "released_in_window": early,
+                    "detail": f"{at_heal + early} held message(s) released, {early} of them "
+                              f"the moment a follower held an uncommitted entry of a newer term"}
+
+        return self._register("hold", [leader], f"{shape}: {leader} ({detail})", heal,
+                              {"shape": shape}, "hold")
 
     def _packet(self) -> ActiveFault:
         probability = self.rng.choice(LOSS_PROBABILITIES)

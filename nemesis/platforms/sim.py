@@ -27,7 +27,11 @@ The fault vocabulary maps onto the simulator:
   fsync; `kill-all` is a crash of every node (written data kept). The file faults
   (truncate, bitflip, wipe-wal) are not offered: the fake disk holds records, not bytes;
 - `change_membership_at`: a membership change appended on the leader at once (the member
-  fault's two-in-flight shape only: a removed node cannot be wiped and re-admitted here).
+  fault's two-in-flight shape only: a removed node cannot be wiped and re-admitted here);
+- `hold_from` / `hold_in_flight` / `release_held` (the `hold` fault, sim only): messages
+  kept on the wire, in order, and delivered late rather than lost — what a real network
+  can do and iptables cannot: a deposed leader's APPENDs and answers arriving in a newer
+  term, or an older APPEND overtaken by newer ones of the same term.
 
 What it must never do: read a clock, use global randomness, or let anything but the seed
 and the calls made on it decide what happens.
@@ -41,6 +45,7 @@ from typing import Any
 
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from system.raft.core import Role
+from system.raft.messages import Message, MessageType
 from system.sim.simulation import Simulation
 from system.sim.variant import SimVariant
 
@@ -79,6 +84,22 @@ class SimPlatform(Platform):
         # Nodes whose core refused what their disk holds at a restart (after a power loss,
         # a store that skipped fsync): down, as a real node that exits 3, with the reason.
         self.refused: dict[str, str] = {}
+        # The hold fault: nodes whose every message stays on the wire, and single messages
+        # kept there, until `release_held` (late, never lost).
+        self.holding: set[str] = set()
+        self.held_flights: set[int] = set()
+        # hold_from's aim: the held node's term; the messages go as soon as another node
+        # holds an entry of a newer term it has not committed (`_stale_window_open`).
+        self.held_term: int | None = None
+        self.released_in_window = 0  # messages released that way, for the fault's record
+        # hold_in_flight's aim: the leader and its held APPENDs with entries; it crashes
+        # on the tick after their release, until the heal.
+        self.overtaken: tuple[str, list[Message]] | None = None
+        self.crash_after_release: str | None = None
+        self.crashed_by_hold: str | None = None  # restarted by the next release_held
+        # hold_in_flight found no APPEND with entries on the wire: it holds the node's
+        # next ones instead (what it has on the wire when the first is about to go).
+        self.overtake_next: str | None = None
         self.ticks = 0  # simulated time, in ticks
         self._events_in_tick = 0  # orders records within one tick (1 ns apart)
 
@@ -96,6 +117,11 @@ class SimPlatform(Platform):
     def advance(self) -> None:
         """One tick of simulated time: deliver what is on the wire, then tick the nodes."""
         self.deliver_pending()
+        if self.crash_after_release is not None:
+            node, self.crash_after_release = self.crash_after_release, None
+            self.sim.record(f"crash {node} until the heal: its overtaken APPENDs arrived")
+            self.kill(node)
+            self.crashed_by_hold = node
         self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_TICK)
         running = [n for n in self.sim.alive() if n not in self.paused]
         if running:
@@ -112,15 +138,24 @@ class SimPlatform(Platform):
         while moved < min(limit, MAX_DELIVERIES_PER_TICK):
             self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_DELIVERY)
             flight = next((f for f in sim.network.in_flight.values()
-                           if f.message.dst not in paused), None)
+                           if f.message.dst not in paused and not self._held(f)), None)
             if flight is None:
                 break
+            if self.overtake_next is not None and flight.message.src == self.overtake_next \
+                    and flight.message.type is MessageType.APPEND and flight.message.entries:
+                self.hold_in_flight(flight.message.src)  # the write's APPENDs, as aimed
+                continue
             moved += 1
             loss = self.loss.get((flight.message.src, flight.message.dst), 0.0)
             if loss and self.rng.random() < loss:
                 sim.drop_flight(flight, "packet loss")
             else:
                 sim.deliver_flight(flight)
+                if self.held_term is not None and self._stale_window_open():
+                    self.released_in_window += self.release_held()
+                elif self.overtaken is not None and self._overtaken_window_open():
+                    self.crash_after_release = self.overtaken[0]
+                    self.released_in_window += self.release_held()
         return moved
 
     def maybe_finish_fsyncs(self, chance: float) -> None:
@@ -275,7 +310,92 @@ class SimPlatform(Platform):
 
     def heal_all(self) -> None:
         self.loss.clear()
+        self.release_held()
         self.sim.heal()
+
+    def _held(self, flight) -> bool:  # noqa: ANN001 - an InFlight
+        return flight.message.src in self.holding or flight.id in self.held_flights
+
+    def hold_from(self, node_id: str) -> None:
+        """Keep every message `node_id` sends (and has on the wire now) in flight, in
+        order: its peers stop hearing it while it runs on. Released by `release_held`, or
+        at once when a follower first holds an entry of a newer term than `node_id`'s that it
+        has not committed: then its old-term APPENDs arrive where a receiver that took
+        them for current would overwrite entries the new leader counts as replicated."""
+        self.sim.record(f"hold everything {node_id} sends")
+        self.holding.add(node_id)
+        self.held_term = self.sim.core(node_id).term
+
+    def _stale_window_open(self) -> bool:
+        for node in self.answering():
+            core = self.sim.core(node)
+            if node in self.holding or core.role is not Role.FOLLOWER:
+                continue
+            log = core.log
+            last = log.last_index()
+            if last > log.committed and (log.term(last) or 0) > (self.held_term or 0):
+                return True
+        return False
+
+    def hold_in_flight(self, node_id: str) -> int:
+        """Keep the messages `node_id` has on the wire now in flight until `release_held`;
+        what it sends later is delivered as usual, ahead of them. Returns how many.
+
+        Aimed: when none of them is an APPEND with entries, the node's next APPENDs with
+        entries are held instead, with whatever it has on the wire then. Those are
+        released at once when a majority's worth of followers each holds entries past the
+        last of them, with a commit index not past the entry it follows (older APPENDs
+        they must not let shorten their log), and the leader crashes on the next tick, as if
+        it died before it could notice and repair them; it restarts at the next
+        `release_held` (the fault's heal), so the others elect a leader without it."""
+        flights = [f for f in self.sim.network.in_flight.values() if f.message.src == node_id]
+        ids = [f.id for f in flights]
+        appends = [f.message for f in flights
+                   if f.message.type is MessageType.APPEND and f.message.entries]
+        self.overtake_next = None if appends else node_id
+        if appends:
+            self.overtaken = (node_id, appends)
+        self.held_flights.update(ids)
+        self.sim.record(f"hold {node_id}'s messages in flight: " + ",".join(f"#{i}" for i in ids))
+        return len(ids)
+
+    def _overtaken_window_open(self) -> bool:
+        assert self.overtaken is not None
+        leader, appends = self.overtaken
+        quorum = len(self.sim.alive()) // 2 + 1
+        last_held: dict[str, Message] = {}  # per follower, the one that ends last
+        for m in appends:
+            if m.dst not in last_held or m.entries[-1].index > last_held[m.dst].entries[-1].index:
+                last_held[m.dst] = m
+        answering = self.answering()
+        ahead = 0
+        for node, m in last_held.items():
+            if node == leader or node not in answering:
+                continue
+            log = self.sim.core(node).log
+            # Delivered in order, the held APPENDs leave a follower that takes them as
+            # current with its log ending where the last of them ends: shorter than it is
+            # now, if that one still follows an entry it holds, at or past its commit.
+            if log.committed <= m.index and log.term(m.index) == m.log_term \
+                    and m.entries[-1].index < log.last_index():
+                ahead += 1
+        return ahead >= quorum
+
+    def release_held(self) -> int:
+        """Deliver what the hold fault kept, from the next delivery on (oldest first, so
+        before anything sent since). Returns how many messages were held."""
+        held = sum(1 for f in self.sim.network.in_flight.values() if self._held(f))
+        if self.holding or self.held_flights:
+            self.sim.record(f"release {held} held message(s)")
+        if self.crashed_by_hold is not None:
+            node, self.crashed_by_hold = self.crashed_by_hold, None
+            self.start_node(node)
+        self.holding.clear()
+        self.held_flights.clear()
+        self.held_term = None
+        self.overtaken = None
+        self.overtake_next = None
+        return held
 
     def set_loss(self, src: str, dst: str, probability: float) -> None:
         if not 0 < probability < 1:
