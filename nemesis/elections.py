@@ -55,6 +55,9 @@ START_TIMEOUT_S = 60.0  # a restarted voter answers Status (a loaded machine)
 WATCH_S = 2.0
 SETTLE_S = 0.5
 REQUESTS_OUT_S = 0.25  # under the election timeout's least 0.5 s
+# The store's least election timeout: 25 ticks of an asyncio.sleep(0.02) loop, and a
+# loaded loop only ticks slower. A node running less than this cannot have campaigned.
+LEAST_ELECTION_TIMEOUT_S = 0.5
 SETTLE_TIMEOUT_S = 20.0  # after the last fault's heal, the cluster agrees on one leader  # a thawed node's loop reads what waited in its sockets (a loaded machine)
   # how long the leaders of the terms after the strike are watched
 
@@ -231,12 +234,17 @@ class Election:
         restarted = self._restart_frozen(voters)
         window["voters_restarted"] = restarted
         self._step(f"voters restarted and frozen at {restarted}; thawing {second}")
+        thawed_at = time.monotonic()
         self._thaw([second])
         asked_again = self._wait(lambda: self._role_at(second, ("candidate",), term + 1),
                                  STEP_TIMEOUT_S)
-        second_seen = self._status(second)
         self.nemesis._stop.wait(REQUESTS_OUT_S)  # its requests wait in the voters' sockets
+        second_seen = self._status(second)
         self._freeze([second])
+        # Its election timer restarted when it became a candidate, after the thaw began:
+        # under the least timeout it was still asking for term + 1 when it froze.
+        second_ran = round(time.monotonic() - thawed_at, 2)
+        window["second_ran_s"] = second_ran
         self._step(f"{second} {'a candidate for term ' + str(term + 1) if asked_again else 'not a candidate'}"
                    f", frozen; thawing the voters together, then {second}")
         self._thaw(voters)  # they answer `second` first: a thawed loop reads before it ticks
@@ -247,35 +255,45 @@ class Election:
         if moved is None:
             return False, (f"the voters had not all reached term {term + 1} (their terms "
                            f"{terms}) when they were killed")
-        late = {v: seen for v, seen in restarted.items()
-                if seen is None or seen[1] != term + 1}
+        late = {v: seen for v, seen in restarted.items() if seen is None
+                or seen[1] != term + 1 or seen[2] >= LEAST_ELECTION_TIMEOUT_S}
         if late:
-            return False, (f"restarted voters not frozen at term {term + 1} (role, term as "
-                           f"they first answered; none: never answered): {late}")
-        if asked_again is None:
-            seen = (second_seen.role, second_seen.term) if second_seen is not None else None
+            return False, (f"restarted voters not frozen at term {term + 1} within "
+                           f"{LEAST_ELECTION_TIMEOUT_S:g} s of their first answer (role, "
+                           f"term, seconds from answer to freeze; none: never answered): "
+                           f"{late}")
+        seen = (second_seen.role, second_seen.term) if second_seen is not None else None
+        if asked_again is None or seen != ("candidate", term + 1):
             return False, (f"{second} was not a candidate for term {term + 1} once thawed "
-                           f"(it answered {seen})")
+                           f"and until frozen (it answered {seen} just before)")
+        if second_ran >= LEAST_ELECTION_TIMEOUT_S:
+            return False, (f"{second} ran {second_ran:g} s from its thaw to its freeze: its "
+                           f"election timer may have fired before the voters answered")
         return True, (f"{' '.join(voters)} answered {first}'s vote request for term "
                       f"{term + 1}, were killed, restarted and frozen at term {term + 1} "
                       f"({restarted}); {second} became a candidate for term {term + 1} "
-                      f"while they were frozen there, and its requests waited in their "
-                      f"sockets until they were thawed together")
+                      f"while they were frozen there and was frozen {second_ran:g} s "
+                      f"after its thaw, its requests waiting in their sockets until they "
+                      f"were thawed together")
 
     def _restart_frozen(self, voters: list[str]) -> dict[str, list[Any] | None]:
         """Start each killed voter and freeze it as soon as it answers Status, within its
         first election timeout (0.5 s at least): started one after another (a container
         takes seconds), the first would otherwise campaign for the next term while the
         others start, and take the second candidate there with it. Returns voter ->
-        [role, term] as it first answered (None: it never did; it is not frozen)."""
+        [role, term, seconds from that answer to the end of its freeze] as it first
+        answered (None: it never did; it is not frozen). Its Raft loop ticks from about
+        when it serves Status: a freeze under the least election timeout after the answer
+        is in time."""
         seen: dict[str, list[Any] | None] = {}
         for v in voters:
             self.platform.start_node(v)
             st = self._wait(lambda v=v: self._status(v) or self.platform.exit_code(v) is not None,
                             START_TIMEOUT_S)
             if st is not None and st is not True:
+                answered = time.monotonic()
                 self._freeze([v])
-                seen[v] = [st.role, st.term]
+                seen[v] = [st.role, st.term, round(time.monotonic() - answered, 2)]
             else:
                 seen[v] = None
             self.nemesis.expected_down.discard(v)

@@ -187,11 +187,13 @@ def test_no_settled_leader_is_a_skip_with_nothing_done() -> None:
 
 class RestartPlatform(ElectionPlatform):
     """A voter restarted by the fault answers Status at `restart_term` (2: the contested
-    term, where it stood when killed; 3: its election timer fired before it was frozen)."""
+    term, where it stood when killed; 3: its election timer fired before it was frozen).
+    A pre-candidate thawed after the restarts answers `second_role` at term 2 (it found
+    its pre-vote grants; "pre-candidate": its timer fired again before it was frozen)."""
 
-    def __init__(self, restart_term: int) -> None:
+    def __init__(self, restart_term: int, second_role: str = "candidate") -> None:
         super().__init__()
-        self.restart_term = restart_term
+        self.restart_term, self.second_role = restart_term, second_role
         self.restarted: set[str] = set()
 
     def start_node(self, node_id: str) -> None:
@@ -202,6 +204,8 @@ class RestartPlatform(ElectionPlatform):
         st = super().status(node_id, timeout_s)
         if st is not None and node_id in self.restarted:
             st.term = self.restart_term
+        elif st is not None and self.restarted and st.role == "pre-candidate":
+            st.role, st.term = self.second_role, 2
         return st
 
 
@@ -227,7 +231,7 @@ def test_vote_then_restart_restarts_the_voters_before_the_second_candidate_thaws
     assert "frozen at term 2" in start["landed_evidence"]
     window = start["window"]
     voters, (first, second) = window["voters"], window["candidates"]
-    assert window["voters_restarted"] == {v: ["follower", 2] for v in voters}
+    assert {v: r[:2] for v, r in window["voters_restarted"].items()} == {v: ["follower", 2] for v in voters}
     order = platform.log
     killed = min(order.index(f"kill {v}") for v in voters)
     # Each voter frozen right after its own start, before the next one starts.
@@ -256,6 +260,18 @@ def test_vote_then_restart_is_a_miss_when_a_restarted_voter_moved_on_before_its_
     nemesis.end(started)
     assert not platform.cut_set and not platform.paused and not platform.down
     assert nemesis.election_counts == {"vote-then-restart": {"aimed": 1, "landed": 0}}
+
+
+def test_vote_then_restart_is_a_miss_when_the_second_candidate_left_the_term_before_its_freeze() -> None:
+    """Over SSH a freeze takes a round trip: the second candidate's timer fired (it was a
+    pre-candidate again) before it froze, and the voters' grants came too late."""
+    platform = RestartPlatform(restart_term=2, second_role="pre-candidate")
+    started, nemesis, start = _vote_then_restart(platform)
+    assert start["landed"] is False
+    assert "was not a candidate for term 2 once thawed and until frozen" in \
+        start["landed_evidence"]
+    nemesis.end(started)
+    assert not platform.cut_set and not platform.paused and not platform.down
 
 
 def test_election_needs_five_nodes_and_all_leaves_it_out_below(capsys) -> None:  # noqa: ANN001
