@@ -17,16 +17,20 @@ kills alone, and watches the nodes' Status (role, term) to time each step.
   thawed (granting the pre-votes) and frozen again, one candidate thawed until it reports
   itself a candidate for the new term and frozen with its vote requests in the voters'
   sockets; the voters are thawed until each is at that term (it has answered), then
-  killed and restarted, and only then is the second candidate (cut from the first)
-  thawed: it asks the restarted voters for their vote in the same term. A voter that
-  forgets its vote across a restart (`forgets-vote-on-restart`) elects it, and the first
-  candidate, thawed last, finds the earlier grants and leads the same term too.
+  killed and restarted, each frozen as soon as it answers Status (before its election
+  timer can fire: containers start one after another, seconds apart). Only then is the
+  second candidate (cut from the first) thawed until it is a candidate of the same term,
+  frozen with its requests in the restarted voters' sockets, and the voters thawed
+  together, then it. A voter that forgets its vote across a restart
+  (`forgets-vote-on-restart`) elects it, and the first candidate, thawed last, finds the
+  earlier grants and leads the same term too.
 
 The start record (`election`) carries `shape`, what was aimed (`window`: the term, the
 candidates, the voters) and `landed`: whether the window was open when the strike was
 made (every candidate still a pre-candidate for the same term as the voters were thawed;
-for vote-then-restart, the voters had moved to the candidate's term before they were
-killed), with `landed_evidence`, and what happened next (`leaders`: term -> the nodes seen
+for vote-then-restart, the voters had moved to the first candidate's term before they
+were killed, came back frozen at that term, and the second candidate became a candidate
+of it while they were still frozen there), with `landed_evidence`, and what happened next (`leaders`: term -> the nodes seen
 leading it in the seconds after). Healed by restarting the killed leader. Needs 5 nodes or
 more (with 3 or 4 a candidate reaches a majority with the one shared voter alone).
 """
@@ -51,6 +55,9 @@ START_TIMEOUT_S = 60.0  # a restarted voter answers Status (a loaded machine)
 WATCH_S = 2.0
 SETTLE_S = 0.5
 REQUESTS_OUT_S = 0.25  # under the election timeout's least 0.5 s
+# The store's least election timeout: 25 ticks of an asyncio.sleep(0.02) loop, and a
+# loaded loop only ticks slower. A node running less than this cannot have campaigned.
+LEAST_ELECTION_TIMEOUT_S = 0.5
 SETTLE_TIMEOUT_S = 20.0  # after the last fault's heal, the cluster agrees on one leader  # a thawed node's loop reads what waited in its sockets (a loaded machine)
   # how long the leaders of the terms after the strike are watched
 
@@ -224,12 +231,23 @@ class Election:
         self._step(f"voters at terms {terms}; killing them")
         self.nemesis.expected_down.update(voters)
         self.platform.kill_nodes(voters)
-        for v in voters:
-            self.platform.start_node(v)
-        for v in voters:
-            self.platform.wait_started(v, START_TIMEOUT_S)
-            self.nemesis.expected_down.discard(v)
-        self._step("voters restarted; thawing " + second)
+        restarted = self._restart_frozen(voters)
+        window["voters_restarted"] = restarted
+        self._step(f"voters restarted and frozen at {restarted}; thawing {second}")
+        thawed_at = time.monotonic()
+        self._thaw([second])
+        asked_again = self._wait(lambda: self._role_at(second, ("candidate",), term + 1),
+                                 STEP_TIMEOUT_S)
+        self.nemesis._stop.wait(REQUESTS_OUT_S)  # its requests wait in the voters' sockets
+        second_seen = self._status(second)
+        self._freeze([second])
+        # Its election timer restarted when it became a candidate, after the thaw began:
+        # under the least timeout it was still asking for term + 1 when it froze.
+        second_ran = round(time.monotonic() - thawed_at, 2)
+        window["second_ran_s"] = second_ran
+        self._step(f"{second} {'a candidate for term ' + str(term + 1) if asked_again else 'not a candidate'}"
+                   f", frozen; thawing the voters together, then {second}")
+        self._thaw(voters)  # they answer `second` first: a thawed loop reads before it ticks
         self._thaw([second])
         self._wait(lambda: self._role_at(second, ("leader",), term + 1), STEP_TIMEOUT_S)
         self._step(f"{second} thawed; thawing {first}")
@@ -237,9 +255,49 @@ class Election:
         if moved is None:
             return False, (f"the voters had not all reached term {term + 1} (their terms "
                            f"{terms}) when they were killed")
+        late = {v: seen for v, seen in restarted.items() if seen is None
+                or seen[1] != term + 1 or seen[2] >= LEAST_ELECTION_TIMEOUT_S}
+        if late:
+            return False, (f"restarted voters not frozen at term {term + 1} within "
+                           f"{LEAST_ELECTION_TIMEOUT_S:g} s of their first answer (role, "
+                           f"term, seconds from answer to freeze; none: never answered): "
+                           f"{late}")
+        seen = (second_seen.role, second_seen.term) if second_seen is not None else None
+        if asked_again is None or seen != ("candidate", term + 1):
+            return False, (f"{second} was not a candidate for term {term + 1} once thawed "
+                           f"and until frozen (it answered {seen} just before)")
+        if second_ran >= LEAST_ELECTION_TIMEOUT_S:
+            return False, (f"{second} ran {second_ran:g} s from its thaw to its freeze: its "
+                           f"election timer may have fired before the voters answered")
         return True, (f"{' '.join(voters)} answered {first}'s vote request for term "
-                      f"{term + 1} (their term was {term + 1}), were killed and restarted "
-                      f"before {second} asked them in the same term")
+                      f"{term + 1}, were killed, restarted and frozen at term {term + 1} "
+                      f"({restarted}); {second} became a candidate for term {term + 1} "
+                      f"while they were frozen there and was frozen {second_ran:g} s "
+                      f"after its thaw, its requests waiting in their sockets until they "
+                      f"were thawed together")
+
+    def _restart_frozen(self, voters: list[str]) -> dict[str, list[Any] | None]:
+        """Start each killed voter and freeze it as soon as it answers Status, within its
+        first election timeout (0.5 s at least): started one after another (a container
+        takes seconds), the first would otherwise campaign for the next term while the
+        others start, and take the second candidate there with it. Returns voter ->
+        [role, term, seconds from that answer to the end of its freeze] as it first
+        answered (None: it never did; it is not frozen). Its Raft loop ticks from about
+        when it serves Status: a freeze under the least election timeout after the answer
+        is in time."""
+        seen: dict[str, list[Any] | None] = {}
+        for v in voters:
+            self.platform.start_node(v)
+            st = self._wait(lambda v=v: self._status(v) or self.platform.exit_code(v) is not None,
+                            START_TIMEOUT_S)
+            if st is not None and st is not True:
+                answered = time.monotonic()
+                self._freeze([v])
+                seen[v] = [st.role, st.term, round(time.monotonic() - answered, 2)]
+            else:
+                seen[v] = None
+            self.nemesis.expected_down.discard(v)
+        return seen
 
     def _step(self, what: str) -> None:
         """One step of the fault, in harness.log with the seconds since it began."""

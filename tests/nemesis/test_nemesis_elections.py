@@ -185,28 +185,91 @@ def test_no_settled_leader_is_a_skip_with_nothing_done() -> None:
     assert platform.log == [] and not platform.cut_set
 
 
-def test_vote_then_restart_restarts_the_voters_before_the_second_candidate_thaws() -> None:
-    platform = ElectionPlatform()
+class RestartPlatform(ElectionPlatform):
+    """A voter restarted by the fault answers Status at `restart_term` (2: the contested
+    term, where it stood when killed; 3: its election timer fired before it was frozen).
+    A pre-candidate thawed after the restarts answers `second_role` at term 2 (it found
+    its pre-vote grants; "pre-candidate": its timer fired again before it was frozen)."""
+
+    def __init__(self, restart_term: int, second_role: str = "candidate") -> None:
+        super().__init__()
+        self.restart_term, self.second_role = restart_term, second_role
+        self.restarted: set[str] = set()
+
+    def start_node(self, node_id: str) -> None:
+        super().start_node(node_id)
+        self.restarted.add(node_id)
+
+    def status(self, node_id: str, timeout_s: float = 0.5):  # noqa: ANN201
+        st = super().status(node_id, timeout_s)
+        if st is not None and node_id in self.restarted:
+            st.term = self.restart_term
+        elif st is not None and self.restarted and st.role == "pre-candidate":
+            st.role, st.term = self.second_role, 2
+        return st
+
+
+def _vote_then_restart(platform: ElectionPlatform) -> tuple[Any, Nemesis, dict[str, Any]]:
     nemesis, events = _nemesis(platform)
     nemesis._deal("election-shape", elections.SHAPES)  # the round's split-vote, dealt away
 
-    def first_is_candidate(node: str, roles: tuple[str, ...], term: int) -> bool:
-        return True  # the scripted cluster has no per-node terms; the order is the point
+    def at_term(node: str, roles: tuple[str, ...], term: int) -> bool:
+        return True  # the scripted cluster has no per-node roles; the order is the point
 
     fault = elections.Election(nemesis)
-    fault._role_at = first_is_candidate  # type: ignore[method-assign]
+    fault._role_at = at_term  # type: ignore[method-assign]
     fault._term_of = lambda node: 2  # type: ignore[method-assign]
     started = fault.begin()
     assert started is not None
-    start = events[-1][1]
+    return started, nemesis, events[-1][1]
+
+
+def test_vote_then_restart_restarts_the_voters_before_the_second_candidate_thaws() -> None:
+    platform = RestartPlatform(restart_term=2)
+    started, nemesis, start = _vote_then_restart(platform)
     assert start["shape"] == "vote-then-restart" and start["landed"] is True, start
+    assert "frozen at term 2" in start["landed_evidence"]
     window = start["window"]
-    first, second = window["candidates"]
+    voters, (first, second) = window["voters"], window["candidates"]
+    assert {v: r[:2] for v, r in window["voters_restarted"].items()} == {v: ["follower", 2] for v in voters}
     order = platform.log
-    restarted = max(order.index(f"start {v}") for v in window["voters"])
-    killed = min(order.index(f"kill {v}") for v in window["voters"])
-    assert order.index(f"pause {second}") < killed < restarted < order.index(f"resume {second}")
-    assert order.index(f"resume {second}") < len(order) - 1 - order[::-1].index(f"resume {first}")
+    killed = min(order.index(f"kill {v}") for v in voters)
+    # Each voter frozen right after its own start, before the next one starts.
+    for a, b in zip(voters, voters[1:], strict=False):
+        assert order.index(f"start {a}") < order.index(f"pause {a}", killed) \
+            < order.index(f"start {b}")
+    refrozen = max(order.index(f"pause {v}", killed) for v in voters)
+    asks = order.index(f"resume {second}", refrozen)  # thawed to ask them, then frozen
+    rethawed = [order.index(f"resume {v}", asks) for v in voters]
+    assert order.index(f"pause {second}") < killed
+    assert asks < order.index(f"pause {second}", asks) < min(rethawed)
+    assert max(rethawed) < order.index(f"resume {second}", max(rethawed)) \
+        < len(order) - 1 - order[::-1].index(f"resume {first}")
+    nemesis.end(started)
+    assert not platform.cut_set and not platform.paused and not platform.down
+
+
+def test_vote_then_restart_is_a_miss_when_a_restarted_voter_moved_on_before_its_freeze() -> None:
+    """On docker the voters start seconds apart: one whose election timer fired first
+    answers at a later term, and the second candidate's request is no longer a request
+    in the term the voter forgot its vote of (the runs of issue 21 counted that landed)."""
+    platform = RestartPlatform(restart_term=3)
+    started, nemesis, start = _vote_then_restart(platform)
+    assert start["landed"] is False
+    assert "restarted voters not frozen at term 2" in start["landed_evidence"]
+    nemesis.end(started)
+    assert not platform.cut_set and not platform.paused and not platform.down
+    assert nemesis.election_counts == {"vote-then-restart": {"aimed": 1, "landed": 0}}
+
+
+def test_vote_then_restart_is_a_miss_when_the_second_candidate_left_the_term_before_its_freeze() -> None:
+    """Over SSH a freeze takes a round trip: the second candidate's timer fired (it was a
+    pre-candidate again) before it froze, and the voters' grants came too late."""
+    platform = RestartPlatform(restart_term=2, second_role="pre-candidate")
+    started, nemesis, start = _vote_then_restart(platform)
+    assert start["landed"] is False
+    assert "was not a candidate for term 2 once thawed and until frozen" in \
+        start["landed_evidence"]
     nemesis.end(started)
     assert not platform.cut_set and not platform.paused and not platform.down
 
