@@ -109,7 +109,10 @@ SYSTEM_FILES = sorted((ROOT / "system").rglob("*.py"))
 # The one exception, an entry point nothing imports: `python -m system.sim` (a documented
 # command) is where the simulator meets the checker that decides its runs; everything it
 # runs takes that checker as an argument (`check`).
-ENTRY_POINT_IMPORTS = {"system/sim/__main__.py": ["checker"]}
+ENTRY_POINT_IMPORTS = {"system/sim/__main__.py": ["checker"],
+                       # `python -m system.trainer run --hosts FILE` reaches other machines
+                       # through the harness's SSH platform (nemesis/trainer_hosts.py).
+                       "system/trainer/__main__.py": ["nemesis.trainer_hosts"]}
 
 
 def harness_imports(source: str) -> list[str]:

@@ -65,7 +65,7 @@ def chain_name(run_id: str) -> str:
 
 def remove_script(run_dir: str, chain: str, comment: str) -> str:
     """Kill the run's node groups (nodes/*/pid; procs/*.pid: the trainer's processes,
-    system/trainer/hosts.py) and anything else still working in its folder (an
+    nemesis/trainer_hosts.py) and anything else still working in its folder (an
     install that Ctrl-C interrupted), delete its iptables chain and jump, remove the folder.
     Safe to run twice, and on a host where some of it never existed."""
     rules = ""

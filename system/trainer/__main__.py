@@ -105,7 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         return _worker(args)
     from system.trainer.cli import inspect_command, run_command
 
-    return run_command(args) if args.command == "run" else inspect_command(args)
+    if args.command == "inspect":
+        return inspect_command(args)
+    hosts = None
+    if args.hosts is not None:
+        # Other machines are reached through the harness's SSH platform: only this entry
+        # point imports it (tests/test_purity.py), the trainer itself never does.
+        from nemesis.trainer_hosts import HostsSupport
+
+        hosts = HostsSupport()
+    return run_command(args, hosts)
 
 
 if __name__ == "__main__":

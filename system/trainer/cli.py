@@ -7,6 +7,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any, Protocol
 
 from tabulate import tabulate
 
@@ -129,7 +130,8 @@ def takeovers(events: list[dict]) -> int:
                for a, b in zip(acquired, acquired[1:], strict=False))
 
 
-def make_run(args: argparse.Namespace, config: TrainConfig):  # noqa: ANN201 - TrainerRun
+def make_run(args: argparse.Namespace, config: TrainConfig,  # noqa: ANN201 - TrainerRun
+             hosts: HostsSupport | None = None):
     """The TrainerRun of `run`'s arguments: on this machine, or on --hosts."""
     from system.trainer.run import TrainerRun
 
@@ -150,17 +152,24 @@ def make_run(args: argparse.Namespace, config: TrainConfig):  # noqa: ANN201 - T
                   object_dir=Path(args.object_dir).resolve(), tls=tls, generate_tls=args.tls)
     if args.hosts is None:
         return TrainerRun(config, **kwargs)
-    from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
-    from system.trainer.hosts import HostsTrainerRun
-
+    if hosts is None:
+        raise ConfigError("--hosts needs the harness's SSH platform (the nemesis package), "
+                          "which this installation lacks")
     if args.known_hosts is not None and not args.known_hosts.is_file():
         raise ConfigError(f"--known-hosts {args.known_hosts} does not exist")
-    try:
-        hosts = read_hosts(args.hosts)
-    except HostsFileError as exc:
-        raise ConfigError(str(exc)) from None
-    return HostsTrainerRun(config, hosts=hosts, known_hosts=args.known_hosts,
-                           accept_new=args.accept_new_host_keys, **kwargs)
+    return hosts.make_run(config, args.hosts, args.known_hosts, args.accept_new_host_keys,
+                          **kwargs)
+
+
+class HostsSupport(Protocol):
+    """How `run --hosts` reaches other machines: the harness's SSH platform
+    (nemesis/trainer_hosts.py), handed in by the entry point (`python -m system.trainer`), so
+    the system never imports the harness that tests it."""
+
+    errors: tuple[type[Exception], ...]  # a host failed: exit 1, not a settings error
+
+    def make_run(self, config: TrainConfig, hosts_file: Path, known_hosts: Path | None,
+                 accept_new: bool, **kwargs: Any) -> Any: ...
 
 
 class CoordinatorKill:
@@ -220,16 +229,16 @@ def reference_row(config: TrainConfig, params) -> tuple[str, str]:  # noqa: ANN0
     return ("vs one-process reference", f"DIFFERS ({differ} of {expected.size} values)")
 
 
-def run_command(args: argparse.Namespace) -> int:
-    from nemesis.platforms.base import PlatformError
+def run_command(args: argparse.Namespace, hosts: HostsSupport | None = None) -> int:
     from system.trainer import data, model
     from system.trainer.checkpoint import CheckpointError
     from system.trainer.run import RunTimeout
 
+    host_errors = hosts.errors if hosts is not None else ()
     try:
         config = config_from_args(args)
         config.validate()
-        run = make_run(args, config)
+        run = make_run(args, config, hosts)
     except (ConfigError, TlsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -287,9 +296,9 @@ def run_command(args: argparse.Namespace) -> int:
             code = 0 if rows[-1][1] == "bit-for-bit equal" else 1
         print(tabulate(rows, tablefmt="simple"))
         return code
-    except (ConfigError, CheckpointError, TlsError, PlatformError) as exc:
+    except (ConfigError, CheckpointError, TlsError, *host_errors) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1 if isinstance(exc, PlatformError) else 2  # a host, not the settings
+        return 1 if isinstance(exc, host_errors) else 2  # a host, not the settings
     except RunTimeout as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -299,7 +308,7 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         try:
             run.close()
-        except PlatformError as exc:  # the hosts could not all be cleaned: say so
+        except host_errors as exc:  # the hosts could not all be cleaned: say so
             print(f"error: {exc}", file=sys.stderr)
 
 

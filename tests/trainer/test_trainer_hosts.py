@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from nemesis.trainer_hosts import placement
 from system.trainer.__main__ import main
 from system.trainer.cli import reference_row
 from system.trainer.config import TrainConfig
-from system.trainer.hosts import placement
 from system.trainer.local import train_local
 
 

@@ -344,3 +344,25 @@ class HostsTrainerRun(TrainerRun):
         if errors:
             raise PlatformError("removing the run from the hosts failed: " + "; ".join(errors)
                                 + " — run `python -m nemesis clean --hosts FILE`")
+
+
+class HostsSupport:
+    """`python -m system.trainer run --hosts FILE`: what the trainer's entry point hands its
+    CLI (system/trainer/cli.py, `HostsSupport`), so the system never imports the harness."""
+
+    @property
+    def errors(self) -> tuple[type[Exception], ...]:
+        from nemesis.platforms.base import PlatformError
+
+        return (PlatformError,)
+
+    def make_run(self, config, hosts_file: Path, known_hosts: Path | None,  # noqa: ANN001, ANN201
+                 accept_new: bool, **kwargs):
+        from nemesis.platforms.ssh_hosts import HostsFileError, read_hosts
+
+        try:
+            hosts = read_hosts(hosts_file)
+        except HostsFileError as exc:
+            raise ConfigError(str(exc)) from None
+        return HostsTrainerRun(config, hosts=hosts, known_hosts=known_hosts,
+                               accept_new=accept_new, **kwargs)
