@@ -28,7 +28,6 @@ import os
 import shlex
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from system.kv.client import KVClient, KVError
 from system.trainer.blas import BLAS_THREAD_VARIABLES, blas_kernel_env
 from system.trainer.config import ConfigError
 from system.trainer.lease import read_lease
-from system.trainer.run import TrainerRun
+from system.trainer.run import PolledProcess, TrainerRun
 
 STORE_NODES = 3
 STATE_CACHE_S = 0.5  # one round of state commands to the hosts at most this often
@@ -47,7 +46,7 @@ LEADER_WAIT_S = 60.0
 PASSED_ON = ("TRAINER_S3_ENDPOINT", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
-class HostProcess:
+class HostProcess(PolledProcess):
     """The part of subprocess.Popen that TrainerRun uses, for a process on a host."""
 
     def __init__(self, run: HostsTrainerRun, name: str, host: int) -> None:
@@ -60,15 +59,8 @@ class HostProcess:
             self.run.refresh_states()
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = time.monotonic() + (timeout if timeout is not None else 3600)
-        while self.poll() is None:
-            if time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.name, timeout or 0)
-            self.run.refresh_states(force=True)
-            time.sleep(0.05)  # bounded by the deadline
-        assert self.returncode is not None
-        return self.returncode
+    def _poll_sooner(self) -> None:
+        self.run.refresh_states(force=True)
 
 
 def placement(names: list[str], hosts: int, start: int = 0) -> list[int]:

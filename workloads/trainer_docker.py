@@ -31,12 +31,12 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import shlex
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from system.trainer.blas import BLAS_THREAD_VARIABLES, blas_kernel_env
+from system.trainer.run import PolledProcess
 
 COORDINATOR_PORT = 7100
 FIRST_HOST = 101  # trainer containers' addresses: .101, .102, ... of the run's /24
@@ -44,7 +44,7 @@ LAST_HOST = 249
 POLL_CACHE_S = 0.2  # an engine call per process at most this often (the supervisor polls)
 
 
-class ContainerProcess:
+class ContainerProcess(PolledProcess):
     """The part of subprocess.Popen that TrainerRun uses, for a container."""
 
     def __init__(self, container: Any, name: str, ip: str) -> None:
@@ -69,15 +69,8 @@ class ContainerProcess:
             self.returncode = int(state.get("ExitCode", -1))
         return self.returncode
 
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = time.monotonic() + (timeout if timeout is not None else 3600)
-        while self.poll() is None:
-            if time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.name, timeout or 0)
-            self._polled_at = 0.0
-            time.sleep(0.05)  # polling the engine for the exit, bounded by the deadline
-        assert self.returncode is not None
-        return self.returncode
+    def _poll_sooner(self) -> None:
+        self._polled_at = 0.0
 
 
 class DockerTrainerProcesses:

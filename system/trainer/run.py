@@ -42,6 +42,32 @@ T = TypeVar("T")
 STORE_NODES = ["n1", "n2", "n3"]  # the ids of the store `run` starts without --kv
 
 
+
+class PolledProcess:
+    """The part of subprocess.Popen that TrainerRun uses, for a process it can only poll (a
+    container, a process on another host): `wait` polls until an exit or the deadline.
+    Subclasses give `name`, `returncode`, `poll` and `_poll_sooner` (drop a cached state)."""
+
+    name: str
+    returncode: int | None
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def _poll_sooner(self) -> None:
+        """The next poll asks again instead of answering from a cache."""
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600)
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.name, timeout or 0)
+            self._poll_sooner()
+            time.sleep(0.05)  # polling for the exit, bounded by the deadline
+        assert self.returncode is not None
+        return self.returncode
+
+
 class RunTimeout(AssertionError):
     pass
 
