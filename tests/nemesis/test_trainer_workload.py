@@ -115,7 +115,12 @@ def test_the_faults_inside_a_checkpoint_write_catch_their_canary_and_pass_the_sa
     if safe:
         assert code == 0, out
         return
-    assert code == 1, out
+    # On a miss, what the landed fault's coordinator recorded from the pause on (its write,
+    # its retries, their outcome): what a person needs to tell a harness gap from a race.
+    paused = history.index(next(line for line in history if '"paused-at"' in line))
+    cid = landed[0]["value"]["coordinator_id"]
+    after = "\n".join(line[:400] for line in history[paused:paused + 400] if cid in line)[:12000]
+    assert code == 1, f"{out}\n{cid} from its pause on:\n{after}"
     assert results["properties"][prop] is False, out
     assert kind in {a["kind"] for a in results[f"trainer-{prop}"]["anomalies"]}, out
     # The run folder reads back: check, report and show name the broken property.
