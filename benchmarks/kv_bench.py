@@ -40,7 +40,7 @@ from benchmarks.kvbench.etcd_target import EtcdTarget  # noqa: E402
 from benchmarks.kvbench.failover import measure_leader_kill  # noqa: E402
 from benchmarks.kvbench.kv_targets import OursTarget, PySyncObjTarget  # noqa: E402
 from benchmarks.kvbench.loadgen import LoadSpec, Operation, run_load  # noqa: E402
-from benchmarks.kvbench.machine import fdatasync_latency, load_average  # noqa: E402
+from benchmarks.kvbench.machine import cpu_s, fdatasync_latency, load_average  # noqa: E402
 from benchmarks.kvbench.processes import RssSampler, wait_until  # noqa: E402
 from benchmarks.kvbench.profiling import Sampler  # noqa: E402
 from benchmarks.kvbench.target import Target  # noqa: E402
@@ -138,8 +138,14 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
         op_timeout_s=settings.big_op_timeout_s if plan.big else settings.op_timeout_s,
         tls_dir=target.tls_dir,
     )
-    with RssSampler(target.server_pids()) as sampler:
+    pids = target.server_pids()
+    cpu_before = [cpu_s(pid) for pid in pids]
+    with RssSampler(pids) as sampler:
         load = run_load(spec, settings.client_processes, target.work_dir)
+    # What the members spent per operation (warm-up included on both sides): at one client
+    # a write's path is this work done in series, so it bounds latency as much as the wire.
+    server_cpu_ms = sum(_cpu_since(pid, before) for pid, before in zip(pids, cpu_before,
+                                                                         strict=True)) * 1000
     p50, p99 = load.latency_ms(50), load.latency_ms(99)
     summary = f"{load.ops_per_s:,.0f} ops/s"
     if plan.big:
@@ -170,6 +176,8 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
         if plan.operation is Operation.PUT and p50 is not None and p99 is not None:
             result.add_sample(f"{plan.key}_p50", p50)
             result.add_sample(f"{plan.key}_p99", p99)
+        if load.acknowledged_ops:
+            result.add_sample(f"{plan.key}_cpu", server_cpu_ms / load.acknowledged_ops)
     if load.errors:
         result.add_errors(figure_key, load.errors, load.first_error)
     if load.measured_ops == 0 and load.late_ops:
@@ -177,6 +185,15 @@ def measure_row(target: Target, plan: RowPlan, settings: Settings, result: repor
             f"`{figure_key}`: no operation finished inside the measured window; "
             f"{load.late_ops} finished after it"
         )
+
+
+def _cpu_since(pid: int, before: float) -> float:
+    """CPU seconds `pid` spent since `before`; a member that died meanwhile counts 0
+    (its row says so through its errors)."""
+    try:
+        return cpu_s(pid) - before
+    except OSError:
+        return 0.0
 
 
 def base_system(name: str) -> str:

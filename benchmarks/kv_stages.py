@@ -35,18 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.kvbench.clients import ClientKind  # noqa: E402
 from benchmarks.kvbench.kv_targets import OursTarget  # noqa: E402
 from benchmarks.kvbench.loadgen import LoadSpec, Operation, run_load  # noqa: E402
-from benchmarks.kvbench.machine import load_average  # noqa: E402
+from benchmarks.kvbench.machine import cpu_s, load_average  # noqa: E402
 from benchmarks.kvbench.processes import wait_until  # noqa: E402
 from benchmarks.kvbench.profiling import Sampler  # noqa: E402
 from system.kv.stage_trace import ENV_VAR, STAGES  # noqa: E402
 
-_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a live process (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
 
 
 def summary_of(target: OursTarget, index: int, trace_dir: Path) -> dict:

@@ -23,6 +23,15 @@ class FsyncLatency:
         return f"p50 {self.p50_ms:.2f} ms, p99 {self.p99_ms:.2f} ms"
 
 
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a live process, all its threads (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S
+
+
 def load_average() -> str:
     try:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
