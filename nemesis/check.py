@@ -16,6 +16,7 @@ from tabulate import tabulate
 from checker.linearizability import check_linearizable
 from checker.lost_writes import check_lost_writes, unverified_keys
 from checker.models import by_name
+from checker.replays import check_replays
 from checker.replicas import check_replicas
 from checker.result import UNKNOWN, Result, Verdict, combine
 from checker.staleness import stale_reads
@@ -72,7 +73,8 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
             f"{len(unread)} key(s) with an acknowledged write were never read after it "
             f"({shown}): whether those writes survived is unknown")])))
     agree: Result = check_replicas(operations)
-    verdict = combine([lin.valid, lost.valid, agree.valid])
+    replays: Result = check_replays(operations)
+    verdict = combine([lin.valid, lost.valid, agree.valid, replays.valid])
     if not operations:
         # A run that recorded nothing proves nothing: never "valid".
         verdict = UNKNOWN
@@ -85,6 +87,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
         "linearizable": lin.to_json(),
         "lost_writes": lost.to_json(),
         "replicas_agree": agree.to_json(),
+        "replays": replays.to_json(),
         "stale_reads": stale_reads(operations),
         "unverified_keys": len(unread),
         "history_truncated": read.dropped_truncated_tail,
@@ -98,6 +101,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     results["_lin"] = lin
     results["_lost"] = lost
     results["_agree"] = agree
+    results["_replays"] = replays
     return results
 
 
@@ -174,9 +178,24 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     for anomaly in lost.anomalies[:5]:
         lines.append(f"  {anomaly.kind}: {anomaly.text}")
     lines += replica_lines(results.get("_agree"))
+    lines += replay_lines(results.get("_replays"))
     for counterexample in lin.counterexamples[:1]:
         lines.append("")
         lines.append(counterexample.text())
+    return lines
+
+
+def replay_lines(replays: Result | None) -> list[str]:
+    """What the writes sent again with their request ids were answered (checker/replays.py)."""
+    if replays is None or not (replays.counts.get("replays_judged") or replays.anomalies):
+        return []
+    judged = replays.counts.get("replays_judged", 0)
+    if replays.valid is True:
+        return [f"replays: {judged} acknowledged writes sent again with their request ids, "
+                f"each answered as the first time"]
+    lines = [f"replays: {len(replays.anomalies)} of {judged} writes sent again with their "
+             f"request ids were NOT answered as the first time"]
+    lines += [f"  {a.kind}: {a.text}" for a in replays.anomalies[:5]]
     return lines
 
 
@@ -222,7 +241,9 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
     for counterexample in results["_lin"].counterexamples:
         op = counterexample.blocking
         positions.append(op.ret if op.ret is not None else op.call)
-    for anomaly in [*results["_lost"].anomalies, *results["_agree"].anomalies]:
+    replays = results.get("_replays")
+    for anomaly in [*results["_lost"].anomalies, *results["_agree"].anomalies,
+                    *(replays.anomalies if replays is not None else ())]:
         positions.extend(op.ret if op.ret is not None else op.call for op in anomaly.operations)
     stamps = [times[p] for p in positions if p in times and times[p] is not None]
     if not stamps:

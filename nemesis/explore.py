@@ -71,7 +71,7 @@ def _fault_mix(rng: random.Random) -> list[str]:
 # Workload mixes a run draws from (`--mix`): the default (every kind, every version
 # class), reads against few writes, compare-and-swap and delete churn (keys deleted and
 # re-created often), and plain puts and gets (Jepsen's register).
-MIXES = ("get=20,stale-get=10,put=15,cas=30,delete=10,cas-delete=15",
+MIXES = ("get=20,stale-get=10,put=15,cas=30,delete=10,cas-delete=15,replay=5",
          "get=50,stale-get=20,put=10,cas=10,delete=5,cas-delete=5",
          "get=10,put=5,cas=40,delete=15,cas-delete=30",
          "get=50,put=50")
@@ -166,6 +166,8 @@ def signature(results: dict[str, Any], run_dir: Path) -> str:
         parts.append(f"lost-writes:{anomalies[0]['kind']}" if anomalies else "lost-writes")
     if (results.get("replicas_agree") or {}).get("valid") is False:
         parts.append("replicas:replica-diverged")
+    if (results.get("replays") or {}).get("valid") is False:
+        parts.append("replays:answered-differently")
     return "+".join(sorted(parts))
 
 

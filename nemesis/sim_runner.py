@@ -43,7 +43,8 @@ from nemesis.store import write_json
 from system.sim.clients import AttemptState, ClientOp, OpStatus
 from system.sim.history import Function
 from workloads import replicas
-from workloads.kv import READS, ClientPlan, KeyPool, KVWorkload, PlannedOp, expected_version
+from workloads.kv import (READS, REPLAY, ClientPlan, KeyPool, KVWorkload, PlannedOp, Replayable,
+                          ReplayBook, expected_version)
 
 log = logging.getLogger("nemesis")
 
@@ -78,6 +79,9 @@ class _Client:
     started_s: float = 0.0
     retry_at_s: float = 0.0
     leader_hint: str | None = None
+    book: ReplayBook | None = None  # its acknowledged writes, for `replay`
+    write_no: int = 0  # the run's write count when its write in flight was invoked
+    expected: int | None = None  # that write's expected version
 
 
 class SimClients:
@@ -94,7 +98,7 @@ class SimClients:
         self.clients = [
             _Client(t, plan := ClientPlan(seed, t, self.pool, workload.concurrency,
                                            workload.rate, workload.mix), process=t,
-                    next_at_s=plan.first_delay_s)
+                    next_at_s=plan.first_delay_s, book=ReplayBook(workload.write_clock))
             for t in range(workload.concurrency)
         ]
         # A client-library canary runs in these clients, as in the real ones.
@@ -164,7 +168,23 @@ class SimClients:
 
     def _start(self, client: _Client, planned: PlannedOp, now_s: float) -> None:
         process, key, kind = client.process, planned.key, planned.kind
-        if kind in READS:
+        assert client.book is not None
+        if kind == REPLAY:
+            write = client.book.pick(planned.offset, client.book.tick())
+            if write is None:
+                return  # nothing acknowledged yet to send again
+            f = Function.DELETE if write.deleting else (
+                Function.CAS if write.expected is not None else Function.PUT)
+            client.op = self.sim.invoke(f, write.key, write.value, write.expected,
+                                        process=process, request_id=write.request_id,
+                                        retry_on_refusal=True)
+            fields: dict[str, Any] = {"replay_of": write.index,
+                                      "replayed": "delete" if write.deleting else "put"}
+            if write.expected is not None:
+                fields["expected_version"] = write.expected
+            client.invoke_index = self.history.invoke(process, REPLAY, write.key, write.value,
+                                                      request_id=write.request_id, **fields)
+        elif kind in READS:
             consistency = self.workload.consistency_of(kind)
             client.invoke_index = self.history.invoke(process, "get", key, None,
                                                       consistency=consistency)
@@ -182,6 +202,7 @@ class SimClients:
                 f = Function.DELETE
             else:
                 f = Function.CAS if expected is not None else Function.PUT
+            client.write_no, client.expected = client.book.tick(), expected
             client.op = self.sim.invoke(f, key, value, expected, process=process,
                                         request_id=f"p{process}-{planned.value}",
                                         retry_on_refusal=True)
@@ -221,7 +242,21 @@ class SimClients:
                 history.complete(index, "fail", None, error=op.error or "not served")
                 counts.add(kind, "fail")
             return
-        if op.status is OpStatus.OK:
+        replay = kind == REPLAY
+        if not replay and client.book is not None and (
+                op.status is OpStatus.OK or op.applied is False):
+            client.book.note(Replayable(index, op.f is Function.DELETE, op.key, op.value,
+                                        client.expected, op.request_id, op.result_version,
+                                        op.status is OpStatus.OK, client.write_no))
+        if replay and op.status is OpStatus.OK:  # the first answer again: nothing new seen
+            history.complete(index, "ok", op.value, version=op.result_version, applied=True,
+                             node=op.answered_by)
+            counts.add(kind, "ok")
+        elif replay and op.applied is False:
+            history.complete(index, "ok", op.value, version=op.result_version, applied=False,
+                             node=op.answered_by)
+            counts.add(kind, "ok")
+        elif op.status is OpStatus.OK:
             # A delete reports the version it removed; the process now sees the key absent.
             client.seen[op.key] = 0 if op.f is Function.DELETE else op.result_version or 0
             if op.answered_by:

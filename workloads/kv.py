@@ -8,7 +8,19 @@ operation drawn from the mix (`--mix`, `parse_mix`; default `DEFAULT_MIX`):
   checker/staleness.py, not for linearizability: it promises no recency);
 - `put`: an unconditional write of a unique value;
 - `cas`: a put with an expected version; `delete`: an unconditional delete;
-  `cas-delete`: a delete with an expected version.
+  `cas-delete`: a delete with an expected version;
+- `replay`: one of this thread's earlier acknowledged writes (put, cas, delete or
+  cas-delete, applied or refused on its version) sent again, same arguments, same request
+  id: a store with idempotent request ids answers its first result and changes nothing
+  (docs/kv.md). Recorded as f `replay` with `replay_of` (the original's invoke index);
+  checker/replays.py compares the answers, and the linearizability model takes a replay
+  as changing nothing, so a store that applied it again shows in the reads too. Offered
+  only where the system has request ids (`System.idempotent_request_ids`); the target is
+  drawn from the thread's last `REPLAY_CANDIDATES` acknowledged writes younger than
+  `REPLAY_HORIZON_WRITES` writes of the run (the store forgets ids after 100,000 log
+  entries), so old ones are replayed after the snapshots, restarts and leader changes a
+  run brings. Its own draws (`kv-replay:` generator) leave every other draw of a seed as
+  it was.
 
 A conditional operation draws its version class (`VERSION_CLASSES`) from the version this
 process last saw of the key (0 if none, or after it saw the key deleted): `right` (that
@@ -47,10 +59,15 @@ from workloads import replicas
 from workloads.base import RunContext, Workload
 
 OPS = ("get", "stale-get", "put", "cas", "delete", "cas-delete")
+REPLAY = "replay"
+MIX_KINDS = (*OPS, REPLAY)
+REPLAY_CANDIDATES = 64  # a thread's acknowledged writes a replay may pick from
+REPLAY_HORIZON_WRITES = 20_000  # well inside the store's 100,000-entry request-id window
 CONDITIONAL = ("cas", "cas-delete")
 READS = ("get", "stale-get")
 # Every kind and every version class within a few dozen operations of any seed.
-DEFAULT_MIX = {"get": 20, "stale-get": 10, "put": 15, "cas": 30, "delete": 10, "cas-delete": 15}
+DEFAULT_MIX = {"get": 20, "stale-get": 10, "put": 15, "cas": 30, "delete": 10, "cas-delete": 15,
+               "replay": 5}
 VERSION_CLASSES = ("right", "stale", "future", "absent")
 VERSION_WEIGHTS = (40, 20, 20, 20)
 MAX_VERSION_OFFSET = 3  # how far a stale or future version is from the one seen
@@ -65,8 +82,8 @@ def parse_mix(text: str) -> dict[str, int]:
         name = name.strip()
         if not sep or not name:
             raise ValueError(f"want KIND=WEIGHT pairs separated by commas, got {part.strip()!r}")
-        if name not in OPS:
-            raise ValueError(f"unknown operation {name!r}; known: {', '.join(OPS)}")
+        if name not in MIX_KINDS:
+            raise ValueError(f"unknown operation {name!r}; known: {', '.join(MIX_KINDS)}")
         if name in mix:
             raise ValueError(f"{name!r} is named twice")
         try:
@@ -75,14 +92,14 @@ def parse_mix(text: str) -> dict[str, int]:
             raise ValueError(f"weight of {name} must be a whole number, got {weight.strip()!r}") from None
         if mix[name] < 0:
             raise ValueError(f"weight of {name} must be >= 0, got {mix[name]}")
-    if not any(mix.values()):
-        raise ValueError("at least one weight must be positive")
-    return {kind: mix.get(kind, 0) for kind in OPS}
+    if not any(mix.get(kind) for kind in OPS):
+        raise ValueError("at least one weight of an operation other than replay must be positive")
+    return {kind: mix.get(kind, 0) for kind in MIX_KINDS}
 
 
 def format_mix(mix: dict[str, int]) -> str:
     """The mix as `--mix` takes it (kinds with weight 0 left out)."""
-    return ",".join(f"{kind}={mix[kind]}" for kind in OPS if mix.get(kind))
+    return ",".join(f"{kind}={mix[kind]}" for kind in MIX_KINDS if mix.get(kind))
 
 
 @dataclass(frozen=True)
@@ -95,6 +112,42 @@ class PlannedOp:
     value: str
     version_class: str | None = None
     offset: int = 0
+
+
+@dataclass(frozen=True)
+class Replayable:
+    """An acknowledged write a later `replay` may send again, with what it was answered."""
+
+    index: int  # its invoke's index in the history
+    deleting: bool
+    key: str
+    value: str | None
+    expected: int | None
+    request_id: str
+    version: int | None
+    applied: bool
+    write_no: int  # the run's write count when it was invoked
+
+
+class ReplayBook:
+    """One client thread's recent acknowledged writes (`note`), and the pick of one to
+    replay (`pick`, by a planned draw). `clock` counts the run's writes, shared by every
+    thread; a write older than `REPLAY_HORIZON_WRITES` of them is never picked."""
+
+    def __init__(self, clock: itertools.count) -> None:
+        self.clock = clock
+        self._recent: list[Replayable] = []
+
+    def tick(self) -> int:
+        return next(self.clock)
+
+    def note(self, write: Replayable) -> None:
+        self._recent.append(write)
+        del self._recent[:-REPLAY_CANDIDATES]
+
+    def pick(self, draw: int, now: int) -> Replayable | None:
+        fresh = [w for w in self._recent if now - w.write_no <= REPLAY_HORIZON_WRITES]
+        return fresh[draw % len(fresh)] if fresh else None
 
 
 class KeyPool:
@@ -141,9 +194,21 @@ class ClientPlan:
         mix = mix or DEFAULT_MIX
         self._kinds = [kind for kind in OPS if mix.get(kind)]
         self._weights = [mix[kind] for kind in self._kinds]
+        # Replays come from their own generator, after the operation is drawn, so turning
+        # them on or off leaves every other draw of the seed where it was.
+        self.replay_rng = random.Random(f"kv-replay:{seed}:{thread_no}")
+        self.replay_p = mix.get(REPLAY, 0) / max(1, sum(mix.get(k, 0) for k in MIX_KINDS))
 
     def next_op(self, process: int) -> PlannedOp:
-        """The next operation; a put's value is unique in the run (process and a counter)."""
+        """The next operation; a put's value is unique in the run (process and a counter).
+        A `replay` names no key of its own: `offset` picks which earlier write."""
+        planned = self._draw(process)
+        if self.replay_p and self.replay_rng.random() < self.replay_p:
+            return PlannedOp(planned.key, REPLAY, planned.value,
+                             offset=self.replay_rng.randrange(1 << 30))
+        return planned
+
+    def _draw(self, process: int) -> PlannedOp:
         key = self.pool.pick(self.rng)
         kind = self.rng.choices(self._kinds, self._weights)[0]
         value = f"{process}-{next(self._counter)}"
@@ -196,6 +261,12 @@ class KVWorkload(Workload):
         self.op_timeout_s = op_timeout_s
         self.read_consistency = read_consistency
         self.mix = dict(mix or DEFAULT_MIX)
+        if not system.idempotent_request_ids and self.mix.get(REPLAY):
+            if mix is not None:
+                raise ValueError(f"{system.name} has no request ids: a replayed write would "
+                                 f"apply again; leave replay out of --mix")
+            self.mix[REPLAY] = 0
+        self.write_clock = itertools.count()  # the run's writes, for the replays' horizon
         # A client-library canary (`System.client_canaries`) every client runs; refused
         # unless `unsafe_environ` (default: ours) allows it.
         self.client_unsafe = client_unsafe
@@ -252,6 +323,7 @@ class KVWorkload(Workload):
         process = thread_no
         client = self._client(ctx, process)
         seen: dict[str, int] = {}  # key -> last version this process saw
+        book = ReplayBook(self.write_clock)
         next_at = time.monotonic() + plan.first_delay_s
         try:
             while not ctx.stop.is_set():
@@ -264,7 +336,7 @@ class KVWorkload(Workload):
                     return
                 next_at = max(next_at + period, time.monotonic() - period)
                 planned = plan.next_op(process)
-                retired = self._one(ctx.history, client, process, planned, seen)
+                retired = self._one(ctx.history, client, process, planned, seen, book)
                 if retired:
                     client.close()
                     process += self.concurrency
@@ -274,7 +346,7 @@ class KVWorkload(Workload):
             client.close()
 
     def _one(self, history: HistoryWriter, client: KvClient, process: int, planned: PlannedOp,
-             seen: dict[str, int]) -> bool:
+             seen: dict[str, int], book: ReplayBook) -> bool:
         """One operation, recorded; returns True when the process must retire (info).
         Reads go to the process's home node first (then wherever it points), as a Jepsen
         client bound to one node; writes go to the leader the client last found."""
@@ -282,6 +354,10 @@ class KVWorkload(Workload):
         if kind in READS:
             self._read(history, client, process, kind, key, seen)
             return False
+        if kind == REPLAY:
+            write = book.pick(planned.offset, book.tick())
+            return write is not None and self._replay(history, client, process, write)
+        write_no = book.tick()
         expected, version_class = expected_version(planned, seen)
         fields: dict[str, Any] = {}
         if expected is not None:
@@ -303,6 +379,8 @@ class KVWorkload(Workload):
             history.complete(i, "ok", value, version=exc.current_version, applied=False,
                              node=exc.node)
             self.counts.add(kind, "ok")
+            book.note(Replayable(i, deleting, key, value, expected, rid, exc.current_version,
+                                 False, write_no))
             return False
         except Fail as exc:
             history.complete(i, "fail", value, error=_error(exc))
@@ -321,6 +399,48 @@ class KVWorkload(Workload):
         history.complete(i, "ok", value, version=w.version, applied=True, node=w.node,
                          term=w.term)
         self.counts.add(kind, "ok")
+        book.note(Replayable(i, deleting, key, value, expected, rid, w.version, True, write_no))
+        return False
+
+    def _replay(self, history: HistoryWriter, client: KvClient, process: int,
+                write: Replayable) -> bool:
+        """Send `write` again with its request id (see the module doc), recorded as f
+        `replay`; True when the process must retire (info). What this process has seen of
+        the key is left alone: the answer is the first one's, not news."""
+        fields: dict[str, Any] = {"replay_of": write.index,
+                                  "replayed": "delete" if write.deleting else "put"}
+        if write.expected is not None:
+            fields["expected_version"] = write.expected
+        i = history.invoke(process, REPLAY, write.key, write.value,
+                           request_id=write.request_id, **fields)
+        try:
+            if write.deleting:
+                w = client.delete(write.key, expected_version=write.expected,
+                                  request_id=write.request_id)
+            else:
+                w = client.put(write.key, write.value.encode(),  # type: ignore[union-attr]
+                               expected_version=write.expected, request_id=write.request_id)
+        except VersionMismatch as exc:
+            history.complete(i, "ok", write.value, version=exc.current_version, applied=False,
+                             node=exc.node)
+            self.counts.add(REPLAY, "ok")
+            return False
+        except Fail as exc:
+            history.complete(i, "fail", write.value, error=_error(exc))
+            self.counts.add(REPLAY, "fail")
+            return False
+        except Unknown as exc:
+            history.complete(i, "info", write.value, error=_error(exc))
+            self.counts.add(REPLAY, "info")
+            return True
+        except Exception as exc:  # noqa: BLE001 - as for a write: it may have applied
+            self.harness_errors.append(f"replay: {type(exc).__name__}: {exc}")
+            history.complete(i, "info", write.value, error=f"{type(exc).__name__}: {exc}")
+            self.counts.add(REPLAY, "info")
+            return True
+        history.complete(i, "ok", write.value, version=w.version, applied=True, node=w.node,
+                         term=w.term)
+        self.counts.add(REPLAY, "ok")
         return False
 
     def _read(self, history: HistoryWriter, client: KvClient, process: int, kind: str,

@@ -143,6 +143,12 @@ class RunData:
         """checker/replicas.py's findings: a node whose state diverged at the end."""
         return list((self.results.get("replicas_agree") or {}).get("anomalies") or [])
 
+    @property
+    def replay_anomalies(self) -> list[dict[str, Any]]:
+        """checker/replays.py's findings: a write sent again with its request id that was
+        not answered as the first time."""
+        return list((self.results.get("replays") or {}).get("anomalies") or [])
+
     def counts_by(self, attribute: str) -> dict[str, dict[str, int]]:
         """attribute value -> {ok, fail, info}, e.g. per function or per node."""
         table: dict[str, dict[str, int]] = {}
@@ -187,7 +193,8 @@ class RunData:
     def first_violation_s(self) -> float | None:
         times = [v.time_s for v in self.violations if v.time_s is not None]
         times += [t for t in (self._anomaly_time(a) for a in
-                              [*self.lost_write_anomalies, *self.replica_anomalies])
+                              [*self.lost_write_anomalies, *self.replica_anomalies,
+                               *self.replay_anomalies])
                   if t is not None]
         return min(times) if times else None
 
@@ -435,6 +442,12 @@ def violation_summary(data: RunData) -> str:
                 + (f", during {describe_windows(during)}" if during else ", outside any fault")
                 + f") fits no order of the operations; the state then was {cx['state']}"
                 + (f" — {tail}" if tail else ""))
+    replays = data.replay_anomalies
+    if replays:
+        tail = "; ".join(filter(None, [tail, f"{len(replays)} replayed write(s) answered "
+                                              f"otherwise than the first time"]))
+        if first_cx is None and first_lost is None:
+            return f"a replayed request was not deduplicated: {replays[0]['text']}"
     replicas = data.replica_anomalies
     if replicas and first_cx is None and first_lost is None:
         nodes = (data.results.get("replicas_agree") or {}).get("counts", {}).get("nodes_diverged")

@@ -212,6 +212,7 @@ def _violations(data: RunData, cited: set[int]) -> str:
             out.append(f"<p class='meta'>{len(anomalies) - MAX_ANOMALIES_SHOWN} more in "
                        f"<a href='results.json'>results.json</a>.</p>")
     out.append(_replica_anomalies(data, cited))
+    out.append(_replay_anomalies(data, cited))
     out.append(_trainer_anomalies(data, cited))
     if (data.run_dir / "timeline.html").exists():
         # The fragment opens that page on the failing operation, however long the key.
@@ -219,6 +220,23 @@ def _violations(data: RunData, cited: set[int]) -> str:
                    f"<a href='timeline.html#{FAILING_OP_ANCHOR}'>timeline.html</a> (opens on "
                    "the operation that cannot be placed).</p>")
     out.append("</section>")
+    return "\n".join(out)
+
+
+def _replay_anomalies(data: RunData, cited: set[int]) -> str:
+    """checker/replays.py's findings: the write and its replay, answered differently."""
+    anomalies = data.replay_anomalies
+    if not anomalies:
+        return ""
+    out = [f"<h3 id='replays'>Replayed writes answered otherwise ({len(anomalies)})</h3><p>An "
+           "acknowledged write sent again with its request id must be answered as the first "
+           "time and change nothing.</p><table><tr><th>key</th><th>kind</th><th>what</th>"
+           "<th>history lines</th></tr>"]
+    for anomaly in anomalies[:MAX_ANOMALIES_SHOWN]:
+        lines = _operation_links(anomaly, cited)
+        out.append(f"<tr><td>{_e(repr(anomaly.get('key')))}</td><td>{_e(anomaly.get('kind'))}"
+                   f"</td><td>{_e(anomaly['text'])}</td><td>{' '.join(lines)}</td></tr>")
+    out.append("</table>")
     return "\n".join(out)
 
 

@@ -81,6 +81,9 @@ def render(data: RunData, key: str | None = None) -> str:
         if anomalies:
             lines.append(f"\nlost writes ({len(anomalies)}):")
             lines.extend(f"  {a.get('text')}" for a in anomalies[:5])
+        if data.replay_anomalies:
+            lines.append(f"\nreplayed writes answered otherwise ({len(data.replay_anomalies)}):")
+            lines.extend(f"  {a.get('text')}" for a in data.replay_anomalies[:5])
         if data.replica_anomalies:
             lines.append(f"\nreplicas that diverged ({len(data.replica_anomalies)} reads):")
             lines.extend(f"  {a.get('text')}" for a in data.replica_anomalies[:5])

@@ -191,6 +191,10 @@ class System(abc.ABC):
     one_peer_address: bool = False
     # Exit codes a node uses to refuse its data (the harness then rejoins it, docs/kv.md).
     refuses_data_exit_codes: tuple[int, ...] = ()
+    # True when a write carrying a request id the system already applied returns its first
+    # result and changes nothing (our store, docs/kv.md); the kv workload then replays
+    # acknowledged writes (`replay` in its mix). etcd has no request ids.
+    idempotent_request_ids: bool = False
 
     def refuses_data(self, exit_code: int, reason: str) -> bool:
         """Whether a node that exited with `exit_code`, its last log line `reason`,

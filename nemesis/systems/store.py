@@ -35,6 +35,7 @@ class StoreSystem(System):
     name = "store"
     simulated = True
     status_windows = True
+    idempotent_request_ids = True
     # 3: the node refused its data directory (docs/kv.md, "Identity and rejoining").
     refuses_data_exit_codes = (3,)
 

@@ -25,6 +25,11 @@ Canaries (see docs/kv-node.md):
 - `delete-keeps-version`: a delete leaves the key's version behind (a tombstone reads do
   not see); a re-created key continues from it instead of restarting at 1, and a
   compare-and-swap against the deleted key's last version succeeds over the delete.
+- `snapshot-drops-request-ids`: snapshots carry the keys but not the remembered request
+  ids (docs/kv.md: "the table is part of the snapshot"). A node that restores one (at a
+  restart, or from InstallSnapshot) applies a retry of a write older than it again, while
+  the nodes that applied the log keep their answer: the replicas diverge, and a retry the
+  restored node answers as leader is applied twice.
 - every broken Raft core of system/raft/unsafe.py (`votes-twice`, `commits-old-term-entries`,
   ...): the node builds its core from that class (`UnsafeMode.core_class`) and runs the
   real shell around it.
@@ -39,6 +44,7 @@ What it must never do: be reachable without both the flag and the environment va
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -46,6 +52,7 @@ from typing import TYPE_CHECKING
 from system.kv.state_machine import (
     DeleteCommand,
     DeleteResult,
+    FrozenState,
     KVStateMachine,
     PutCommand,
     PutResult,
@@ -60,7 +67,8 @@ if TYPE_CHECKING:
 
 ALLOW_ENV_VAR = "MAO_ALLOW_UNSAFE"
 STORE_CANARIES = ("ack-before-commit", "stale-read", "no-dedup", "skips-fsync",
-                  "counts-unsynced-self", "cas-skips-check-when-absent", "delete-keeps-version")
+                  "counts-unsynced-self", "cas-skips-check-when-absent", "delete-keeps-version",
+                  "snapshot-drops-request-ids")
 # Every name `--unsafe` takes for a node and for `python -m nemesis run`: one list.
 CANARIES = (*STORE_CANARIES, *CORE_VARIANTS)
 CLIENT_CANARIES = ("client-new-request-id",)
@@ -241,6 +249,21 @@ class DeleteKeepsVersion(UnsafeMode):
     state_machine_class = DeleteKeepsVersionMachine
 
 
+class SnapshotDropsRequestIdsMachine(KVStateMachine):
+    """WRONG: its snapshots (`frozen_copy`, which `snapshot` and the node's background
+    snapshot both take) leave the remembered request ids out."""
+
+    def frozen_copy(self) -> FrozenState:
+        return dataclasses.replace(super().frozen_copy(), records=[])
+
+
+class SnapshotDropsRequestIds(UnsafeMode):
+    """WRONG: a restored snapshot forgets which requests were applied."""
+
+    name = "snapshot-drops-request-ids"
+    state_machine_class = SnapshotDropsRequestIdsMachine
+
+
 class BrokenCore(UnsafeMode):
     """WRONG: the node's Raft core is a broken variant (system/raft/unsafe.py); the rest of
     the node is the real one."""
@@ -258,6 +281,7 @@ _MODES: dict[str, type[UnsafeMode]] = {
     CountsUnsyncedSelf.name: CountsUnsyncedSelf,
     CasSkipsCheckWhenAbsent.name: CasSkipsCheckWhenAbsent,
     DeleteKeepsVersion.name: DeleteKeepsVersion,
+    SnapshotDropsRequestIds.name: SnapshotDropsRequestIds,
 }
 assert tuple(_MODES) == STORE_CANARIES, "every store canary has a mode"
 

@@ -11,8 +11,8 @@ towards a commit; caught only where a Ready is pipelined, `Simulation(pipeline=T
 other,
 `ack-before-commit`, needs the node's internals in the store, so it is written again here
 for the simulator's shell: a write is answered once the leader's own log holds it, with the
-result its entry will have if the log commits as it stands. `cas-skips-check-when-absent`
-and `delete-keeps-version` break a rule of the state machine: every simulated node applies
+result its entry will have if the log commits as it stands. `cas-skips-check-when-absent`,
+`delete-keeps-version` and `snapshot-drops-request-ids` break a rule of the state machine: every simulated node applies
 with the store's canary subclass (`UnsafeMode.state_machine_class`), as a real node does.
 The client-library canary (`client-new-request-id`) is no variant of the store: the
 simulated clients run it (nemesis/sim_runner.py), as the real ones do.
@@ -37,6 +37,7 @@ from system.kv.unsafe import (
     DeleteKeepsVersion,
     NoDedup,
     SkipsFsync,
+    SnapshotDropsRequestIds,
     StaleRead,
     UnsafeMode,
 )
@@ -170,6 +171,10 @@ _VARIANTS = {
     DeleteKeepsVersion.name: SimVariant(
         DeleteKeepsVersion.name, state_machine_class=DeleteKeepsVersion.state_machine_class,
         description=DeleteKeepsVersion.__doc__ or ""),
+    SnapshotDropsRequestIds.name: SimVariant(
+        SnapshotDropsRequestIds.name,
+        state_machine_class=SnapshotDropsRequestIds.state_machine_class,
+        description=SnapshotDropsRequestIds.__doc__ or ""),
 }
 assert tuple(_VARIANTS) == STORE_CANARIES, "every store canary has a simulator variant"
 _VARIANTS.update({name: SimVariant(name, core_class=core, description=core.__doc__ or "")

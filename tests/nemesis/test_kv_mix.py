@@ -23,7 +23,8 @@ from system.kv.state_machine import (
 )
 from workloads.kv import (
     DEFAULT_MIX,
-    OPS,
+    MIX_KINDS,
+    REPLAY,
     VERSION_CLASSES,
     ClientPlan,
     KeyPool,
@@ -46,6 +47,9 @@ def _drive(seed: int, ops: int) -> Counter[str]:
     for index in range(1, ops + 1):
         op: PlannedOp = plan.next_op(0)
         paths[f"kind:{op.kind}"] += 1
+        if op.kind == REPLAY:  # an earlier write again: tests/checker/test_replays.py
+            machine.apply_noop(index)
+            continue
         if op.kind in ("get", "stale-get"):
             cell = machine.get(op.key)
             seen[op.key] = cell[1] if cell is not None else 0
@@ -76,7 +80,7 @@ def _drive(seed: int, ops: int) -> Counter[str]:
 
 
 EVERY_PATH = {
-    *(f"kind:{kind}" for kind in OPS), *(f"class:{c}" for c in VERSION_CLASSES),
+    *(f"kind:{kind}" for kind in MIX_KINDS), *(f"class:{c}" for c in VERSION_CLASSES),
     "cas applied", "cas refused", "cas-delete applied", "cas-delete refused",
     "delete of an existing key", "re-created after a delete",
 }
@@ -96,6 +100,29 @@ def test_a_mix_without_deletes_never_reaches_an_absent_key_again() -> None:
     assert kinds == {"get", "put", "cas"}
 
 
+def test_replays_replace_some_operations_and_leave_every_other_draw_of_the_seed_alone() -> None:
+    """Replays draw from their own generator: the same seed with and without them plans
+    the same keys, kinds and values wherever no replay took the slot."""
+    without = parse_mix(format_mix({**DEFAULT_MIX, REPLAY: 0}))
+    plain = ClientPlan(5, 0, KeyPool(3, 300), 1, 100, mix=without)
+    replaying = ClientPlan(5, 0, KeyPool(3, 300), 1, 100, mix=DEFAULT_MIX)
+    pairs = [(plain.next_op(0), replaying.next_op(0)) for _ in range(WITHIN_OPS)]
+    replays = [b for _, b in pairs if b.kind == REPLAY]
+    assert 5 <= len(replays) <= 40, len(replays)  # about 5 in 105
+    assert all(a == b for a, b in pairs if b.kind != REPLAY)
+
+
+def test_a_system_without_request_ids_gets_no_replays() -> None:
+    from nemesis.systems.etcd.system import EtcdSystem
+    from workloads.kv import KVWorkload
+
+    etcd = EtcdSystem()
+    assert KVWorkload(concurrency=1, rate=1, op_timeout_s=1, system=etcd).mix[REPLAY] == 0
+    with pytest.raises(ValueError, match="no request ids"):
+        KVWorkload(concurrency=1, rate=1, op_timeout_s=1, system=etcd,
+                   mix=parse_mix("get=1,replay=1"))
+
+
 def test_the_expected_version_of_each_class() -> None:
     def op(version_class: str, offset: int = 2) -> PlannedOp:
         return PlannedOp("k", "cas", "v", version_class, offset)
@@ -112,10 +139,12 @@ def test_the_expected_version_of_each_class() -> None:
 
 def test_parse_mix() -> None:
     assert parse_mix("get=30,put=20,cas=30,delete=10,stale-get=10") == {
-        "get": 30, "stale-get": 10, "put": 20, "cas": 30, "delete": 10, "cas-delete": 0}
+        "get": 30, "stale-get": 10, "put": 20, "cas": 30, "delete": 10, "cas-delete": 0,
+        "replay": 0}
     assert parse_mix(format_mix(DEFAULT_MIX)) == DEFAULT_MIX
     for bad, says in [("get=1,foo=2", "unknown operation 'foo'"), ("get", "KIND=WEIGHT"),
                       ("get=x", "whole number"), ("get=-1", ">= 0"), ("get=0", "positive"),
+                      ("replay=3", "other than replay"),
                       ("get=1,get=2", "twice")]:
         with pytest.raises(ValueError, match=says):
             parse_mix(bad)
