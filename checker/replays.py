@@ -55,8 +55,8 @@ def check_replays(operations: Sequence[Operation]) -> Result:
             kind, op.key,
             f"{extra.get('replayed', 'write')} of {op.key!r} with request id "
             f"{extra.get('request_id')!r} was {_describe(original)} (history line "
-            f"{_line(original)}); sent again with the same request id it was "
-            f"{_describe(op)} (line {_line(op)}): a retried request must get its first "
+            f"{original.line}); sent again with the same request id it was "
+            f"{_describe(op)} (line {op.line}): a retried request must get its first "
             f"answer and change nothing",
             (original, op)))
     valid = False if anomalies else True
@@ -65,8 +65,3 @@ def check_replays(operations: Sequence[Operation]) -> Result:
                   counts={"replays_judged": judged, "replays_unjudged": unjudged,
                           "replays_answered_differently": len(anomalies)})
 
-
-def _line(op: Operation) -> int:
-    """The history line of the operation's completion (1-based), else of its invoke."""
-    record = op.completion or op.invoke
-    return record.line if record.line is not None else record.index + 1

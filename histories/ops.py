@@ -159,6 +159,13 @@ class Operation:
         return self.completion.version if self.completion else None
 
     @property
+    def line(self) -> int:
+        """The history line (1-based) of its completion, else of its invoke: what an
+        anomaly's text points a person at."""
+        record = self.completion or self.invoke
+        return record.line if record.line is not None else record.index + 1
+
+    @property
     def expected_version(self) -> int | None:
         if self.invoke.expected_version is not None:
             return self.invoke.expected_version

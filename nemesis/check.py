@@ -19,7 +19,7 @@ from checker.models import by_name
 from checker.replays import check_replays
 from checker.replicas import check_replicas
 from checker.result import UNKNOWN, Result, Verdict, combine
-from checker.staleness import stale_reads
+from checker.staleness import check_stale_read_states, stale_reads
 from checker.timeline import render_html
 from histories.ops import Operation
 from histories.pairing import pair_operations
@@ -74,7 +74,8 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
             f"({shown}): whether those writes survived is unknown")])))
     agree: Result = check_replicas(operations)
     replays: Result = check_replays(operations)
-    verdict = combine([lin.valid, lost.valid, agree.valid, replays.valid])
+    states: Result = check_stale_read_states(operations)
+    verdict = combine([lin.valid, lost.valid, agree.valid, replays.valid, states.valid])
     if not operations:
         # A run that recorded nothing proves nothing: never "valid".
         verdict = UNKNOWN
@@ -88,6 +89,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
         "lost_writes": lost.to_json(),
         "replicas_agree": agree.to_json(),
         "replays": replays.to_json(),
+        "stale_read_states": states.to_json(),
         "stale_reads": stale_reads(operations),
         "unverified_keys": len(unread),
         "history_truncated": read.dropped_truncated_tail,
@@ -102,6 +104,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     results["_lost"] = lost
     results["_agree"] = agree
     results["_replays"] = replays
+    results["_states"] = states
     return results
 
 
@@ -179,6 +182,10 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
         lines.append(f"  {anomaly.kind}: {anomaly.text}")
     lines += replica_lines(results.get("_agree"))
     lines += replay_lines(results.get("_replays"))
+    states = results.get("_states")
+    if states is not None and states.valid is False:
+        lines.append(f"stale reads: {len(states.anomalies)} returned a state the key never had")
+        lines += [f"  {a.kind}: {a.text}" for a in states.anomalies[:5]]
     for counterexample in lin.counterexamples[:1]:
         lines.append("")
         lines.append(counterexample.text())
@@ -241,9 +248,9 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
     for counterexample in results["_lin"].counterexamples:
         op = counterexample.blocking
         positions.append(op.ret if op.ret is not None else op.call)
-    replays = results.get("_replays")
+    extra = [results[k].anomalies for k in ("_replays", "_states") if results.get(k) is not None]
     for anomaly in [*results["_lost"].anomalies, *results["_agree"].anomalies,
-                    *(replays.anomalies if replays is not None else ())]:
+                    *(a for found in extra for a in found)]:
         positions.extend(op.ret if op.ret is not None else op.call for op in anomaly.operations)
     stamps = [times[p] for p in positions if p in times and times[p] is not None]
     if not stamps:

@@ -168,6 +168,8 @@ def signature(results: dict[str, Any], run_dir: Path) -> str:
         parts.append("replicas:replica-diverged")
     if (results.get("replays") or {}).get("valid") is False:
         parts.append("replays:answered-differently")
+    if (results.get("stale_read_states") or {}).get("valid") is False:
+        parts.append("stale-reads:unwritten-state")
     return "+".join(sorted(parts))
 
 

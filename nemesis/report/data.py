@@ -149,6 +149,11 @@ class RunData:
         not answered as the first time."""
         return list((self.results.get("replays") or {}).get("anomalies") or [])
 
+    @property
+    def stale_state_anomalies(self) -> list[dict[str, Any]]:
+        """checker/staleness.py's findings: a stale read of a state the key never had."""
+        return list((self.results.get("stale_read_states") or {}).get("anomalies") or [])
+
     def counts_by(self, attribute: str) -> dict[str, dict[str, int]]:
         """attribute value -> {ok, fail, info}, e.g. per function or per node."""
         table: dict[str, dict[str, int]] = {}
@@ -194,7 +199,7 @@ class RunData:
         times = [v.time_s for v in self.violations if v.time_s is not None]
         times += [t for t in (self._anomaly_time(a) for a in
                               [*self.lost_write_anomalies, *self.replica_anomalies,
-                               *self.replay_anomalies])
+                               *self.replay_anomalies, *self.stale_state_anomalies])
                   if t is not None]
         return min(times) if times else None
 
@@ -442,6 +447,12 @@ def violation_summary(data: RunData) -> str:
                 + (f", during {describe_windows(during)}" if during else ", outside any fault")
                 + f") fits no order of the operations; the state then was {cx['state']}"
                 + (f" — {tail}" if tail else ""))
+    states = data.stale_state_anomalies
+    if states:
+        tail = "; ".join(filter(None, [tail, f"{len(states)} stale read(s) of a state the key "
+                                              f"never had"]))
+        if first_cx is None and first_lost is None:
+            return f"a stale read returned a state the key never had: {states[0]['text']}"
     replays = data.replay_anomalies
     if replays:
         tail = "; ".join(filter(None, [tail, f"{len(replays)} replayed write(s) answered "

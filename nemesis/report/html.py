@@ -224,14 +224,24 @@ def _violations(data: RunData, cited: set[int]) -> str:
 
 
 def _replay_anomalies(data: RunData, cited: set[int]) -> str:
-    """checker/replays.py's findings: the write and its replay, answered differently."""
-    anomalies = data.replay_anomalies
+    """checker/replays.py's and checker/staleness.py's findings: a replayed write answered
+    otherwise than the first time; a stale read of a state the key never had."""
+    return "\n".join(filter(None, [
+        _anomaly_table(data.replay_anomalies, cited, "replays", "Replayed writes answered otherwise",
+                       "An acknowledged write sent again with its request id must be answered "
+                       "as the first time and change nothing."),
+        _anomaly_table(data.stale_state_anomalies, cited, "stale-states",
+                       "Stale reads of a state the key never had",
+                       "A stale read promises no recency, but a value and version some put "
+                       "produced.")]))
+
+
+def _anomaly_table(anomalies: list[dict], cited: set[int], anchor: str, title: str,
+                   intro: str) -> str:
     if not anomalies:
         return ""
-    out = [f"<h3 id='replays'>Replayed writes answered otherwise ({len(anomalies)})</h3><p>An "
-           "acknowledged write sent again with its request id must be answered as the first "
-           "time and change nothing.</p><table><tr><th>key</th><th>kind</th><th>what</th>"
-           "<th>history lines</th></tr>"]
+    out = [f"<h3 id='{anchor}'>{_e(title)} ({len(anomalies)})</h3><p>{_e(intro)}</p>"
+           "<table><tr><th>key</th><th>kind</th><th>what</th><th>history lines</th></tr>"]
     for anomaly in anomalies[:MAX_ANOMALIES_SHOWN]:
         lines = _operation_links(anomaly, cited)
         out.append(f"<tr><td>{_e(repr(anomaly.get('key')))}</td><td>{_e(anomaly.get('kind'))}"
@@ -242,20 +252,11 @@ def _replay_anomalies(data: RunData, cited: set[int]) -> str:
 
 def _replica_anomalies(data: RunData, cited: set[int]) -> str:
     """checker/replicas.py's findings: the replica's read and the final read it contradicts."""
-    anomalies = data.replica_anomalies
-    if not anomalies:
-        return ""
-    out = [f"<h3 id='replicas'>Replicas that disagree with the final reads ({len(anomalies)})"
-           "</h3><p>Each node was read on its own after the final linearizable reads; at or "
-           "past the index a final read was served at, its state machine must hold the same "
-           "value and version.</p><table><tr><th>key</th><th>kind</th><th>what</th>"
-           "<th>history lines</th></tr>"]
-    for anomaly in anomalies[:MAX_ANOMALIES_SHOWN]:
-        lines = _operation_links(anomaly, cited)
-        out.append(f"<tr><td>{_e(repr(anomaly.get('key')))}</td><td>{_e(anomaly.get('kind'))}"
-                   f"</td><td>{_e(anomaly['text'])}</td><td>{' '.join(lines)}</td></tr>")
-    out.append("</table>")
-    return "\n".join(out)
+    return _anomaly_table(data.replica_anomalies, cited, "replicas",
+                          "Replicas that disagree with the final reads",
+                          "Each node was read on its own after the final linearizable reads; at "
+                          "or past the index a final read was served at, its state machine must "
+                          "hold the same value and version.")
 
 
 def _trainer_anomalies(data: RunData, cited: set[int]) -> str:

@@ -21,7 +21,8 @@ from typing import Any
 from nemesis.report.data import CRASHED, RunData, verdict_sentence
 
 NAMES = {"linearizable": "linearizability", "lost-writes": "lost writes",
-         "replicas-agree": "replicas agree"}
+         "replicas-agree": "replicas agree", "replays": "replayed requests",
+         "stale-read-states": "stale reads of real states"}
 MAX_FAILURE_CHARS = 20_000
 
 

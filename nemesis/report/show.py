@@ -81,6 +81,10 @@ def render(data: RunData, key: str | None = None) -> str:
         if anomalies:
             lines.append(f"\nlost writes ({len(anomalies)}):")
             lines.extend(f"  {a.get('text')}" for a in anomalies[:5])
+        if data.stale_state_anomalies:
+            lines.append(f"\nstale reads of a state the key never had "
+                         f"({len(data.stale_state_anomalies)}):")
+            lines.extend(f"  {a.get('text')}" for a in data.stale_state_anomalies[:5])
         if data.replay_anomalies:
             lines.append(f"\nreplayed writes answered otherwise ({len(data.replay_anomalies)}):")
             lines.extend(f"  {a.get('text')}" for a in data.replay_anomalies[:5])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checker.staleness import stale_reads
+from checker.staleness import check_stale_read_states, stale_reads
 from histories.ops import Op, OpType
 from histories.pairing import pair_operations
 
@@ -64,3 +64,34 @@ def test_a_refused_delete_changes_nothing() -> None:
 def test_a_read_after_a_delete_that_never_completed_is_not_counted() -> None:
     assert _stats(_put("a", 1), _put("b", 2), ("open-delete", {}), _stale_get(None, 0)) == {
         "stale_reads": 0, "lagging": 0, "max_versions_behind": 0}
+
+
+def _states(*steps: tuple[str, dict[str, Any]]) -> Any:
+    return check_stale_read_states(pair_operations(_history(*steps)))
+
+
+def test_a_stale_read_of_a_state_some_put_produced_is_valid_however_old() -> None:
+    result = _states(_put("a", 1), _put("b", 2), _stale_get("a", 1), ("delete", {"version": 2}),
+                     _stale_get(None, 0))
+    assert result.valid is True and result.counts["stale_reads_checked"] == 1
+
+
+def test_a_stale_read_of_a_version_its_value_never_had_is_invalid() -> None:
+    """A replica that applied a write twice (or diverged) holds 'a' at v2: no put made that."""
+    result = _states(_put("a", 1), _stale_get("a", 2))
+    assert result.valid is False
+    (anomaly,) = result.anomalies
+    assert anomaly.kind == "read-of-unwritten-version" and "answered at v1" in anomaly.text
+
+
+def test_a_stale_read_of_a_value_nobody_wrote_is_invalid() -> None:
+    result = _states(_put("a", 1), _stale_get("z", 1))
+    assert [a.kind for a in result.anomalies] == ["read-of-unwritten-value"]
+
+
+def test_a_put_with_an_unknown_outcome_may_have_produced_any_version() -> None:
+    records = _history(_stale_get("a", 7))
+    # a put of "a" invoked first, never answered (info): the read may have seen it applied
+    records = [Op(index=0, process=9, type=OpType.INVOKE, f="put", key="k", value="a"),
+               *[Op(**{**r.__dict__, "index": r.index + 1}) for r in records]]
+    assert check_stale_read_states(pair_operations(records)).valid is True
