@@ -435,6 +435,17 @@ def violation_summary(data: RunData) -> str:
     if stale:
         counts.append(f"{stale} stale read{'s' if stale != 1 else ''} missing an acknowledged "
                       f"write seen later")
+    # Findings of the checks beside linearizability and lost writes: counted in the tail,
+    # or the sentence itself when nothing else was found.
+    for found, counted, lead in (
+            (data.stale_state_anomalies, "stale read(s) of a state the key never had",
+             "a stale read returned a state the key never had"),
+            (data.replay_anomalies, "replayed write(s) answered otherwise than the first time",
+             "a replayed request was not deduplicated")):
+        if found and first_cx is None and first_lost is None:
+            return f"{lead}: {found[0]['text']}"
+        if found:
+            counts.append(f"{len(found)} {counted}")
     tail = "; ".join(counts)
     if first_cx is not None and (lost_time is None or (first_cx.time_s or 0) <= lost_time):
         cx = first_cx.counterexample
@@ -447,18 +458,6 @@ def violation_summary(data: RunData) -> str:
                 + (f", during {describe_windows(during)}" if during else ", outside any fault")
                 + f") fits no order of the operations; the state then was {cx['state']}"
                 + (f" — {tail}" if tail else ""))
-    states = data.stale_state_anomalies
-    if states:
-        tail = "; ".join(filter(None, [tail, f"{len(states)} stale read(s) of a state the key "
-                                              f"never had"]))
-        if first_cx is None and first_lost is None:
-            return f"a stale read returned a state the key never had: {states[0]['text']}"
-    replays = data.replay_anomalies
-    if replays:
-        tail = "; ".join(filter(None, [tail, f"{len(replays)} replayed write(s) answered "
-                                              f"otherwise than the first time"]))
-        if first_cx is None and first_lost is None:
-            return f"a replayed request was not deduplicated: {replays[0]['text']}"
     replicas = data.replica_anomalies
     if replicas and first_cx is None and first_lost is None:
         nodes = (data.results.get("replicas_agree") or {}).get("counts", {}).get("nodes_diverged")
