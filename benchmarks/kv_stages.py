@@ -41,7 +41,6 @@ from benchmarks.kvbench.profiling import Sampler  # noqa: E402
 from system.kv.stage_trace import ENV_VAR, STAGES  # noqa: E402
 
 
-
 def summary_of(target: OursTarget, index: int, trace_dir: Path) -> dict:
     """A member's stage summary (it writes the file whole, by rename); resets its trace."""
     path = trace_dir / f"{target.ids[index]}.json"

@@ -59,7 +59,7 @@ def check_replays(operations: Sequence[Operation]) -> Result:
             f"{_describe(op)} (line {op.line}): a retried request must get its first "
             f"answer and change nothing",
             (original, op)))
-    valid = False if anomalies else True
+    valid = not anomalies
     return Result("replays", valid, "request ids", time.monotonic() - started,
                   anomalies=tuple(anomalies),
                   counts={"replays_judged": judged, "replays_unjudged": unjudged,

@@ -98,7 +98,7 @@ def check_stale_read_states(operations: Sequence[Operation]) -> Result:
                 f"v{op.version}, but the put that wrote that value was answered at "
                 f"v{put.version} (line {put.line}): the node holds a state the key never "
                 f"had (a write applied again, or a replica that diverged)", (put, op)))
-    return Result("stale-read-states", False if anomalies else True, "versioned-kv",
+    return Result("stale-read-states", not anomalies, "versioned-kv",
                   time.monotonic() - started, anomalies=tuple(anomalies),
                   counts={"stale_reads_checked": checked, "unwritten_states": len(anomalies)})
 

@@ -43,8 +43,17 @@ from nemesis.store import write_json
 from system.sim.clients import AttemptState, ClientOp, OpStatus
 from system.sim.history import Function
 from workloads import replicas
-from workloads.kv import (READS, REPLAY, ClientPlan, KeyPool, KVWorkload, PlannedOp, Replayable,
-                          ReplayBook, expected_version)
+from workloads.kv import (
+    READS,
+    REPLAY,
+    ClientPlan,
+    KeyPool,
+    KVWorkload,
+    PlannedOp,
+    Replayable,
+    ReplayBook,
+    expected_version,
+)
 
 log = logging.getLogger("nemesis")
 
