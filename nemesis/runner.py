@@ -615,8 +615,9 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
                      "no deposed coordinator wrote, no request id applied twice, one "
                      "coordinator per lease term, every head write a CAS on what its writer read"
                      if config.workload == "trainer" else
-                     "the history is linearizable, no acknowledged write was lost and every "
-                     "replica that caught up agrees"),
+                     "the history is linearizable, no acknowledged write was lost, every "
+                     "replica that caught up agrees, every stale read returned a state the key "
+                     "had and every replayed request got its first answer"),
               False: "the history shows a violation (see above and report.html)",
               "unknown": "the check could not decide (a budget ran out, or nothing was recorded)"}
     _print(out, f"{word}: {reason[verdict]}. Run folder: {run_dir}")
