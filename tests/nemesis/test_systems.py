@@ -5,6 +5,7 @@ the end for one node run through a system object)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -23,7 +24,7 @@ from nemesis.systems.base import Fail, KvResult, System, Unknown, VersionMismatc
 from nemesis.systems.store import StoreKvClient, StoreSystem
 from system.kv import client as kv_client
 from tests.report.conftest import make_run
-from workloads.kv import KVWorkload, PlannedOp
+from workloads.kv import KVWorkload, PlannedOp, ReplayBook
 
 
 @pytest.fixture
@@ -220,22 +221,30 @@ def test_the_kv_workload_records_each_outcome_of_any_system(tmp_path: Path) -> N
     workload = KVWorkload(concurrency=1, rate=10, op_timeout_s=1.0)
     client = _Scripted([KvResult(version=1, node="n1", term=2), VersionMismatch(3, "n2"),
                         Fail("refused"), KvResult(version=0), Fail("no leader"),
-                        Unknown("timed out")])
+                        KvResult(version=1, node="n1", term=2), Unknown("timed out")])
     seen: dict[str, int] = {}
+    book = ReplayBook(itertools.count())
     with HistoryWriter(tmp_path / "h.jsonl") as history:
-        assert not workload._one(history, client, 0, PlannedOp("k", "put", "0-1"), seen)
-        assert not workload._one(history, client, 0, PlannedOp("k", "cas", "0-2", "right"), seen)
+        assert not workload._one(history, client, 0, PlannedOp("k", "put", "0-1"), seen, book)
+        assert not workload._one(history, client, 0, PlannedOp("k", "cas", "0-2", "right"), seen,
+                                 book)
         assert seen["k"] == 3  # the version the mismatch reported
-        assert not workload._one(history, client, 0, PlannedOp("k", "put", "0-3"), seen)
-        assert not workload._one(history, client, 0, PlannedOp("k", "get", ""), seen)
-        assert not workload._one(history, client, 0, PlannedOp("k", "get", ""), seen)
-        assert workload._one(history, client, 0, PlannedOp("k", "delete", ""), seen)  # retires
-    done = [json.loads(line) for line in (tmp_path / "h.jsonl").read_text().splitlines()
-            if json.loads(line)["type"] != "invoke"]
-    assert [d["type"] for d in done] == ["ok", "ok", "fail", "ok", "fail", "info"]
+        assert not workload._one(history, client, 0, PlannedOp("k", "put", "0-3"), seen, book)
+        assert not workload._one(history, client, 0, PlannedOp("k", "get", ""), seen, book)
+        assert not workload._one(history, client, 0, PlannedOp("k", "get", ""), seen, book)
+        # the first acknowledged write again, with its request id (offset 0 picks it)
+        assert not workload._one(history, client, 0, PlannedOp("k", "replay", "", offset=0),
+                                 seen, book)
+        assert workload._one(history, client, 0, PlannedOp("k", "delete", ""), seen, book)  # retires
+    records = [json.loads(line) for line in (tmp_path / "h.jsonl").read_text().splitlines()]
+    done = [r for r in records if r["type"] != "invoke"]
+    assert [d["type"] for d in done] == ["ok", "ok", "fail", "ok", "fail", "ok", "info"]
     assert done[1]["applied"] is False and done[1]["version"] == 3
     assert done[3]["value"] is None and done[3]["version"] == 0
     assert "applied_index" not in done[3]  # the system did not say
+    replay = next(r for r in records if r["f"] == "replay" and r["type"] == "invoke")
+    assert (replay["replay_of"], replay["replayed"], replay["value"]) == (0, "put", "0-1")
+    assert seen["k"] == 0  # the last read saw it absent; the replay (v1) is old news, not seen
 
 
 # ----- file faults ---------------------------------------------------------------------
