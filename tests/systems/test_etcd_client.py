@@ -143,7 +143,10 @@ def test_kv_workload_history_is_linearizable_under_versioned_kv(etcd_cluster, tm
 
     class EtcdThroughTheStoreMapping(StoreSystem):
         """The store's system with etcd's client in its place: EtcdClient raises the
-        store client's error types, so the store's outcome mapping applies as is."""
+        store client's error types, so the store's outcome mapping applies as is. etcd
+        has no request ids: no replays (a replayed write would apply again)."""
+
+        idempotent_request_ids = False
 
         def kv_client(self, addresses, *, timeout_s, client_id, tls=None, **_):  # noqa: ANN001, ANN201
             return StoreKvClient(EtcdClient(addresses, timeout_s=timeout_s,
