@@ -255,8 +255,7 @@ class SimClients:
         if not replay and client.book is not None and (
                 op.status is OpStatus.OK or op.applied is False):
             client.book.note(Replayable(index, op.f is Function.DELETE, op.key, op.value,
-                                        client.expected, op.request_id, op.result_version,
-                                        op.status is OpStatus.OK, client.write_no))
+                                        client.expected, op.request_id, client.write_no))
         if replay and op.status is OpStatus.OK:  # the first answer again: nothing new seen
             history.complete(index, "ok", op.value, version=op.result_version, applied=True,
                              node=op.answered_by)

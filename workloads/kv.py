@@ -46,6 +46,7 @@ the load and the first contact are spread across nodes, as Jepsen binds clients 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import threading
@@ -116,16 +117,15 @@ class PlannedOp:
 
 @dataclass(frozen=True)
 class Replayable:
-    """An acknowledged write a later `replay` may send again, with what it was answered."""
+    """A write as sent (a new one, then, once acknowledged, what a later `replay` sends
+    again; the checker finds its answer in the history by `index`)."""
 
-    index: int  # its invoke's index in the history
+    index: int  # its invoke's index in the history (-1 until invoked)
     deleting: bool
     key: str
     value: str | None
     expected: int | None
     request_id: str
-    version: int | None
-    applied: bool
     write_no: int  # the run's write count when it was invoked
 
 
@@ -364,43 +364,15 @@ class KVWorkload(Workload):
             fields["expected_version"] = expected
             fields["version_class"] = version_class
         deleting = kind in ("delete", "cas-delete")
-        value = None if deleting else planned.value
-        rid = client.new_request_id()
-        i = history.invoke(process, "delete" if deleting else "put", key, value,
-                           request_id=rid, **fields)
-        try:
-            if deleting:
-                w = client.delete(key, expected_version=expected, request_id=rid)
-            else:
-                w = client.put(key, value.encode(), expected_version=expected,  # type: ignore[union-attr]
-                               request_id=rid)
-        except VersionMismatch as exc:
-            seen[key] = exc.current_version
-            history.complete(i, "ok", value, version=exc.current_version, applied=False,
-                             node=exc.node)
-            self.counts.add(kind, "ok")
-            book.note(Replayable(i, deleting, key, value, expected, rid, exc.current_version,
-                                 False, write_no))
-            return False
-        except Fail as exc:
-            history.complete(i, "fail", value, error=_error(exc))
-            self.counts.add(kind, "fail")
-            return False
-        except Unknown as exc:
-            history.complete(i, "info", value, error=_error(exc))
-            self.counts.add(kind, "info")
-            return True
-        except Exception as exc:  # unknown failure of a write: it may have applied
-            self.harness_errors.append(f"{kind}: {type(exc).__name__}: {exc}")
-            history.complete(i, "info", value, error=f"{type(exc).__name__}: {exc}")
-            self.counts.add(kind, "info")
-            return True
-        seen[key] = 0 if deleting else w.version  # a delete reports the version it removed
-        history.complete(i, "ok", value, version=w.version, applied=True, node=w.node,
-                         term=w.term)
-        self.counts.add(kind, "ok")
-        book.note(Replayable(i, deleting, key, value, expected, rid, w.version, True, write_no))
-        return False
+        write = Replayable(-1, deleting, key, None if deleting else planned.value, expected,
+                           client.new_request_id(), write_no)
+        i, outcome, version = self._send(history, client, process, kind,
+                                         "delete" if deleting else "put", write, fields)
+        if outcome in ("applied", "refused"):
+            # A delete reports the version it removed; the process now sees the key absent.
+            seen[key] = 0 if deleting and outcome == "applied" else version  # type: ignore[assignment]
+            book.note(dataclasses.replace(write, index=i))
+        return outcome == "info"
 
     def _replay(self, history: HistoryWriter, client: KvClient, process: int,
                 write: Replayable) -> bool:
@@ -411,8 +383,16 @@ class KVWorkload(Workload):
                                   "replayed": "delete" if write.deleting else "put"}
         if write.expected is not None:
             fields["expected_version"] = write.expected
-        i = history.invoke(process, REPLAY, write.key, write.value,
-                           request_id=write.request_id, **fields)
+        return self._send(history, client, process, REPLAY, REPLAY, write, fields)[1] == "info"
+
+    def _send(self, history: HistoryWriter, client: KvClient, process: int, kind: str, f: str,
+              write: Replayable, fields: dict[str, Any]) -> tuple[int, str, int | None]:
+        """Invoke `write` as `f`, send it and record its outcome: (invoke index, outcome,
+        version answered). Outcome `applied` or `refused` (a compare that did not match,
+        recorded ok with applied false), `fail` (certainly not applied) or `info` (it may
+        have applied: the process must retire)."""
+        i = history.invoke(process, f, write.key, write.value, request_id=write.request_id,
+                           **fields)
         try:
             if write.deleting:
                 w = client.delete(write.key, expected_version=write.expected,
@@ -423,25 +403,25 @@ class KVWorkload(Workload):
         except VersionMismatch as exc:
             history.complete(i, "ok", write.value, version=exc.current_version, applied=False,
                              node=exc.node)
-            self.counts.add(REPLAY, "ok")
-            return False
+            self.counts.add(kind, "ok")
+            return i, "refused", exc.current_version
         except Fail as exc:
             history.complete(i, "fail", write.value, error=_error(exc))
-            self.counts.add(REPLAY, "fail")
-            return False
+            self.counts.add(kind, "fail")
+            return i, "fail", None
         except Unknown as exc:
             history.complete(i, "info", write.value, error=_error(exc))
-            self.counts.add(REPLAY, "info")
-            return True
-        except Exception as exc:  # noqa: BLE001 - as for a write: it may have applied
-            self.harness_errors.append(f"replay: {type(exc).__name__}: {exc}")
+            self.counts.add(kind, "info")
+            return i, "info", None
+        except Exception as exc:  # noqa: BLE001 - unknown failure of a write: it may have applied
+            self.harness_errors.append(f"{kind}: {type(exc).__name__}: {exc}")
             history.complete(i, "info", write.value, error=f"{type(exc).__name__}: {exc}")
-            self.counts.add(REPLAY, "info")
-            return True
+            self.counts.add(kind, "info")
+            return i, "info", None
         history.complete(i, "ok", write.value, version=w.version, applied=True, node=w.node,
                          term=w.term)
-        self.counts.add(REPLAY, "ok")
-        return False
+        self.counts.add(kind, "ok")
+        return i, "applied", w.version
 
     def _read(self, history: HistoryWriter, client: KvClient, process: int, kind: str,
               key: str, seen: dict[str, int]) -> None:
