@@ -27,13 +27,22 @@ pays one failed open() per checkpoint write, nothing else).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 ARM_FILE_VARIABLE = "TRAINER_PAUSE_ARM_FILE"
 _fired: set[str] = set()
 _continued = threading.Event()
+# Read end of the pipe Python's C-level signal handler writes each caught signal's number
+# into (signal.set_wakeup_fd). That write happens in whichever thread the kernel delivers
+# SIGCONT to, at once; the Python-level handler that sets `_continued` runs only in the
+# main thread and only when it next executes bytecode — never, while the main thread sits
+# in a C call that retries on EINTR (gRPC's waits do), which left a resumed coordinator
+# waiting out the whole 600 s.
+_wakeup_read: int | None = None
 # Called with (point, step) just before the process stops itself (the coordinator records
 # it as an event, so the history says where the pause landed).
 on_pause: Callable[[str, int], None] | None = None
@@ -48,8 +57,43 @@ def install() -> None:
     """Call from the main thread at startup (Python runs signal handlers only there): a
     SIGCONT handler tells the paused thread it may go on. Without it a stop delivered a
     moment late could let the write start before the pause, and its deadline expire in it."""
+    global _wakeup_read
     if _enabled():
         signal.signal(signal.SIGCONT, lambda signum, frame: _continued.set())
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        _wakeup_read = read
+
+
+def _drain_wakeups() -> bytes:
+    if _wakeup_read is None:
+        return b""
+    got = b""
+    while True:
+        try:
+            chunk = os.read(_wakeup_read, 4096)
+        except BlockingIOError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+
+
+def _wait_continued(timeout: float) -> None:
+    """Until SIGCONT has really been delivered (by either path), or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not _continued.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        if _wakeup_read is None:
+            _continued.wait(timeout=left)
+            continue
+        ready, _, _ = select.select([_wakeup_read], [], [], min(left, 1.0))
+        if ready and bytes([signal.SIGCONT]) in _drain_wakeups():
+            return
 
 
 def _take_arming(point: str, step: int) -> bool:
@@ -79,5 +123,6 @@ def reach(point: str, step: int) -> None:
     if on_pause is not None:
         on_pause(point, step)
     _continued.clear()
+    _drain_wakeups()  # an old SIGCONT's byte must not end this pause early
     os.kill(os.getpid(), signal.SIGSTOP)
-    _continued.wait(timeout=600)  # until SIGCONT has really been delivered
+    _wait_continued(timeout=600)
