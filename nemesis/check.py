@@ -13,6 +13,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from checker.crashes import check_crashes, crash_records
 from checker.linearizability import check_linearizable
 from checker.lost_writes import check_lost_writes, unverified_keys
 from checker.models import by_name
@@ -75,7 +76,9 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     agree: Result = check_replicas(operations)
     replays: Result = check_replays(operations)
     states: Result = check_stale_read_states(operations)
-    verdict = combine([lin.valid, lost.valid, agree.valid, replays.valid, states.valid])
+    crashes: Result = check_crashes(read.records)
+    verdict = combine([lin.valid, lost.valid, agree.valid, replays.valid, states.valid,
+                       crashes.valid])
     if not operations:
         # A run that recorded nothing proves nothing: never "valid".
         verdict = UNKNOWN
@@ -90,6 +93,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
         "replicas_agree": agree.to_json(),
         "replays": replays.to_json(),
         "stale_read_states": states.to_json(),
+        "nodes_stay_up": crashes.to_json(),
         "stale_reads": stale_reads(operations),
         "unverified_keys": len(unread),
         "history_truncated": read.dropped_truncated_tail,
@@ -105,6 +109,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     results["_agree"] = agree
     results["_replays"] = replays
     results["_states"] = states
+    results["_crashes"] = crashes
     return results
 
 
@@ -116,7 +121,8 @@ def _check_trainer_run(run_dir: Path, test: dict[str, Any], started: float,
 
     config = (test.get("workload") or {}).get("config")
     found = check_trainer(records, reference_digest(config) if config else None)
-    verdict = found["trainer_summary"]["valid"]
+    crashes = check_crashes(records)  # the store's nodes under the trainer
+    verdict = combine([found["trainer_summary"]["valid"], crashes.valid])
     if not operations:
         verdict = UNKNOWN
     results_path = run_dir / "results.json"
@@ -124,8 +130,10 @@ def _check_trainer_run(run_dir: Path, test: dict[str, Any], started: float,
     results.update(found)
     results.update({"valid": verdict, "verdict": WORDS[verdict], "operations": op_table(operations),
                     "check_seconds": round(time.monotonic() - started, 3),
-                    "properties": {p: found[f"trainer-{p}"]["valid"] for p in PROPERTIES}})
+                    "properties": {p: found[f"trainer-{p}"]["valid"] for p in PROPERTIES},
+                    "nodes_stay_up": crashes.to_json()})
     write_json(results_path, results)
+    results["_crashes"] = crashes
     return results
 
 
@@ -152,7 +160,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                          + (f" ({entry['note']})" if entry.get("note") else ""))
             for anomaly in entry["anomalies"][:3]:
                 lines.append(f"  {anomaly['kind']}: {anomaly['text']}")
-        return lines
+        return lines + crash_lines(results.get("_crashes"))
     lin: Result = results["_lin"]
     lost: Result = results["_lost"]
     keys = lin.keys
@@ -186,10 +194,19 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     if states is not None and states.valid is False:
         lines.append(f"stale reads: {len(states.anomalies)} returned a state the key never had")
         lines += [f"  {a.kind}: {a.text}" for a in states.anomalies[:5]]
+    lines += crash_lines(results.get("_crashes"))
     for counterexample in lin.counterexamples[:1]:
         lines.append("")
         lines.append(counterexample.text())
     return lines
+
+
+def crash_lines(crashes: Result | None) -> list[str]:
+    """Nodes that exited on their own (checker/crashes.py); nothing when none did."""
+    if crashes is None or crashes.valid is not False:
+        return []
+    lines = [f"nodes stay up: INVALID ({len(crashes.anomalies)} exit(s) nobody asked for)"]
+    return lines + [f"  {a.kind}: {a.text}" for a in crashes.anomalies[:5]]
 
 
 def replay_lines(replays: Result | None) -> list[str]:
@@ -243,6 +260,7 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
         for name in results.get("properties") or {}:
             for anomaly in results[f"trainer-{name}"]["anomalies"]:
                 positions.extend(anomaly.get("indexes") or [])
+        positions.extend(r.index for r in crash_records(records))
         stamps = [times[p] for p in positions if p in times and times[p] is not None]
         return (min(stamps) - records[0].time) / 1e9 if stamps else None
     for counterexample in results["_lin"].counterexamples:
@@ -252,6 +270,7 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
     for anomaly in [*results["_lost"].anomalies, *results["_agree"].anomalies,
                     *(a for found in extra for a in found)]:
         positions.extend(op.ret if op.ret is not None else op.call for op in anomaly.operations)
+    positions.extend(r.index for r in crash_records(records))
     stamps = [times[p] for p in positions if p in times and times[p] is not None]
     if not stamps:
         return None

@@ -170,6 +170,8 @@ def signature(results: dict[str, Any], run_dir: Path) -> str:
         parts.append("replays:answered-differently")
     if (results.get("stale_read_states") or {}).get("valid") is False:
         parts.append("stale-reads:unwritten-state")
+    if (results.get("nodes_stay_up") or {}).get("valid") is False:
+        parts.append("crashes:node-crashed")
     return "+".join(sorted(parts))
 
 

@@ -255,6 +255,10 @@ class Nemesis:
         # promote) has begun and not finished: the end-of-run heal finishes it.
         self.refused: set[str] = set()
         self.rejoining: set[str] = set()
+        # Nodes found exited on their own, each exit recorded once (`node-crashed`, which
+        # makes the run INVALID: checker/crashes.py); a node leaves the set once it runs.
+        self.crashes_noted: set[str] = set()
+        self.crashes: list[dict[str, Any]] = []
         self._wiped: set[str] = set()
         self.counts: dict[str, int] = {}
         # `election` faults by shape: {"aimed": n, "landed": n} (nemesis/elections.py).
@@ -635,8 +639,14 @@ class Nemesis:
             return None
         # Removing the leader makes it hand leadership over first (node.py); the change is
         # retried at the new leader.
-        self.platform.change_membership("remove", node)
+        # Down from the remove on: a removed member may stop itself (etcd does), which is
+        # not a crash.
         self.expected_down.add(node)
+        try:
+            self.platform.change_membership("remove", node)
+        except Exception:
+            self.expected_down.discard(node)
+            raise
         self.platform.kill(node)
         self.platform.wipe(node)
 
@@ -793,7 +803,9 @@ class Nemesis:
                 self.rejoining.add(node)
                 outcome.setdefault("refused", []).append(node)
             else:
-                self.expected_down.discard(node)  # the run reports it as crashed
+                self.expected_down.discard(node)
+                self.crashes_noted.discard(node)  # a new exit, after the restart
+                self.note_crash(node, code)
                 self._error(f"restart {node} after {kind}", PlatformError(
                     f"{node} exited with code {code}: {self.platform.exit_reason(node)}"))
                 outcome.setdefault("crashed", []).append(node)
@@ -801,6 +813,29 @@ class Nemesis:
             self._rejoin_refused(kind, fault_id, node)
             outcome.setdefault("rejoined", []).append(node)
         return outcome
+
+    def note_crash(self, node: str, code: int) -> bool:
+        """Record that `node` exited with `code` though nothing stopped it; True the first
+        time for this exit."""
+        if node in self.crashes_noted:
+            return False
+        self.crashes_noted.add(node)
+        reason = self.platform.exit_reason(node)
+        self.crashes.append({"node": node, "exit_code": code, "reason": reason})
+        self.record("node-crashed", {
+            "fault": "crash", "phase": "start", "nodes": [node], "node": node,
+            "exit_code": code, "reason": reason,
+            "description": f"{node} exited with code {code} on its own: {reason or '(no output)'}"})
+        return True
+
+    def sweep_crashes(self) -> None:
+        """At the end of the run: every node the nemesis did not stop must be running."""
+        for node in self.platform.node_ids:
+            if node in self.expected_down or node in self.rejoining:
+                continue
+            code = self.platform.exit_code(node)
+            if code is not None:
+                self.note_crash(node, code)
 
     def _rejoin_refused(self, kind: str, fault_id: int | None, node: str) -> None:
         """The procedure the node printed: member remove, empty its directory, member add

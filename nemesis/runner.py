@@ -497,6 +497,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                           interval_s=config.interval_s, record=record,
                           targets=workload if isinstance(workload, ProcessTargets) else None)
         nemesis.deal_kinds = config.faults_all
+        run_info["crashed_nodes"] = nemesis.crashes  # the same list, filled as they are found
         if "election" in config.faults or "rollback" in config.faults:
             run_info["elections"] = nemesis.election_counts
         if system.status_windows and windows.aims_at_windows(config.faults, config.workload,
@@ -509,23 +510,17 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         deadline = ctx.deadline = started + config.duration_s
         nemesis.start(deadline)
         progress = Progress(out, config.duration_s)
-        seen_crashed: set[str] = set()
         while time.monotonic() < deadline:
             ctx.stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
             for node in platform.node_ids:
                 # One look per node and tick: on Docker each is a call to the engine.
                 code_ = platform.exit_code(node)
                 if code_ is None or node in nemesis.expected_down:
-                    seen_crashed.discard(node)
+                    nemesis.crashes_noted.discard(node)
                     continue
-                if node not in seen_crashed:
-                    seen_crashed.add(node)
-                    run_info["crashed_nodes"].append({"node": node, "exit_code": code_})
-                    record("node-crashed", {"fault": "crash", "phase": "start", "nodes": [node],
-                                            "description": f"{node} exited with code {code_} "
-                                                           f"on its own"})
-                    _print(out, f"\nwarning: {node} exited with code {code_} on its own; "
-                                f"see {run_dir / 'nodes'}")
+                if nemesis.note_crash(node, code_):
+                    _print(out, f"\n{node} exited with code {code_} on its own (the run will "
+                                f"be INVALID: nodes-stay-up); see {run_dir / 'nodes'}")
             progress.update(time.monotonic() - started, workload.counts.totals(),
                             nemesis.describe_active(), workload.counts.notes())
         progress.done(time.monotonic() - started, workload.counts.totals(),
@@ -548,6 +543,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                                                say=lambda line: _print(out, line))
         if replica_reads is not None:
             run_info["replica_reads"] = replica_reads
+        nemesis.sweep_crashes()  # a node that stopped during the heal or the final reads
     except (HarnessError, WorkloadError) as exc:
         run_info["harness_error"] = str(exc)
         _print(out, f"harness error: {exc}")
@@ -590,9 +586,6 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
                    if config.write_report else "report: not written (python -m nemesis report)")
     for line in check.summary_lines(results):
         _print(out, line)
-    if run_info["crashed_nodes"]:
-        _print(out, "nodes that crashed on their own: " + ", ".join(
-            f"{c['node']} (exit {c['exit_code']})" for c in run_info["crashed_nodes"]))
     if run_info.get("windows"):  # leader faults aimed at the store's windows
         _print(out, "windows: " + "; ".join(
             f"{kind} aimed {c['aimed']}, landed inside {c['landed']}, not seen {c['not_seen']}"
@@ -613,11 +606,13 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
     word = check.WORDS[verdict]
     reason = {True: ("no acknowledged checkpoint was lost, every resume started from the latest, "
                      "no deposed coordinator wrote, no request id applied twice, one "
-                     "coordinator per lease term, every head write a CAS on what its writer read"
+                     "coordinator per lease term, every head write a CAS on what its writer "
+                     "read, no store node stopped on its own"
                      if config.workload == "trainer" else
                      "the history is linearizable, no acknowledged write was lost, every "
                      "replica that caught up agrees, every stale read returned a state the key "
-                     "had and every replayed request got its first answer"),
+                     "had, every replayed request got its first answer and no node stopped "
+                     "on its own"),
               False: "the history shows a violation (see above and report.html)",
               "unknown": "the check could not decide (a budget ran out, or nothing was recorded)"}
     _print(out, f"{word}: {reason[verdict]}. Run folder: {run_dir}")

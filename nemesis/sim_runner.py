@@ -444,6 +444,16 @@ class SimRun:
         else:
             self.fault_ends_s = min(now_s + self.interval_s, deadline_s)
 
+    def note_crashes(self) -> None:
+        """A node that stopped itself, as the real runner's watch (nemesis/runner.py)."""
+        nemesis = self.nemesis
+        for node in self.platform.node_ids:
+            code = self.platform.exit_code(node)
+            if code is None or node in nemesis.expected_down:
+                nemesis.crashes_noted.discard(node)
+            else:
+                nemesis.note_crash(node, code)
+
     def run_workload(self, duration_s: float) -> None:
         platform = self.platform
         start = platform.now_s()
@@ -464,6 +474,7 @@ class SimRun:
                 self.waiting_since = None
             platform.advance()
             self.clients.collect(platform.now_s())
+            self.note_crashes()
         if self.fault is not None:
             self.nemesis.end(self.fault)
             self.fault = None
@@ -522,6 +533,7 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
                           interval_s=config.interval_s, record=record)
         nemesis.deal_kinds = config.faults_all
+        run_info["crashed_nodes"] = nemesis.crashes
         clients = SimClients(workload, platform, history, config.seed)
         run = SimRun(platform, nemesis, clients, config.interval_s, seed=config.seed)
         try:
@@ -541,6 +553,7 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
             print_line(out, "final reads ...")
             run_info["final_reads"] = clients.final_reads(run, FINAL_READ_TIMEOUT_S)
             run_info["replica_reads"] = clients.replica_reads(run, REPLICA_READ_TIMEOUT_S, out)
+            nemesis.sweep_crashes()
         except Exception as exc:  # a harness bug must never read as "invalid" (exit 1)
             log.exception("harness failure")
             run_info["harness_error"] = f"{type(exc).__name__}: {exc}"

@@ -289,14 +289,17 @@ class SimPlatform(Platform):
         return self.sim.nodes[node_id].alive
 
     def exit_code(self, node_id: str) -> int | None:
-        """3 for a node that refused its disk at a restart; a simulated node never exits
-        otherwise."""
-        if node_id in self.refused and not self.sim.nodes[node_id].alive:
+        """3 for a node that refused its disk at a restart, 70 for one that stopped itself
+        (its state machine refused an entry, as the real node exits 70); None otherwise."""
+        shell = self.sim.nodes[node_id]
+        if shell.alive:
+            return None
+        if node_id in self.refused:
             return 3
-        return None
+        return 70 if shell.fatal is not None else None
 
     def exit_reason(self, node_id: str) -> str:
-        return self.refused.get(node_id, "")
+        return self.refused.get(node_id) or self.sim.nodes[node_id].fatal or ""
 
     # ----- network -----------------------------------------------------------------------
 

@@ -154,6 +154,11 @@ class RunData:
         """checker/staleness.py's findings: a stale read of a state the key never had."""
         return list((self.results.get("stale_read_states") or {}).get("anomalies") or [])
 
+    @property
+    def crash_anomalies(self) -> list[dict[str, Any]]:
+        """checker/crashes.py's findings: a node that exited though nothing stopped it."""
+        return list((self.results.get("nodes_stay_up") or {}).get("anomalies") or [])
+
     def counts_by(self, attribute: str) -> dict[str, dict[str, int]]:
         """attribute value -> {ok, fail, info}, e.g. per function or per node."""
         table: dict[str, dict[str, int]] = {}
@@ -411,6 +416,8 @@ def verdict_sentence(data: RunData) -> str:
         broken = [(name, data.results.get(f"trainer-{name}") or {})
                   for name, v in (data.results.get("properties") or {}).items() if v is False]
         first = next(((n, r["anomalies"][0]) for n, r in broken if r.get("anomalies")), None)
+        if first is None and data.crash_anomalies:
+            return f"INVALID: a store node crashed: {data.crash_anomalies[0]['text']} ({where})."
         text = (f"trainer property {first[0]!r} broken: {first[1]['kind']}: {first[1]['text']}"
                 if first else "a trainer property is broken (see results.json)")
         return f"INVALID: {text} ({where})."
@@ -441,7 +448,9 @@ def violation_summary(data: RunData) -> str:
             (data.stale_state_anomalies, "stale read(s) of a state the key never had",
              "a stale read returned a state the key never had"),
             (data.replay_anomalies, "replayed write(s) answered otherwise than the first time",
-             "a replayed request was not deduplicated")):
+             "a replayed request was not deduplicated"),
+            (data.crash_anomalies, "node crash(es) nobody asked for",
+             "a node exited on its own")):
         if found and first_cx is None and first_lost is None:
             return f"{lead}: {found[0]['text']}"
         if found:

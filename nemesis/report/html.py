@@ -159,7 +159,8 @@ def _overview(data: RunData) -> str:
         problems.append(f"harness error: {results['harness_error']} (see harness.log)")
     for crash in results.get("crashed_nodes") or []:
         problems.append(f"{crash.get('node')} exited with code {crash.get('exit_code')} on its "
-                        f"own (see its log below)")
+                        f"own — nodes-stay-up makes the run invalid: "
+                        f"{crash.get('reason') or 'no last line'} (see its log below)")
     for error in (results.get("nemesis_errors") or [])[:5]:
         problems.append(f"nemesis error: {error}")
     if data.history_error:

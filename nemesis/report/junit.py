@@ -22,7 +22,7 @@ from nemesis.report.data import CRASHED, RunData, verdict_sentence
 
 NAMES = {"linearizable": "linearizability", "lost-writes": "lost writes",
          "replicas-agree": "replicas agree", "replays": "replayed requests",
-         "stale-read-states": "stale reads of real states"}
+         "stale-read-states": "stale reads of real states", "nodes-stay-up": "nodes stay up"}
 MAX_FAILURE_CHARS = 20_000
 
 

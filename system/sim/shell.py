@@ -59,6 +59,10 @@ class NodeShell:
         # A leader's Ready whose APPENDs left before its fsync, which has not completed yet
         # (pipelined ordering), and whether its committed entries were applied already.
         self.persisting: tuple[Ready, bool] | None = None
+        # Why the node stopped itself, as the real node exits 70 when its state machine
+        # refuses an entry (node.py `_drive_failed`); it is crashed once the input that
+        # found it is carried out (`after_input`), and cleared by the next start.
+        self.fatal: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -69,6 +73,7 @@ class NodeShell:
     def start(self) -> None:
         """Boot (or reboot) from whatever the disk holds."""
         restored = self.disk.load()
+        self.fatal = None
         self.replica = Replica(self.sim.variant.state_machine_class())
         self.applied_index = self.applied_term = self.snapshot_index = 0
         if restored.snapshot is not None:
@@ -107,7 +112,7 @@ class NodeShell:
         the monitor."""
         core = self.core
         assert core is not None
-        while self.persisting is None and core.has_ready():
+        while self.persisting is None and self.fatal is None and core.has_ready():
             ready = core.ready()
             if self.sim.pipeline and ready.messages_before_persist and ready.must_sync:
                 self.start_pipelined(ready)
@@ -117,6 +122,8 @@ class NodeShell:
         self.sim.monitor.observe(
             self.node_id, core.role.value, core.term, core.commit_index, core.status().last_index
         )
+        if self.fatal is not None:
+            self.sim.stop_fatally(self.node_id, self.fatal)
 
     def finish_ready(self, ready: Ready) -> None:
         core = self.core
@@ -250,7 +257,10 @@ class NodeShell:
                 f"{self.node_id} was asked to apply index {entry.index} after "
                 f"{self.applied_index}: a gap",
             )
-            return  # the store's state machine refuses to apply out of order
+            # The store's state machine refuses to apply out of order, and the node stops.
+            self.fatal = (f"fatal error in the Raft drive loop: asked to apply index "
+                          f"{entry.index} after {self.applied_index}")
+            return
         result = self.replica.apply(entry)
         self.applied_index, self.applied_term = entry.index, entry.term
         self.sim.entries_applied += 1

@@ -510,6 +510,15 @@ class Simulation:
             self.held.remove((op, attempt))
             self.attempt_unknown(op, attempt, f"{node} crashed with the request unread")
 
+    def stop_fatally(self, node: NodeId, reason: str) -> None:
+        """`node` stopped itself (its shell found a broken rule): crashed as a process exit,
+        not a step of the schedule — it follows from the steps before it."""
+        self.record(f"{node} stopped itself: {reason}")
+        self.nodes[node].crash(lose_unsynced=False)
+        for op, attempt in [h for h in self.held if h[1].node == node]:
+            self.held.remove((op, attempt))
+            self.attempt_unknown(op, attempt, f"{node} stopped with the request unread")
+
     def shorten_log(self, node: NodeId, keep_through: int) -> None:
         """The crashed `node`'s disk comes back holding only its entries up to
         `keep_through` (restored from an older copy, or wiped with keep_through=0, the

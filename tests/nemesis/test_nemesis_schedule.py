@@ -395,3 +395,35 @@ def test_a_fault_being_healed_is_shown_as_healing_until_its_end_is_recorded() ->
         platform.release.set()
         healer.join(30)
     assert events[-1][0] == "heal-partition" and nemesis.describe_active() == []
+
+
+def test_a_node_down_that_the_nemesis_did_not_stop_is_recorded_once_as_a_crash() -> None:
+    platform = FakePlatform(3)
+    events: list[tuple[str, dict]] = []
+    nemesis = Nemesis(platform, ["kill"], seed=1, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)))
+    nemesis._begin("kill")  # the nemesis's own kill: expected down, never a crash
+    nemesis.sweep_crashes()
+    assert not [f for f, _ in events if f == "node-crashed"]
+    platform.down.add("n3")  # n3 stops by itself
+    nemesis.sweep_crashes()
+    nemesis.sweep_crashes()  # the same exit is recorded once
+    crashes = [v for f, v in events if f == "node-crashed"]
+    assert [(c["node"], c["exit_code"]) for c in crashes] == [("n3", -9)]
+    assert nemesis.crashes == [{"node": "n3", "exit_code": -9, "reason": ""}]
+
+
+def test_a_member_that_stops_itself_when_removed_is_not_a_crash() -> None:
+    class StopsWhenRemoved(FakePlatform):  # as an etcd member does
+        def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
+            super().change_membership(action, node_id, timeout_s=timeout_s)
+            if action == "remove":
+                assert node_id in nemesis.expected_down, "removed before it was expected down"
+                self.down.add(node_id)
+
+    platform = StopsWhenRemoved(3)
+    nemesis = Nemesis(platform, ["member"], seed=1, interval_s=0.01, record=lambda f, v: None)
+    nemesis.member_shapes = ("remove-and-rejoin",)
+    nemesis._begin("member")
+    nemesis.sweep_crashes()
+    assert nemesis.crashes == []

@@ -103,11 +103,13 @@ def test_junit_has_one_case_per_checker_and_the_counterexample_as_failure_text(
         invalid_run: Path, valid_run: Path, crashed_run: Path, tmp_path: Path) -> None:
     suite = _junit(write_junit(invalid_run, tmp_path / "invalid.xml"))
     cases = {c.get("name"): c for c in suite.findall("testcase")}
-    # (the replicas-agree, replay and stale-state cases are there for every kv run; this
-    # history has no replica reads, replays or stale reads, so they pass: docs/checker.md)
+    # (the replicas-agree, replay, stale-state and crash cases are there for every kv run;
+    # this history has no replica reads, replays, stale reads or crashes, so they pass:
+    # docs/checker.md)
     assert set(cases) == {"linearizability", "lost writes", "replicas agree",
-                          "replayed requests", "stale reads of real states"}
-    for passing in ("replicas agree", "replayed requests", "stale reads of real states"):
+                          "replayed requests", "stale reads of real states", "nodes stay up"}
+    for passing in ("replicas agree", "replayed requests", "stale reads of real states",
+                    "nodes stay up"):
         assert cases[passing].find("failure") is None
     failure = cases["linearizability"].find("failure")
     assert failure is not None and "cannot place: get('k') -> 'k6' @v6" in failure.text
