@@ -19,6 +19,7 @@ after a failed `start()`.
 from __future__ import annotations
 
 import abc
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,22 @@ def last_line(text: str, limit: int = 300) -> str:
     if not lines:
         return ""
     line = lines[-1]
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def exit_line(text: str, limit: int = 300) -> str:
+    """Why a node exited, from what it printed last: a plain line as it is (a refusal to
+    start), or for the node's JSON log line its message and the last line of its exception
+    (`fatal error in the Raft drive loop; ...: ValueError: ...`), not 300 characters of
+    JSON and traceback."""
+    line = last_line(text, limit=10**6)
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if isinstance(record, dict) and isinstance(record.get("msg"), str):
+        cause = last_line(str(record.get("exception") or ""), limit=10**6)
+        line = record["msg"] + (f": {cause}" if cause else "")
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

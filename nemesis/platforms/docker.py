@@ -74,6 +74,7 @@ from nemesis.platforms.base import (
     Platform,
     PlatformError,
     PlatformUnavailable,
+    exit_line,
     last_line,
 )
 from nemesis.platforms.image import LABEL_KIND, LABEL_PROJECT, PROJECT, ensure_image
@@ -763,7 +764,7 @@ class DockerPlatform(Platform):
         if container is None:
             return ""
         try:
-            return last_line(container.logs(stdout=True, stderr=True, tail=20)
+            return exit_line(container.logs(stdout=True, stderr=True, tail=20)
                              .decode(errors="replace"))
         except docker.errors.APIError:
             return ""

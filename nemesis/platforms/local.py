@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from nemesis.platforms import disk_damage
-from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, last_line
+from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, exit_line
 from nemesis.platforms.lazy_mount import LazyMount, force_unmount, lazy_mounts
 from nemesis.platforms.local_cluster import LocalCluster
 from nemesis.platforms.tcp_proxy import ProxyMode
@@ -221,10 +221,17 @@ class LocalPlatform(Platform):
         return self.cluster.exit_code(node_id)
 
     def exit_reason(self, node_id: str) -> str:
-        try:
-            return last_line(self.cluster.specs[node_id].stderr_file.read_text(errors="replace"))
-        except OSError:
-            return ""
+        spec = self.cluster.specs[node_id]
+        for source in (spec.stderr_file, spec.log_file):  # a refusal prints; a crash logs
+            try:
+                with source.open("rb") as f:
+                    f.seek(max(0, source.stat().st_size - 65536))
+                    line = exit_line(f.read().decode(errors="replace"))
+            except OSError:
+                continue
+            if line:
+                return line
+        return ""
 
     def _proxy(self, src: str, dst: str):  # noqa: ANN202 - a TcpProxy
         proxy = self.cluster.link_proxies.get((src, dst))

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from nemesis.platforms import disk_damage
-from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, last_line
+from nemesis.platforms.base import ClusterConfig, Platform, PlatformError, exit_line, last_line
 from nemesis.platforms.docker import _name_part
 from nemesis.platforms.ssh_conn import SshHosts
 from nemesis.platforms.ssh_hosts import Host
@@ -310,7 +310,7 @@ class SshPlatform(Platform):
         if node_id not in self._pids:
             return ""
         _, out = self._run(node_id, f"tail -n 20 {self._node_dir(node_id)}/out 2>/dev/null")
-        return last_line(out)
+        return exit_line(out)
 
     def member_address(self, node_id: str) -> str:
         self._node_dir(node_id)

@@ -81,3 +81,18 @@ def test_a_refusal_after_a_disk_fault_and_no_crash_are_valid(tmp_path: Path) -> 
     assert results["valid"] is True and results["nodes_stay_up"]["valid"] is True
     stored = json.loads((run_dir / "results.json").read_text())
     assert stored["nodes_stay_up"]["counts"] == {"node_crashes": 0}
+
+
+def test_the_exit_reason_is_the_nodes_message_and_the_cause_not_its_traceback() -> None:
+    from nemesis.platforms.base import exit_line
+
+    logged = json.dumps({
+        "level": "critical", "msg": "fatal error in the Raft drive loop; stopping the process",
+        "exception": "Traceback (most recent call last):\n  File \"node.py\", line 552\n"
+                     "OutOfOrderApply: apply of log index 1695 but applied_index is 1500"})
+    assert exit_line("earlier line\n" + logged + "\n\n") == (
+        "fatal error in the Raft drive loop; stopping the process: OutOfOrderApply: apply of "
+        "log index 1695 but applied_index is 1500")
+    refusal = "n2 refuses to start: wal.log: record 7 is cut off at offset 912"
+    assert exit_line(refusal) == refusal  # a plain line as it is
+    assert len(exit_line("x" * 1000)) == 300
