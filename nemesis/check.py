@@ -20,6 +20,7 @@ from checker.models import by_name
 from checker.replays import check_replays
 from checker.replicas import check_replicas
 from checker.result import UNKNOWN, Result, Verdict, combine
+from checker.safety_reports import REPORT, check_safety_reports
 from checker.staleness import check_stale_read_states, stale_reads
 from checker.timeline import render_html
 from histories.ops import Operation
@@ -77,8 +78,9 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     replays: Result = check_replays(operations)
     states: Result = check_stale_read_states(operations)
     crashes: Result = check_crashes(read.records)
+    reports: Result = check_safety_reports(read.records)
     verdict = combine([lin.valid, lost.valid, agree.valid, replays.valid, states.valid,
-                       crashes.valid])
+                       crashes.valid, reports.valid])
     if not operations:
         # A run that recorded nothing proves nothing: never "valid".
         verdict = UNKNOWN
@@ -94,6 +96,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
         "replays": replays.to_json(),
         "stale_read_states": states.to_json(),
         "nodes_stay_up": crashes.to_json(),
+        "safety_reports": reports.to_json(),
         "stale_reads": stale_reads(operations),
         "unverified_keys": len(unread),
         "history_truncated": read.dropped_truncated_tail,
@@ -110,6 +113,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
     results["_replays"] = replays
     results["_states"] = states
     results["_crashes"] = crashes
+    results["_reports"] = reports
     return results
 
 
@@ -122,7 +126,8 @@ def _check_trainer_run(run_dir: Path, test: dict[str, Any], started: float,
     config = (test.get("workload") or {}).get("config")
     found = check_trainer(records, reference_digest(config) if config else None)
     crashes = check_crashes(records)  # the store's nodes under the trainer
-    verdict = combine([found["trainer_summary"]["valid"], crashes.valid])
+    reports = check_safety_reports(records)
+    verdict = combine([found["trainer_summary"]["valid"], crashes.valid, reports.valid])
     if not operations:
         verdict = UNKNOWN
     results_path = run_dir / "results.json"
@@ -131,9 +136,11 @@ def _check_trainer_run(run_dir: Path, test: dict[str, Any], started: float,
     results.update({"valid": verdict, "verdict": WORDS[verdict], "operations": op_table(operations),
                     "check_seconds": round(time.monotonic() - started, 3),
                     "properties": {p: found[f"trainer-{p}"]["valid"] for p in PROPERTIES},
-                    "nodes_stay_up": crashes.to_json()})
+                    "nodes_stay_up": crashes.to_json(),
+                    "safety_reports": reports.to_json()})
     write_json(results_path, results)
     results["_crashes"] = crashes
+    results["_reports"] = reports
     return results
 
 
@@ -160,7 +167,7 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
                          + (f" ({entry['note']})" if entry.get("note") else ""))
             for anomaly in entry["anomalies"][:3]:
                 lines.append(f"  {anomaly['kind']}: {anomaly['text']}")
-        return lines + crash_lines(results.get("_crashes"))
+        return lines + crash_lines(results.get("_crashes"), results.get("_reports"))
     lin: Result = results["_lin"]
     lost: Result = results["_lost"]
     keys = lin.keys
@@ -194,19 +201,26 @@ def summary_lines(results: dict[str, Any]) -> list[str]:
     if states is not None and states.valid is False:
         lines.append(f"stale reads: {len(states.anomalies)} returned a state the key never had")
         lines += [f"  {a.kind}: {a.text}" for a in states.anomalies[:5]]
-    lines += crash_lines(results.get("_crashes"))
+    lines += crash_lines(results.get("_crashes"), results.get("_reports"))
     for counterexample in lin.counterexamples[:1]:
         lines.append("")
         lines.append(counterexample.text())
     return lines
 
 
-def crash_lines(crashes: Result | None) -> list[str]:
-    """Nodes that exited on their own (checker/crashes.py); nothing when none did."""
-    if crashes is None or crashes.valid is not False:
-        return []
-    lines = [f"nodes stay up: INVALID ({len(crashes.anomalies)} exit(s) nobody asked for)"]
-    return lines + [f"  {a.kind}: {a.text}" for a in crashes.anomalies[:5]]
+def crash_lines(crashes: Result | None, reports: Result | None = None) -> list[str]:
+    """Nodes that exited on their own (checker/crashes.py) or reported a broken safety
+    property (checker/safety_reports.py); nothing when none did."""
+    lines = []
+    if crashes is not None and crashes.valid is False:
+        lines.append(f"nodes stay up: INVALID ({len(crashes.anomalies)} exit(s) nobody asked for)")
+        lines += [f"  {a.kind}: {a.text}" for a in crashes.anomalies[:5]]
+    if reports is not None and reports.valid is False:
+        lines.append(f"nodes report no broken rule: INVALID ({len(reports.anomalies)} report(s))")
+        lines += [f"  {a.kind}: {a.text}" for a in reports.anomalies[:5]]
+    elif reports is not None and reports.note:
+        lines.append(f"nodes report no broken rule: {reports.note}")
+    return lines
 
 
 def replay_lines(replays: Result | None) -> list[str]:
@@ -260,7 +274,7 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
         for name in results.get("properties") or {}:
             for anomaly in results[f"trainer-{name}"]["anomalies"]:
                 positions.extend(anomaly.get("indexes") or [])
-        positions.extend(r.index for r in crash_records(records))
+        positions.extend(_node_finding_indexes(results, records))
         stamps = [times[p] for p in positions if p in times and times[p] is not None]
         return (min(stamps) - records[0].time) / 1e9 if stamps else None
     for counterexample in results["_lin"].counterexamples:
@@ -270,8 +284,17 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
     for anomaly in [*results["_lost"].anomalies, *results["_agree"].anomalies,
                     *(a for found in extra for a in found)]:
         positions.extend(op.ret if op.ret is not None else op.call for op in anomaly.operations)
-    positions.extend(r.index for r in crash_records(records))
+    positions.extend(_node_finding_indexes(results, records))
     stamps = [times[p] for p in positions if p in times and times[p] is not None]
     if not stamps:
         return None
     return (min(stamps) - records[0].time) / 1e9
+
+
+def _node_finding_indexes(results: dict[str, Any], records: list) -> list[int]:
+    """History indexes of the crash records, and of the safety reports when they count."""
+    found = [r.index for r in crash_records(records)]
+    if (results.get("safety_reports") or {}).get("valid") is False:
+        found += [r.index for r in records if r.process == "nemesis" and r.f == REPORT]
+    return found
+

@@ -172,6 +172,8 @@ def signature(results: dict[str, Any], run_dir: Path) -> str:
         parts.append("stale-reads:unwritten-state")
     if (results.get("nodes_stay_up") or {}).get("valid") is False:
         parts.append("crashes:node-crashed")
+    if (results.get("safety_reports") or {}).get("valid") is False:
+        parts.append("safety-reports:committed-log-diverged")
     return "+".join(sorted(parts))
 
 

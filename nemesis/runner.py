@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from histories.write import HistoryWriter
-from nemesis import check, report, rollback, windows
+from nemesis import check, report, rollback, safety_reports, windows
 from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
@@ -544,6 +544,8 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         if replica_reads is not None:
             run_info["replica_reads"] = replica_reads
         nemesis.sweep_crashes()  # a node that stopped during the heal or the final reads
+        platform.collect_logs()  # again at the teardown, for the last lines
+        safety_reports.record_all(safety_reports.scan(run_dir / "nodes"), record)
     except (HarnessError, WorkloadError) as exc:
         run_info["harness_error"] = str(exc)
         _print(out, f"harness error: {exc}")
@@ -611,8 +613,8 @@ def finish_run(config: RunConfig, run_dir: Path, run_info: dict[str, Any], out) 
                      if config.workload == "trainer" else
                      "the history is linearizable, no acknowledged write was lost, every "
                      "replica that caught up agrees, every stale read returned a state the key "
-                     "had, every replayed request got its first answer and no node stopped "
-                     "on its own"),
+                     "had, every replayed request got its first answer, no node stopped "
+                     "on its own or reported a broken rule"),
               False: "the history shows a violation (see above and report.html)",
               "unknown": "the check could not decide (a budget ran out, or nothing was recorded)"}
     _print(out, f"{word}: {reason[verdict]}. Run folder: {run_dir}")

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from histories.write import HistoryWriter
+from nemesis import safety_reports
 from nemesis.faults import ActiveFault, Nemesis
 from nemesis.platforms.base import ClusterConfig
 from nemesis.platforms.sim import TICK_S, SimPlatform
@@ -554,6 +555,7 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
             run_info["final_reads"] = clients.final_reads(run, FINAL_READ_TIMEOUT_S)
             run_info["replica_reads"] = clients.replica_reads(run, REPLICA_READ_TIMEOUT_S, out)
             nemesis.sweep_crashes()
+            safety_reports.record_all(sim_safety_reports(platform), record)
         except Exception as exc:  # a harness bug must never read as "invalid" (exit 1)
             log.exception("harness failure")
             run_info["harness_error"] = f"{type(exc).__name__}: {exc}"
@@ -571,6 +573,16 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
                 "monitor_violations": [v.line() for v in platform.sim.violations][:20],
             }
     return platform
+
+
+def sim_safety_reports(platform: SimPlatform) -> list[dict[str, Any]]:
+    """The simulated nodes' Ready.errors lines, as the real runner reads them from the
+    node logs (nemesis/safety_reports.py): one per distinct (node, text)."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for node, text in platform.sim.safety_reports:
+        seen.setdefault((node, text), {"node": node, "rule": "committed-log-diverged",
+                                       "text": text, "logged_at": None})
+    return list(seen.values())[:safety_reports.MAX_REPORTS]
 
 
 def variant_for_run(unsafe: str | None):  # noqa: ANN201 - SimVariant | None

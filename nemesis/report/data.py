@@ -159,6 +159,11 @@ class RunData:
         """checker/crashes.py's findings: a node that exited though nothing stopped it."""
         return list((self.results.get("nodes_stay_up") or {}).get("anomalies") or [])
 
+    @property
+    def safety_report_anomalies(self) -> list[dict[str, Any]]:
+        """checker/safety_reports.py's findings: a node's report of a broken property."""
+        return list((self.results.get("safety_reports") or {}).get("anomalies") or [])
+
     def counts_by(self, attribute: str) -> dict[str, dict[str, int]]:
         """attribute value -> {ok, fail, info}, e.g. per function or per node."""
         table: dict[str, dict[str, int]] = {}
@@ -418,6 +423,9 @@ def verdict_sentence(data: RunData) -> str:
         first = next(((n, r["anomalies"][0]) for n, r in broken if r.get("anomalies")), None)
         if first is None and data.crash_anomalies:
             return f"INVALID: a store node crashed: {data.crash_anomalies[0]['text']} ({where})."
+        if first is None and data.safety_report_anomalies:
+            return (f"INVALID: a store node reported a broken rule: "
+                    f"{data.safety_report_anomalies[0]['text']} ({where}).")
         text = (f"trainer property {first[0]!r} broken: {first[1]['kind']}: {first[1]['text']}"
                 if first else "a trainer property is broken (see results.json)")
         return f"INVALID: {text} ({where})."
@@ -450,7 +458,9 @@ def violation_summary(data: RunData) -> str:
             (data.replay_anomalies, "replayed write(s) answered otherwise than the first time",
              "a replayed request was not deduplicated"),
             (data.crash_anomalies, "node crash(es) nobody asked for",
-             "a node exited on its own")):
+             "a node exited on its own"),
+            (data.safety_report_anomalies, "node report(s) of a broken rule",
+             "a node reported a broken safety property")):
         if found and first_cx is None and first_lost is None:
             return f"{lead}: {found[0]['text']}"
         if found:

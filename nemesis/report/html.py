@@ -161,6 +161,8 @@ def _overview(data: RunData) -> str:
         problems.append(f"{crash.get('node')} exited with code {crash.get('exit_code')} on its "
                         f"own — nodes-stay-up makes the run invalid: "
                         f"{crash.get('reason') or 'no last line'} (see its log below)")
+    for finding in ((results.get("safety_reports") or {}).get("anomalies") or [])[:5]:
+        problems.append(f"safety report: {finding.get('text')}")
     for error in (results.get("nemesis_errors") or [])[:5]:
         problems.append(f"nemesis error: {error}")
     if data.history_error:

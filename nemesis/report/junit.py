@@ -22,7 +22,8 @@ from nemesis.report.data import CRASHED, RunData, verdict_sentence
 
 NAMES = {"linearizable": "linearizability", "lost-writes": "lost writes",
          "replicas-agree": "replicas agree", "replays": "replayed requests",
-         "stale-read-states": "stale reads of real states", "nodes-stay-up": "nodes stay up"}
+         "stale-read-states": "stale reads of real states", "nodes-stay-up": "nodes stay up",
+         "safety-reports": "nodes report no broken rule"}
 MAX_FAILURE_CHARS = 20_000
 
 

@@ -734,7 +734,11 @@ class Node:
         for warning in ready.warnings:
             log.warning(warning, extra={"node": self.config.node_id})
         for error in ready.errors:
-            log.error(error, extra={"node": self.config.node_id})
+            # `safety` marks a line that reports a broken safety property (the Raft core's
+            # errors are all committed logs that diverged): the harness collects such
+            # lines into the history (nemesis/safety_reports.py).
+            log.error(error, extra={"node": self.config.node_id,
+                                    "safety": "committed-log-diverged"})
         if self.unsafe is not None and ready.entries:
             self.unsafe.after_persist(self, ready.entries)
 

@@ -183,6 +183,7 @@ class NodeShell:
             self.sim.record(f"warning {self.node_id}: {warning}")
         for error in ready.errors:
             self.sim.record(f"error {self.node_id}: {error}")
+            self.sim.safety_reports.append((self.node_id, error))
 
     def apply_ready(self, ready: Ready) -> None:
         """Steps 3-4 of a Ready: restore a received snapshot, apply, hand out reads."""

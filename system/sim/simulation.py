@@ -149,6 +149,9 @@ class Simulation:
         self.rng = random.Random(f"raft-sim:{seed}:simulation")
         self.step_count = 0
         self.trace: list[str] = []
+        # (node, text) of every Ready.errors line: a node's report of a broken safety
+        # property (a committed log that diverged), as the real node logs it.
+        self.safety_reports: list[tuple[NodeId, str]] = []
         self.history: list[HistoryEvent] = []
         self.ops: list[ClientOp] = []
         self._last_op_of: dict[int, ClientOp] = {}  # process -> its latest op (one open at most)

@@ -101,6 +101,12 @@ def test_an_old_leader_whose_committed_log_diverged_is_reported_and_repaired(tmp
                         f"(its commit index {commit}, ours" in line
                         for line in _error_lines(cluster.specs[leader].log_file)),
             60, f"{leader} to log an ERROR naming {old}")
+        # Both lines carry the `safety` mark the harness gathers into the history
+        # (nemesis/safety_reports.py): a repaired divergence shows in no answer.
+        from nemesis.safety_reports import scan
+
+        reported = {(r["node"], r["rule"]) for r in scan(cluster.specs[old].log_file.parent)}
+        assert {(old, "committed-log-diverged"), (leader, "committed-log-diverged")} <= reported
         # Until it is repaired it serves not even a stale read of what the cluster lost:
         # it refuses, naming the leader, and the client asks the leader instead.
         with KVClient([cluster.specs[old].address], timeout_s=20) as direct:

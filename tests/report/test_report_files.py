@@ -107,9 +107,10 @@ def test_junit_has_one_case_per_checker_and_the_counterexample_as_failure_text(
     # this history has no replica reads, replays, stale reads or crashes, so they pass:
     # docs/checker.md)
     assert set(cases) == {"linearizability", "lost writes", "replicas agree",
-                          "replayed requests", "stale reads of real states", "nodes stay up"}
+                          "replayed requests", "stale reads of real states", "nodes stay up",
+                          "nodes report no broken rule"}
     for passing in ("replicas agree", "replayed requests", "stale reads of real states",
-                    "nodes stay up"):
+                    "nodes stay up", "nodes report no broken rule"):
         assert cases[passing].find("failure") is None
     failure = cases["linearizability"].find("failure")
     assert failure is not None and "cannot place: get('k') -> 'k6' @v6" in failure.text

@@ -66,7 +66,7 @@ def test_a_run_ends_with_its_report_and_junit(tmp_path: Path, fake_cluster: Fake
     assert "VALID: 3 operations" in page
     assert (run_dir / "latency.png").exists() and (run_dir / "rate.png").exists()
     suite = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite")
-    assert suite.get("failures") == "0" and suite.get("tests") == "6"  # + replicas, replays, stale states, crashes
+    assert suite.get("failures") == "0" and suite.get("tests") == "7"  # + replicas, replays, stale states, crashes, reports
     last = out.getvalue().rstrip().splitlines()[-1]
     assert last.startswith("report: ") and "/report.html; junit: " in last
     assert last.endswith(str(tmp_path / "junit.xml"))

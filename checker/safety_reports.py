@@ -1,0 +1,59 @@
+"""A node's own report of a broken safety property makes the run INVALID, unless the
+nemesis took durable state away from a node (docs/checker.md, "Nodes report no broken
+rule").
+
+The store's Raft core notices a follower whose committed log conflicts with its leader's
+and repairs it with a snapshot (docs/raft.md). Raft's safety argument rests on stable
+storage: with every acknowledged entry kept, committed logs never diverge, so a report is
+a broken rule in some node (a leader that overwrote a committed entry, a follower that took
+entries from a deposed leader) — and once repaired, no read or write in the history shows
+it. When a fault destroyed durable state (a file truncated, bit-flipped or its WAL wiped,
+unsynced writes lost in a power cut, a data directory rolled back) a divergence is the
+expected outcome the defence exists for: the reports are then counted, not a violation.
+
+From the history alone: `safety-report` records (nemesis/safety_reports.py: `node`,
+`rule`, `text`), and the fault records that say whether durable state was lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from checker.result import Anomaly, Result
+from histories.ops import Op
+
+REPORT = "safety-report"
+# Faults that take durable state away from a node (nemesis/faults.py FILE_FAULTS, the power
+# cut that loses unsynced writes, the restart on an older copy of the data directory).
+LOSES_DURABLE_STATE = ("truncate", "bitflip", "wipe-wal", "lose-unsynced", "rollback")
+
+
+def _value(record: Op) -> dict:
+    # The reader freezes a JSON object into sorted (key, value) pairs.
+    return record.value if isinstance(record.value, dict) else dict(record.value or ())
+
+
+def check_safety_reports(records: Sequence[Op]) -> Result:
+    started = time.monotonic()
+    events = [r for r in records if r.process == "nemesis"]
+    reports = [r for r in events if r.f == REPORT]
+    lost = sorted({str(_value(r).get("fault")) for r in events
+                   if _value(r).get("fault") in LOSES_DURABLE_STATE})
+    counts = {"safety_reports": len(reports)}
+    if lost and reports:
+        return Result("safety-reports", True, "node reports", time.monotonic() - started,
+                      note=f"{len(reports)} report(s) of a diverged log after faults that "
+                           f"destroy durable state ({', '.join(lost)}): the store's defence "
+                           f"at work, not counted", counts=counts)
+    anomalies = []
+    for record in reports:
+        value = _value(record)
+        anomalies.append(Anomaly(
+            str(value.get("rule") or REPORT), None,
+            f"{value.get('node')} reported {value.get('rule')} (history line {record.line}): "
+            f"{value.get('text')} — no fault of this run destroyed durable state, so a "
+            f"rule of the protocol broke in some node",
+            ()))
+    return Result("safety-reports", not anomalies, "node reports", time.monotonic() - started,
+                  anomalies=tuple(anomalies), counts=counts)

@@ -1,0 +1,87 @@
+"""Node reports of a broken safety property (checker/safety_reports.py,
+nemesis/safety_reports.py): a committed log that diverged, repaired by the store's own
+defence, leaves no wrong answer; the node's report is the evidence, and it counts unless a
+fault destroyed durable state."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from checker.safety_reports import LOSES_DURABLE_STATE, check_safety_reports
+from histories.read import read_history
+from histories.write import HistoryWriter
+from nemesis import check, safety_reports
+from nemesis.faults import FILE_FAULTS
+from nemesis.store import write_json
+
+DIVERGED = ("this node's committed log diverged from leader n3's at index 696 (term 3 here, "
+            "4 at the leader), at or below its commit index 696")
+
+
+def _log_line(node: str, msg: str, **extra: object) -> str:
+    return json.dumps({"ts": "2026-12-06T02:11:06.296+00:00", "level": "error",
+                       "logger": "kv.node", "msg": msg, "node": node, **extra})
+
+
+def test_scan_reads_the_lines_a_node_marks_with_safety_once_each(tmp_path: Path) -> None:
+    (tmp_path / "n1.log").write_text("\n".join([
+        _log_line("n1", "started"),
+        _log_line("n1", DIVERGED, safety="committed-log-diverged"),
+        _log_line("n1", DIVERGED, safety="committed-log-diverged"),  # said again: once
+        "not json {\"safety\"",
+    ]) + "\n")
+    (tmp_path / "n2.log").write_text(_log_line("n2", "storage error: EIO") + "\n")
+    found = safety_reports.scan(tmp_path)
+    assert [(r["node"], r["rule"], r["text"]) for r in found] == [
+        ("n1", "committed-log-diverged", DIVERGED)]
+
+
+def _history(tmp_path: Path, faults: list[str]) -> list:
+    path = tmp_path / f"history-{'-'.join(faults) or 'none'}.jsonl"
+    with HistoryWriter(path) as h:
+        i = h.invoke(0, "put", "k", "v1")
+        h.complete(i, "ok", "v1", version=1, applied=True, node="n1")
+        for fault in faults:
+            h.event("nemesis", fault, {"fault": fault, "phase": "start", "nodes": ["n2"]})
+        safety_reports.record_all([{"node": "n1", "rule": "committed-log-diverged",
+                                    "text": DIVERGED, "logged_at": None}],
+                                  lambda f, v: h.event("nemesis", f, v))
+    return read_history(path)
+
+
+def test_a_report_is_a_violation_unless_a_fault_destroyed_durable_state(tmp_path: Path) -> None:
+    found = check_safety_reports(_history(tmp_path, ["kill", "start-partition"]))
+    assert found.valid is False and found.counts == {"safety_reports": 1}
+    assert "n1 reported committed-log-diverged" in found.anomalies[0].text
+    excused = check_safety_reports(_history(tmp_path, ["kill", "lose-unsynced"]))
+    assert excused.valid is True and "lose-unsynced" in excused.note
+    assert check_safety_reports(_history(tmp_path, [])[:1]).valid is True  # no report
+
+
+def test_the_checker_knows_every_fault_that_destroys_durable_state() -> None:
+    # It cannot import the nemesis (a checker reads histories only); the lists must agree.
+    assert set(FILE_FAULTS) | {"lose-unsynced", "rollback"} == set(LOSES_DURABLE_STATE)
+
+
+def test_a_run_with_a_report_is_invalid_with_the_report_in_its_summary(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_json(run_dir / "test.json", {"workload": {"name": "kv", "model": "versioned-kv"}})
+    with HistoryWriter(run_dir / "history.jsonl") as h:
+        for version in (1, 2):
+            i = h.invoke(0, "put", "k", f"v{version}")
+            time.sleep(0.001)
+            h.complete(i, "ok", f"v{version}", version=version, applied=True, node="n1")
+        i = h.invoke(1, "get", "k", None)
+        h.complete(i, "ok", "v2", version=2, node="n1")
+        safety_reports.record_all([{"node": "n1", "rule": "committed-log-diverged",
+                                    "text": DIVERGED, "logged_at": None}],
+                                  lambda f, v: h.event("nemesis", f, v))
+    results = check.check_run(run_dir, budget_s=10)
+    assert results["valid"] is False and results["linearizable"]["valid"] is True
+    assert results["safety_reports"]["valid"] is False
+    assert any(line.startswith("nodes report no broken rule: INVALID")
+               for line in check.summary_lines(results))
+    assert check.first_violation_s(results, run_dir) is not None
