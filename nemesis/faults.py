@@ -43,9 +43,10 @@ Faults (`--faults`, a comma list):
   follower knows it lost acknowledged entries and before it caught up, with the nodes
   that lack those entries let back in (nemesis/rollback.py); healed by restarting the
   leader;
-- hold (sim only; 3 nodes or more): messages delivered late rather than lost, aimed at
-  Figure 2's receiver rules about messages of older terms (`--platform sim`: iptables
-  cannot delay or reorder). Shapes, dealt from a deck: stale-leader (everything the leader
+- hold (sim and local; 3 nodes or more): messages delivered late rather than lost, aimed
+  at Figure 2's receiver rules about messages of older terms (iptables cannot delay; the
+  local platform's link proxies keep a node's bytes and write them late, in order, so
+  there only the stale-leader shape). Shapes, dealt from a deck: stale-leader (everything the leader
   sends, and has on the wire, held: its peers elect a new leader while it runs on and
   takes writes; the moment a follower holds an entry of the newer term it has not committed,
   or else at the heal, its old-term APPENDs and answers arrive in the newer term) and
@@ -117,7 +118,8 @@ DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all", "rollback")
 FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
-                   "election": ("local", "docker"), "rollback": ("local",), "hold": ("sim",)}
+                   "election": ("local", "docker"), "rollback": ("local",),
+                   "hold": ("sim", "local")}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
 # acknowledged writes only when a majority loses them together (a canary must be caught in
@@ -181,8 +183,8 @@ def unsupported(faults: list[str], platform: str) -> str | None:
                    "rollback": "it copies a node's data directory, which only the local "
                                "platform does yet" if platform != "sim" else
                                "the simulator's disk holds records, not bytes",
-                   "hold": "it delays messages, which iptables and the proxies cannot: "
-                           "they drop them"}.get(
+                   "hold": "it delays messages, which iptables cannot: it drops them; "
+                           "the local platform's proxies keep and deliver them late"}.get(
                 fault, "the simulator's disk holds records, not bytes")
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
@@ -588,7 +590,9 @@ class Nemesis:
     def _hold(self) -> ActiveFault | None:
         """The leader's messages kept on the wire (sim only, see the module doc): all it
         sends (stale-leader) or those in flight now (overtaken); released at the heal."""
-        shape = self._deal("hold-shape", HOLD_SHAPES)
+        # A byte stream delays but cannot reorder: off the simulator, stale-leader only.
+        shape = self._deal("hold-shape", HOLD_SHAPES if self.platform.name == "sim"
+                           else HOLD_SHAPES[:1])
         leader = self._leader()
         if leader is None:
             self.record("nemesis-skip", {"fault": "hold", "shape": shape,
@@ -605,6 +609,9 @@ class Nemesis:
 
         def heal() -> dict[str, Any]:
             at_heal = self.platform.release_held()
+            if self.platform.name != "sim":  # the proxies count bytes, not messages
+                return {"released_bytes": at_heal,
+                        "detail": f"{at_heal} held byte(s) delivered, in order, late"}
             early = self.platform.released_in_window
             return {"released": at_heal + early, "released_in_window": early,
                     "detail": f"{at_heal + early} held message(s) released, {early} of them "

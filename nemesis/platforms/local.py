@@ -250,6 +250,29 @@ class LocalPlatform(Platform):
     def set_loss(self, src: str, dst: str, probability: float) -> None:
         self._proxy(src, dst).set_loss(probability)
 
+    # The `hold` fault (nemesis/faults.py): the proxies keep what a node sends, in order,
+    # and deliver it late. A byte stream cannot reorder, so of the simulator's two shapes
+    # only stale-leader fits: the held leader's peers elect a new leader and take writes,
+    # and at the release its old-term APPENDs and answers arrive in the newer term.
+    released_in_window = 0  # the simulator's early release; never here
+
+    def hold_from(self, node_id: str) -> None:
+        for (src, _), link in self.cluster.link_proxies.items():
+            if src == node_id:
+                if not hasattr(link, "hold"):
+                    raise PlatformError(f"the {self.system.name} nodes' links cannot hold "
+                                        f"messages (one proxy per destination)")
+                link.hold()
+
+    def release_held(self) -> int:
+        """Deliver every held byte; returns how many there were."""
+        return sum(link.release() for link in self.cluster.link_proxies.values()
+                   if hasattr(link, "release"))
+
+    def heal_all(self) -> None:
+        self.release_held()
+        super().heal_all()
+
     def collect_logs(self) -> dict[str, Path]:
         out_dir = self.config.work_dir / "nodes"
         out_dir.mkdir(parents=True, exist_ok=True)

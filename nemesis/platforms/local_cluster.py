@@ -49,6 +49,13 @@ class LinkProxy:
         for proxy in self.proxies:
             proxy.set_loss(probability)
 
+    def hold(self) -> None:
+        for proxy in self.proxies:
+            proxy.hold()
+
+    def release(self) -> int:
+        return sum(proxy.release() for proxy in self.proxies)
+
     def close(self) -> None:
         for proxy in self.proxies:
             proxy.close()

@@ -7,6 +7,16 @@ takes effect, the caller never hears: the "commit, then the reply is lost" case)
 CUT closes every connection and refuses new ones (a partition, seen by gRPC as
 UNAVAILABLE). Threads, blocking sockets, bounded buffers (one recv at a time).
 
+Late delivery (`hold()` / `release()`, TcpProxy): what the client sends is kept, in order,
+instead of forwarded — on every connection, those opened meanwhile too — while the server
+hears nothing and the client's writes succeed; `release()` writes each connection's kept
+bytes to its server, then forwards as before. The receiver gets them whole and in order,
+only late: a byte stream can be delayed, not reordered, but a sender that keeps writing
+through a hold is heard, at the release, after everything its peers said meanwhile (the
+nemesis's `hold` on local: a deposed leader's APPENDs arriving in a newer term). At most
+MAX_HELD_BYTES are kept per connection; beyond that the proxy stops reading, and TCP's
+flow control stalls the client.
+
 Packet loss (`set_loss(p)`): a byte stream cannot lose a packet without corrupting what
 follows, and TCP never shows loss to the application anyway: it retransmits, and the
 application sees the lost segment arrive one retransmission timeout late, with everything
@@ -35,6 +45,7 @@ from typing import Self
 
 # Linux's TCP_RTO_MIN: the least a lost segment delays the stream behind it.
 RETRANSMIT_DELAY_S = 0.2
+MAX_HELD_BYTES = 64 * 1024 * 1024
 
 
 class ProxyMode(Enum):
@@ -56,11 +67,19 @@ def check_loss(probability: float) -> float:
 class _Pair:
     """One proxied connection: the accepted socket, the one to the target, whose it is."""
 
-    __slots__ = ("client", "server", "source", "pumps")
+    __slots__ = ("client", "server", "source", "pumps", "held", "held_bytes", "holding",
+                 "released")
 
-    def __init__(self, client: socket.socket, server: socket.socket, source: Hashable) -> None:
+    def __init__(self, client: socket.socket, server: socket.socket, source: Hashable,
+                 holding: bool = False) -> None:
         self.client, self.server, self.source = client, server, source
         self.pumps = 2  # the pump that ends last closes both sockets
+        # Client bytes kept while the proxy holds (`Forwarder.hold`); `released` is set
+        # once they are written, and wakes a pump stalled at MAX_HELD_BYTES.
+        self.holding = holding
+        self.held: list[bytes] = []
+        self.held_bytes = 0
+        self.released = threading.Condition()
 
     def shutdown(self) -> None:
         for s in (self.client, self.server):
@@ -94,6 +113,7 @@ class Forwarder:
         self._pairs: list[_Pair] = []
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
+        self._holding = False
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
                                           name=f"proxy-{self.address}")
         self._acceptor.start()
@@ -138,7 +158,7 @@ class Forwarder:
                 server.settimeout(None)
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                pair = _Pair(client, server, source)
+                pair = _Pair(client, server, source, holding=self._holding)
                 self._pairs.append(pair)
                 # Forget finished pumps, so a long run's reconnections do not pile up.
                 self._threads = [t for t in self._threads if t.is_alive()]
@@ -156,6 +176,8 @@ class Forwarder:
                     break
                 if is_reply and self._mode_for(pair.source) is ProxyMode.DROP_REPLIES:
                     continue
+                if not is_reply and self._keep(pair, data):
+                    continue
                 loss = self._loss_for(pair.source)
                 if loss and self._random.random() < loss:
                     time.sleep(RETRANSMIT_DELAY_S)
@@ -170,6 +192,48 @@ class Forwarder:
                     pair.close()
                     with contextlib.suppress(ValueError):
                         self._pairs.remove(pair)
+
+    def _keep(self, pair: _Pair, data: bytes) -> bool:
+        """While holding: keep `data` (True), stalling at MAX_HELD_BYTES until released."""
+        with pair.released:
+            while pair.holding and pair.held_bytes >= MAX_HELD_BYTES \
+                    and not self._closed.is_set():
+                pair.released.wait(0.2)
+            if not pair.holding:
+                return False
+            pair.held.append(data)
+            pair.held_bytes += len(data)
+            return True
+
+    def hold(self) -> None:
+        """Keep what clients send, on every connection and those opened until `release`."""
+        with self._lock:
+            self._holding = True
+            for pair in self._pairs:
+                with pair.released:
+                    pair.holding = True
+
+    def release(self) -> int:
+        """Write every connection's kept bytes to its server, oldest connection first, and
+        forward as before. Returns how many bytes were kept."""
+        with self._lock:
+            self._holding = False
+            pairs = list(self._pairs)
+        total = 0
+        for pair in pairs:
+            with pair.released:
+                data, pair.held, pair.held_bytes = b"".join(pair.held), [], 0
+                pair.holding = False
+                pair.released.notify_all()
+                if data:
+                    total += len(data)
+                    with contextlib.suppress(OSError):  # the receiver went away meanwhile
+                        pair.server.sendall(data)
+        return total
+
+    @property
+    def holding(self) -> bool:
+        return self._holding
 
     def close(self) -> None:
         self._closed.set()

@@ -126,6 +126,7 @@ class HoldingPlatform(FakePlatform):
 
 def test_the_nemesis_deals_both_shapes_on_the_leader_and_records_the_release() -> None:
     platform = HoldingPlatform()
+    platform.name = "sim"  # both shapes there; a byte stream gets stale-leader only
     platform.released_in_window = 0
     events: list[tuple[str, dict[str, Any]]] = []
     nemesis = Nemesis(platform, ["hold"], seed=1, interval_s=1.0,
@@ -144,11 +145,12 @@ def test_the_nemesis_deals_both_shapes_on_the_leader_and_records_the_release() -
     assert not platform.held and not nemesis.errors
 
 
-def test_hold_is_refused_off_the_simulator_in_one_line() -> None:
-    line = unsupported(["hold"], "local")
+def test_hold_is_refused_where_nothing_can_delay_a_message_in_one_line() -> None:
+    line = unsupported(["hold"], "docker")
     assert line is not None and "\n" not in line
-    assert "--platform sim" in line and "delays messages" in line
+    assert "--platform sim or local" in line and "delays messages" in line
     assert unsupported(["hold"], "sim") is None
+    assert unsupported(["hold"], "local") is None  # its proxies keep and deliver late
 
 
 def _overtaken_write(tmp_path: Path, unsafe: str | None) -> tuple[Any, str, bool]:
@@ -191,3 +193,17 @@ def test_overtaken_makes_a_follower_that_truncates_without_a_conflict_lose_the_w
     monkeypatch.setenv("MAO_ALLOW_UNSAFE", "1")
     _, _, kept = _overtaken_write(tmp_path, "truncates-without-a-conflict")
     assert not kept
+
+
+def test_off_the_simulator_the_nemesis_deals_only_the_stale_leader_and_counts_bytes() -> None:
+    platform = HoldingPlatform()
+    platform.name = "local"
+    events: list[tuple[str, dict[str, Any]]] = []
+    nemesis = Nemesis(platform, ["hold"], seed=1, interval_s=1.0,
+                      record=lambda f, v: events.append((f, v)))
+    for _ in range(3):
+        nemesis._end(nemesis._begin("hold"))
+    starts = [v for f, v in events if f == "hold"]
+    ends = [v for f, v in events if f == "release"]
+    assert [s["shape"] for s in starts] == ["stale-leader"] * 3
+    assert all("released_bytes" in e and "byte(s)" in e["detail"] for e in ends)

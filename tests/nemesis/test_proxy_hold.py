@@ -1,0 +1,72 @@
+"""TcpProxy.hold/release (the local platform's `hold` fault): what a client sends is kept,
+in order, on every connection — those opened during the hold too — and written to the
+server at the release, late but whole; the client never notices."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+from nemesis.platforms.tcp_proxy import TcpProxy
+from tests.nemesis.waiting import wait_until
+
+
+class _Sink:
+    """A server that records, per connection, every byte it receives."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.received: list[bytearray] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            buffer = bytearray()
+            with self._lock:
+                self.received.append(buffer)
+            threading.Thread(target=self._read, args=(conn, buffer), daemon=True).start()
+
+    def _read(self, conn: socket.socket, buffer: bytearray) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                with self._lock:
+                    buffer.extend(data)
+
+    def snapshot(self) -> list[bytes]:
+        with self._lock:
+            return [bytes(b) for b in self.received]
+
+
+def _dial(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def test_held_bytes_arrive_late_whole_and_in_order_on_every_connection() -> None:
+    sink = _Sink()
+    with TcpProxy(sink.address) as proxy:
+        first = _dial(proxy.address)
+        first.sendall(b"before;")
+        wait_until(lambda: sink.snapshot() == [b"before;"], 10, "the forwarded bytes")
+        proxy.hold()
+        first.sendall(b"held-1;")
+        second = _dial(proxy.address)  # opened during the hold: held too
+        second.sendall(b"held-2;")
+        first.sendall(b"held-3;")
+        wait_until(lambda: len(sink.snapshot()) == 2, 10, "the second connection")
+        time.sleep(0.2)  # a chance for a leak to show; the assertion below is the test
+        assert sink.snapshot() == [b"before;", b""], "bytes passed during the hold"
+        assert proxy.release() == len(b"held-1;held-3;held-2;")
+        first.sendall(b"after;")
+        wait_until(lambda: sink.snapshot() == [b"before;held-1;held-3;after;", b"held-2;"], 10,
+                   "the held bytes, then the new ones, in order")
+        first.close()
+        second.close()
+    sink.listener.close()
