@@ -352,6 +352,14 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"the nodes' status that the {system.name} system does not report; "
                        f"it runs on --system store")
 
+    # hold keeps a node's bytes in the proxy of each link it sends on; a system whose
+    # members all dial one peer address per destination (etcd) has no such proxy.
+    if "hold" in faults and system.one_peer_address and args.platform == "local" \
+            and not faults_all:
+        return _refuse(f"--faults hold on --platform local holds a node's bytes in its own "
+                       f"proxy per link, which the {system.name} system's single peer "
+                       f"address per member does not allow; it runs on --system store")
+
     # A broken Raft core (system/raft/unsafe.py) runs only when the person asks twice: by
     # name and in the environment, as `serve --unsafe` demands of a node.
     if args.unsafe in CORE_VARIANTS and os.environ.get(ALLOW_ENV_VAR) != "1":
@@ -418,6 +426,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"status only our store reports)")
                 note = (f"{note}; {why}" if note else
                         f"note: --faults all with --system {system.name} leaves out {why}")
+        if system.one_peer_address and "hold" in faults:
+            faults = [f for f in faults if f != "hold"]
+            why = "hold (its members share one peer address per destination, no link proxy)"
+            note = (f"{note}; {why}" if note else
+                    f"note: --faults all with --system {system.name} leaves out {why}")
     if note:
         print(note, flush=True)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
