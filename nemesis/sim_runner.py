@@ -406,6 +406,8 @@ class SimRun:
         self.next_fault_s = interval_s  # quiet first, as nemesis.Nemesis._run
         self.split_rng = random.Random(f"sim-run:{seed}:mid-tick")
         self.waiting_since: float | None = None
+        self.reports_seen = 0  # platform.sim.safety_reports looked at so far
+        self.reported: set[tuple[str, str]] = set()
 
     def advance_until(self, condition, limit_s: float) -> bool:  # noqa: ANN001 - a predicate
         """Advance simulated time (no new faults or operations) until `condition()`."""
@@ -446,8 +448,15 @@ class SimRun:
             self.fault_ends_s = min(now_s + self.interval_s, deadline_s)
 
     def note_crashes(self) -> None:
-        """A node that stopped itself, as the real runner's watch (nemesis/runner.py)."""
+        """A node that stopped itself, as the real runner's watch (nemesis/runner.py), and
+        the safety reports made since the last look, recorded when they are made (the
+        real runner gathers them from the logs at the end)."""
         nemesis = self.nemesis
+        reports = self.platform.sim.safety_reports
+        if len(reports) > self.reports_seen:
+            fresh = sim_safety_reports(reports[self.reports_seen:], self.reported)
+            self.reports_seen = len(reports)
+            safety_reports.record_all(fresh, nemesis.record)
         for node in self.platform.node_ids:
             code = self.platform.exit_code(node)
             if code is None or node in nemesis.expected_down:
@@ -555,7 +564,7 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
             run_info["final_reads"] = clients.final_reads(run, FINAL_READ_TIMEOUT_S)
             run_info["replica_reads"] = clients.replica_reads(run, REPLICA_READ_TIMEOUT_S, out)
             nemesis.sweep_crashes()
-            safety_reports.record_all(sim_safety_reports(platform), record)
+            run.note_crashes()  # the reports made during the heal and the final reads
         except Exception as exc:  # a harness bug must never read as "invalid" (exit 1)
             log.exception("harness failure")
             run_info["harness_error"] = f"{type(exc).__name__}: {exc}"
@@ -575,14 +584,19 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
     return platform
 
 
-def sim_safety_reports(platform: SimPlatform) -> list[dict[str, Any]]:
+def sim_safety_reports(reports: list[tuple[str, str]], reported: set[tuple[str, str]]
+                       ) -> list[dict[str, Any]]:
     """The simulated nodes' Ready.errors lines, as the real runner reads them from the
-    node logs (nemesis/safety_reports.py): one per distinct (node, text)."""
-    seen: dict[tuple[str, str], dict[str, Any]] = {}
-    for node, text in platform.sim.safety_reports:
-        seen.setdefault((node, text), {"node": node, "rule": "committed-log-diverged",
-                                       "text": text, "logged_at": None})
-    return list(seen.values())[:safety_reports.MAX_REPORTS]
+    node logs (nemesis/safety_reports.py): each distinct (node, text) once, up to
+    MAX_REPORTS a run (`reported` holds those recorded already)."""
+    fresh = []
+    for node, text in reports:
+        if (node, text) in reported or len(reported) >= safety_reports.MAX_REPORTS:
+            continue
+        reported.add((node, text))
+        fresh.append({"node": node, "rule": "committed-log-diverged", "text": text,
+                      "logged_at": None})
+    return fresh
 
 
 def variant_for_run(unsafe: str | None):  # noqa: ANN201 - SimVariant | None
