@@ -590,9 +590,7 @@ class Nemesis:
     def _hold(self) -> ActiveFault | None:
         """The leader's messages kept on the wire (sim only, see the module doc): all it
         sends (stale-leader) or those in flight now (overtaken); released at the heal."""
-        # A byte stream delays but cannot reorder: off the simulator, stale-leader only.
-        shape = self._deal("hold-shape", HOLD_SHAPES if self.platform.name == "sim"
-                           else HOLD_SHAPES[:1])
+        shape = self._deal("hold-shape", HOLD_SHAPES)
         leader = self._leader()
         if leader is None:
             self.record("nemesis-skip", {"fault": "hold", "shape": shape,
@@ -601,15 +599,28 @@ class Nemesis:
         if shape == "stale-leader":
             self.platform.hold_from(leader)
             detail = "everything it sends held"
-        else:
+        elif self.platform.name == "sim":
             held = self.platform.hold_in_flight(leader)
             detail = f"its {held} message(s) in flight held, and its next APPENDs with entries"
+        else:  # a byte stream: the whole aimed strike happens now (LocalPlatform)
+            self.expected_down.add(leader)  # crashed by the strike, until the heal
+            try:
+                held = self.platform.hold_in_flight(leader)
+            except Exception:
+                self.expected_down.discard(leader)
+                raise
+            landed = self.platform.overtaken_landed
+            detail = (f"{held} byte(s) held, overtaken, delivered "
+                      f"{'once a majority acknowledged newer entries' if landed else 'unaimed (no majority acknowledged newer entries in 3 s)'}"
+                      f"; the leader crashed until the heal")
 
         self.platform.released_in_window = 0
 
         def heal() -> dict[str, Any]:
             at_heal = self.platform.release_held()
             if self.platform.name != "sim":  # the proxies count bytes, not messages
+                if shape == "overtaken":
+                    self.expected_down.discard(leader)  # the strike crashed it; restarted
                 return {"released_bytes": at_heal,
                         "detail": f"{at_heal} held byte(s) delivered, in order, late"}
             early = self.platform.released_in_window

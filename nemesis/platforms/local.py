@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 
 from nemesis.platforms import disk_damage
@@ -251,10 +252,13 @@ class LocalPlatform(Platform):
         self._proxy(src, dst).set_loss(probability)
 
     # The `hold` fault (nemesis/faults.py): the proxies keep what a node sends, in order,
-    # and deliver it late. A byte stream cannot reorder, so of the simulator's two shapes
-    # only stale-leader fits: the held leader's peers elect a new leader and take writes,
-    # and at the release its old-term APPENDs and answers arrive in the newer term.
+    # and deliver it late. stale-leader: the held leader's peers elect a new leader and
+    # take writes, and at the release its old-term APPENDs and answers arrive in the newer
+    # term. overtaken (`hold_in_flight`): the leader's held connections are cut at its end
+    # only, so what it sends next overtakes what they hold.
     released_in_window = 0  # the simulator's early release; never here
+    crashed_by_hold: str | None = None  # restarted by the next release_held
+    overtaken_landed = False  # the last overtaken strike's aim was met
 
     def hold_from(self, node_id: str) -> None:
         for (src, _), link in self.cluster.link_proxies.items():
@@ -264,10 +268,64 @@ class LocalPlatform(Platform):
                                         f"messages (one proxy per destination)")
                 link.hold()
 
+    def hold_in_flight(self, node_id: str) -> int:
+        """The overtaken shape on a byte stream; returns the bytes held. Every link
+        `node_id` (the leader) sends on holds until its APPENDs with new entries are among
+        the held bytes (up to 1 s); then those connections are cut at the leader's end
+        only (`TcpProxy.overtake`): it reconnects and sends again, the followers take the
+        newer APPENDs and acknowledge. The moment a majority's worth of followers is
+        acknowledged past the last held entry (the leader's Status `match_index`; up to
+        3 s), the held bytes reach each follower on its old connection — older APPENDs
+        of this term after newer ones, which a follower must not let shorten its log
+        (`truncates-without-a-conflict`) — and the leader is SIGKILLed at once, down until
+        the heal, as if it died before it could notice and repair them."""
+        links = [link for (src, _), link in self.cluster.link_proxies.items()
+                 if src == node_id and hasattr(link, "overtake")]
+        first = self.status(node_id, timeout_s=1.0)
+        if first is None or not links:
+            raise PlatformError(f"{node_id} does not answer its Status, or has no link proxy")
+        for link in links:
+            link.hold()
+        held_through = first.last_index
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            now = self.status(node_id, timeout_s=0.5)
+            if now is not None and now.last_index > first.last_index \
+                    and all(link.held_bytes() for link in links):
+                held_through = now.last_index
+                break
+            time.sleep(0.01)
+        held = sum(link.held_bytes() for link in links)
+        for link in links:
+            link.overtake()
+        followers = len(self.node_ids) - 1
+        needed = len(self.node_ids) // 2 + 1 if followers > 2 else followers
+        self.overtaken_landed = False
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            now = self.status(node_id, timeout_s=0.5)
+            if now is None or now.role != "leader":
+                break
+            ahead = sum(1 for n, m in now.match_index.items() if n != node_id and m > held_through)
+            if ahead >= needed:
+                self.overtaken_landed = True
+                break
+            time.sleep(0.005)
+        for link in links:
+            link.release()
+        self.kill(node_id)
+        self.crashed_by_hold = node_id
+        return held
+
     def release_held(self) -> int:
-        """Deliver every held byte; returns how many there were."""
-        return sum(link.release() for link in self.cluster.link_proxies.values()
-                   if hasattr(link, "release"))
+        """Deliver every held byte (and restart a leader the overtaken shape crashed);
+        returns how many bytes there were."""
+        released = sum(link.release() for link in self.cluster.link_proxies.values()
+                       if hasattr(link, "release"))
+        if self.crashed_by_hold is not None:
+            node, self.crashed_by_hold = self.crashed_by_hold, None
+            self.start_node(node)
+        return released
 
     def heal_all(self) -> None:
         self.release_held()

@@ -56,6 +56,12 @@ class LinkProxy:
     def release(self) -> int:
         return sum(proxy.release() for proxy in self.proxies)
 
+    def overtake(self) -> int:
+        return sum(proxy.overtake() for proxy in self.proxies)
+
+    def held_bytes(self) -> int:
+        return sum(proxy.held_bytes() for proxy in self.proxies)
+
     def close(self) -> None:
         for proxy in self.proxies:
             proxy.close()

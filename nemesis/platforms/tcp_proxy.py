@@ -68,7 +68,7 @@ class _Pair:
     """One proxied connection: the accepted socket, the one to the target, whose it is."""
 
     __slots__ = ("client", "server", "source", "pumps", "held", "held_bytes", "holding",
-                 "released")
+                 "released", "detached")
 
     def __init__(self, client: socket.socket, server: socket.socket, source: Hashable,
                  holding: bool = False) -> None:
@@ -80,6 +80,9 @@ class _Pair:
         self.held: list[bytes] = []
         self.held_bytes = 0
         self.released = threading.Condition()
+        # Overtaken (`Forwarder.overtake`): the client side closed, the server side kept
+        # open for the held bytes, which the release writes and then closes it.
+        self.detached = False
 
     def shutdown(self) -> None:
         for s in (self.client, self.server):
@@ -185,7 +188,10 @@ class Forwarder:
         except OSError:
             pass
         finally:
-            pair.shutdown()  # the other direction's recv returns, and that pump ends too
+            if pair.detached and not is_reply:
+                pass  # the server side waits for the release (`overtake`)
+            else:
+                pair.shutdown()  # the other direction's recv returns, and that pump ends too
             with self._lock:
                 pair.pumps -= 1
                 if pair.pumps == 0:  # both directions done: nobody uses the sockets now
@@ -213,9 +219,24 @@ class Forwarder:
                 with pair.released:
                     pair.holding = True
 
+    def overtake(self) -> int:
+        """Let what clients send next overtake what is held: every held connection's client
+        side is closed (the sender sees it drop, reconnects and sends anew through a
+        connection that forwards), its server side kept open for `release`, which writes
+        the held bytes there after the newer ones arrived. Returns the connections cut."""
+        with self._lock:
+            self._holding = False
+            pairs = [p for p in self._pairs if p.holding and not p.detached]
+            for pair in pairs:
+                pair.detached = True
+                with contextlib.suppress(OSError):
+                    pair.client.shutdown(socket.SHUT_RDWR)
+        return len(pairs)
+
     def release(self) -> int:
         """Write every connection's kept bytes to its server, oldest connection first, and
-        forward as before. Returns how many bytes were kept."""
+        forward as before (an overtaken connection is then closed). Returns how many
+        bytes were kept."""
         with self._lock:
             self._holding = False
             pairs = list(self._pairs)
@@ -229,7 +250,17 @@ class Forwarder:
                     total += len(data)
                     with contextlib.suppress(OSError):  # the receiver went away meanwhile
                         pair.server.sendall(data)
+            if pair.detached:
+                # End of stream after the held bytes (not a reset, which could discard
+                # them at the receiver); the receiver closes, the reply pump ends, and
+                # the pair is forgotten.
+                with contextlib.suppress(OSError):
+                    pair.server.shutdown(socket.SHUT_WR)
         return total
+
+    def held_bytes(self) -> int:
+        with self._lock:
+            return sum(p.held_bytes for p in self._pairs)
 
     @property
     def holding(self) -> bool:

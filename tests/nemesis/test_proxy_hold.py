@@ -19,6 +19,7 @@ class _Sink:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.received: list[bytearray] = []
+        self.arrivals: list[bytes] = []  # every chunk, in the order it came, all connections
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -38,6 +39,7 @@ class _Sink:
             while data := conn.recv(65536):
                 with self._lock:
                     buffer.extend(data)
+                    self.arrivals.append(data)
 
     def snapshot(self) -> list[bytes]:
         with self._lock:
@@ -69,4 +71,27 @@ def test_held_bytes_arrive_late_whole_and_in_order_on_every_connection() -> None
                    "the held bytes, then the new ones, in order")
         first.close()
         second.close()
+    sink.listener.close()
+
+
+def test_overtaken_bytes_arrive_after_those_of_the_senders_new_connection() -> None:
+    sink = _Sink()
+    with TcpProxy(sink.address) as proxy:
+        old = _dial(proxy.address)
+        old.sendall(b"a;")
+        wait_until(lambda: sink.snapshot() == [b"a;"], 10, "the forwarded bytes")
+        proxy.hold()
+        old.sendall(b"older;")
+        wait_until(lambda: proxy.held_bytes() == len(b"older;"), 10, "the held bytes")
+        assert proxy.overtake() == 1
+        assert old.recv(1) == b""  # the sender sees its connection end
+        new = _dial(proxy.address)  # and sends anew: forwarded at once
+        new.sendall(b"newer;")
+        wait_until(lambda: sink.snapshot() == [b"a;", b"newer;"], 10, "the newer bytes first")
+        assert proxy.release() == len(b"older;")
+        # The held bytes reach the receiver on their own (old) connection, after the newer.
+        wait_until(lambda: sink.snapshot() == [b"a;older;", b"newer;"], 10, "the older bytes")
+        assert sink.arrivals.index(b"older;") > sink.arrivals.index(b"newer;")
+        old.close()
+        new.close()
     sink.listener.close()
