@@ -274,9 +274,9 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
         for name in results.get("properties") or {}:
             for anomaly in results[f"trainer-{name}"]["anomalies"]:
                 positions.extend(anomaly.get("indexes") or [])
-        positions.extend(_node_finding_indexes(results, records))
         stamps = [times[p] for p in positions if p in times and times[p] is not None]
-        return (min(stamps) - records[0].time) / 1e9 if stamps else None
+        stamps += _node_finding_times(results, records)
+        return (max(0, min(stamps) - records[0].time)) / 1e9 if stamps else None
     for counterexample in results["_lin"].counterexamples:
         op = counterexample.blocking
         positions.append(op.ret if op.ret is not None else op.call)
@@ -284,17 +284,21 @@ def first_violation_s(results: dict[str, Any], run_dir: Path) -> float | None:
     for anomaly in [*results["_lost"].anomalies, *results["_agree"].anomalies,
                     *(a for found in extra for a in found)]:
         positions.extend(op.ret if op.ret is not None else op.call for op in anomaly.operations)
-    positions.extend(_node_finding_indexes(results, records))
     stamps = [times[p] for p in positions if p in times and times[p] is not None]
+    stamps += _node_finding_times(results, records)
     if not stamps:
         return None
-    return (min(stamps) - records[0].time) / 1e9
+    return max(0, min(stamps) - records[0].time) / 1e9
 
 
-def _node_finding_indexes(results: dict[str, Any], records: list) -> list[int]:
-    """History indexes of the crash records, and of the safety reports when they count."""
-    found = [r.index for r in crash_records(records)]
+def _node_finding_times(results: dict[str, Any], records: list) -> list[int]:
+    """History times of the crash records, and of the safety reports when they count
+    (less their `age_s`: a report is gathered from the logs after the node made it)."""
+    found = [r.time for r in crash_records(records) if r.time is not None]
     if (results.get("safety_reports") or {}).get("valid") is False:
-        found += [r.index for r in records if r.process == "nemesis" and r.f == REPORT]
+        for r in records:
+            if r.process == "nemesis" and r.f == REPORT and r.time is not None:
+                age = float(dict(r.value or ()).get("age_s") or 0.0)
+                found.append(r.time - int(age * 1e9))
     return found
 

@@ -13,6 +13,8 @@ Any system whose nodes log JSON lines with a `safety` field is read the same way
 from __future__ import annotations
 
 import json
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +46,23 @@ def scan(log_dir: Path) -> list[dict[str, Any]]:
     return sorted(found.values(), key=lambda r: str(r["logged_at"]))[:MAX_REPORTS]
 
 
-def record_all(reports: list[dict[str, Any]], record) -> None:  # noqa: ANN001 - record(f, value)
+def record_all(reports: list[dict[str, Any]], record, now: float | None = None) -> None:  # noqa: ANN001 - record(f, value)
+    """One `safety-report` event each. `age_s`: how long before this record the node
+    logged it (from `logged_at`; 0 when unknown), so the first-violation time can be the
+    node's, not the moment the harness read the logs."""
+    now = time.time() if now is None else now
     for report in reports:
         record("safety-report", {
             "fault": "safety", "phase": "step", "nodes": [report["node"]], **report,
+            "age_s": _age_s(report.get("logged_at"), now),
             "description": f"{report['node']} reports {report['rule']}: {report['text']}"})
+
+
+def _age_s(logged_at: object, now: float) -> float:
+    if not isinstance(logged_at, str):
+        return 0.0
+    try:
+        stamp = datetime.fromisoformat(logged_at).timestamp()
+    except ValueError:
+        return 0.0
+    return round(max(0.0, now - stamp), 3)

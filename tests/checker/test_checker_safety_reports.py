@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import datetime
 from pathlib import Path
 
 from checker.safety_reports import LOSES_DURABLE_STATE, check_safety_reports
@@ -85,3 +86,24 @@ def test_a_run_with_a_report_is_invalid_with_the_report_in_its_summary(tmp_path:
     assert any(line.startswith("nodes report no broken rule: INVALID")
                for line in check.summary_lines(results))
     assert check.first_violation_s(results, run_dir) is not None
+
+
+def test_the_first_violation_is_when_the_node_logged_the_report(tmp_path: Path) -> None:
+    """Reports are read from the logs at the end of a real run; `age_s` puts them back."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_json(run_dir / "test.json", {"workload": {"name": "kv", "model": "versioned-kv"}})
+    clock = iter(range(0, 100 * 10**9, 10 * 10**9))  # 0 s, 10 s, 20 s, ...
+    with HistoryWriter(run_dir / "history.jsonl", clock_ns=lambda: next(clock)) as h:
+        i = h.invoke(0, "put", "k", "v1")                                    # 0 s
+        h.complete(i, "ok", "v1", version=1, applied=True, node="n1")        # 10 s
+        i = h.invoke(1, "get", "k", None)                                    # 20 s
+        h.complete(i, "ok", "v1", version=1, node="n1")                      # 30 s
+        safety_reports.record_all(                                           # 40 s
+            [{"node": "n1", "rule": "committed-log-diverged", "text": DIVERGED,
+              "logged_at": "2026-12-06T02:11:06.000+00:00"}],
+            lambda f, v: h.event("nemesis", f, v),
+            now=datetime.fromisoformat("2026-12-06T02:11:31.500+00:00").timestamp())
+    results = check.check_run(run_dir, budget_s=10)
+    assert results["valid"] is False
+    assert check.first_violation_s(results, run_dir) == 14.5  # 40 s less its 25.5 s age
