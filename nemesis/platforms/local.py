@@ -286,15 +286,22 @@ class LocalPlatform(Platform):
             raise PlatformError(f"{node_id} does not answer its Status, or has no link proxy")
         for link in links:
             link.hold()
-        held_through = first.last_index
+        # Until each link has kept bytes sent after the leader's log grew: the APPENDs
+        # carrying those entries (bytes kept before may be heartbeats only).
+        grown: list[int] | None = None
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             now = self.status(node_id, timeout_s=0.5)
-            if now is not None and now.last_index > first.last_index \
-                    and all(link.held_bytes() for link in links):
-                held_through = now.last_index
+            if grown is None:
+                if now is not None and now.last_index > first.last_index:
+                    grown = [link.held_bytes() for link in links]
+            elif all(link.held_bytes() > kept for link, kept in zip(links, grown, strict=True)):
                 break
             time.sleep(0.01)
+        last = self.status(node_id, timeout_s=0.5)
+        # Entries up to here may be in the held bytes: the followers must be acknowledged
+        # past them before the release, or the held APPENDs end where their logs do.
+        held_through = (last or first).last_index
         held = sum(link.held_bytes() for link in links)
         for link in links:
             link.overtake()
