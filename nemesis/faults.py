@@ -45,8 +45,9 @@ Faults (`--faults`, a comma list):
   leader;
 - hold (sim and local; 3 nodes or more): messages delivered late rather than lost, aimed
   at Figure 2's receiver rules about messages of older terms (iptables cannot delay; the
-  local platform's link proxies keep a node's bytes and write them late, in order, so
-  there only the stale-leader shape). Shapes, dealt from a deck: stale-leader (everything the leader
+  local platform's link proxies keep a node's bytes and write them late, in order, and
+  build overtaken from connections: LocalPlatform.hold_in_flight). Shapes, dealt from a
+  deck: stale-leader (everything the leader
   sends, and has on the wire, held: its peers elect a new leader while it runs on and
   takes writes; the moment a follower holds an entry of the newer term it has not committed,
   or else at the heal, its old-term APPENDs and answers arrive in the newer term) and
