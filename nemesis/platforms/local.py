@@ -27,6 +27,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -269,59 +270,118 @@ class LocalPlatform(Platform):
                 link.hold()
 
     def hold_in_flight(self, node_id: str) -> int:
-        """The overtaken shape on a byte stream; returns the bytes held. Every link
-        `node_id` (the leader) sends on holds until its APPENDs with new entries are among
-        the held bytes (up to 1 s); then those connections are cut at the leader's end
-        only (`TcpProxy.overtake`): it reconnects and sends again, the followers take the
-        newer APPENDs and acknowledge. The moment a majority's worth of followers is
-        acknowledged past the last held entry (the leader's Status `match_index`; up to
-        3 s), the held bytes reach each follower on its old connection — older APPENDs
-        of this term after newer ones, which a follower must not let shorten its log
-        (`truncates-without-a-conflict`) — and the leader is SIGKILLed at once, down until
-        the heal, as if it died before it could notice and repair them."""
-        links = [link for (src, _), link in self.cluster.link_proxies.items()
-                 if src == node_id and hasattr(link, "overtake")]
-        first = self.status(node_id, timeout_s=1.0)
-        if first is None or not links:
-            raise PlatformError(f"{node_id} does not answer its Status, or has no link proxy")
-        for link in links:
-            link.hold()
-        # Until each link has kept bytes sent after the leader's log grew: the APPENDs
-        # carrying those entries (bytes kept before may be heartbeats only).
-        grown: list[int] | None = None
-        deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline:
-            now = self.status(node_id, timeout_s=0.5)
-            if grown is None:
-                if now is not None and now.last_index > first.last_index:
-                    grown = [link.held_bytes() for link in links]
-            elif all(link.held_bytes() > kept for link, kept in zip(links, grown, strict=True)):
-                break
-            time.sleep(0.01)
-        last = self.status(node_id, timeout_s=0.5)
-        # Entries up to here may be in the held bytes: the followers must be acknowledged
-        # past them before the release, or the held APPENDs end where their logs do.
-        held_through = (last or first).last_index
-        held = sum(link.held_bytes() for link in links)
-        for link in links:
-            link.overtake()
-        followers = len(self.node_ids) - 1
-        needed = len(self.node_ids) // 2 + 1 if followers > 2 else followers
-        self.overtaken_landed = False
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline:
-            now = self.status(node_id, timeout_s=0.5)
-            if now is None or now.role != "leader":
-                break
-            ahead = sum(1 for n, m in now.match_index.items() if n != node_id and m > held_through)
-            if ahead >= needed:
-                self.overtaken_landed = True
-                break
-            time.sleep(0.005)
-        for link in links:
-            link.release()
+        """The overtaken shape on byte streams; returns the bytes held. `node_id` is the
+        leader. Its peer lanes to each follower, and theirs back, are reset (both ends
+        reconnect at once), so the proxies read the new connections from their first byte
+        (`peer_frames`). Its lanes to the followers then hold until each has kept an
+        APPEND with entries (up to 2 s), and those connections are cut at the leader's end
+        only (`TcpProxy.overtake`): it reconnects and its newer APPENDs pass. The moment a
+        follower's answer acknowledging past the held entries passes its proxy, the held
+        bytes are written to that follower on its old connection, right behind its answer —
+        older APPENDs of the same term after newer ones, before the leader can tell it the
+        new commit index: what a follower must not let shorten its log
+        (`truncates-without-a-conflict`). Once a majority's worth of followers has been
+        released (up to 3 s), what the leader sends is kept, their answers reach it, and
+        once it applied past the held entries (it counted those answers and persisted its
+        commit index; up to 1 s) it is SIGKILLed, down until the heal, as if it died before
+        it could repair them: what it sent meanwhile is lost with it."""
+        from nemesis.platforms.peer_frames import APPEND, APPEND_RESPONSE, PeerFrames
+
+        followers = sorted(dst for (src, dst) in self.cluster.link_proxies if src == node_id)
+        out = {f: getattr(self.cluster.link_proxies[(node_id, f)], "raft", None) for f in followers}
+        back = {f: getattr(self.cluster.link_proxies[(f, node_id)], "raft", None) for f in followers}
+        if any(proxy is None for proxy in [*out.values(), *back.values()]) \
+                or self.config.tls is not None:
+            raise PlatformError("the overtaken strike reads the store's plaintext TCP peer "
+                                "lanes; these nodes have none")
+        if self.status(node_id, timeout_s=1.0) is None:
+            raise PlatformError(f"{node_id} does not answer its Status")
+        lock = threading.Lock()
+        readers: dict[int, PeerFrames] = {}
+        held_last = dict.fromkeys(followers, 0)  # last entry index of the APPENDs kept
+        released: dict[str, threading.Event] = {f: threading.Event() for f in followers}
+        overtaken = threading.Event()
+
+        def messages(pair, data: bytes):  # noqa: ANN001 - a proxy connection
+            with lock:
+                reader = readers.setdefault(id(pair), PeerFrames())
+            return reader.feed(data)
+
+        def watch_out(f: str):  # noqa: ANN202
+            def seen(pair, data: bytes) -> None:  # noqa: ANN001
+                for m in messages(pair, data):
+                    if pair.holding and m.type == APPEND and m.entries \
+                            and not overtaken.is_set():
+                        held_last[f] = max(held_last[f], m.entries[-1].index)
+            return seen
+
+        def watch_back(f: str):  # noqa: ANN202
+            def seen(pair, data: bytes) -> None:  # noqa: ANN001
+                for m in messages(pair, data):
+                    if overtaken.is_set() and not released[f].is_set() \
+                            and m.type == APPEND_RESPONSE and not m.reject \
+                            and m.index > held_last[f]:
+                        # The first such answer: every follower's answers are kept from
+                        # here on, so the leader learns of no newer entry and no
+                        # follower of a newer commit index until all are released.
+                        with lock:
+                            for proxy in back.values():
+                                if not proxy.holding:
+                                    proxy.hold()
+                        released[f].set()
+                        out[f].release()  # the older APPENDs, behind the newer ones
+            return seen
+
+        held = 0
+        try:
+            for f in followers:
+                out[f].watch(watch_out(f))
+                back[f].watch(watch_back(f))
+                back[f].reset()
+                out[f].reset()
+                out[f].hold()
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline and not all(held_last.values()):
+                time.sleep(0.005)
+            held = sum(proxy.held_bytes() for proxy in out.values())
+            overtaken.set()
+            for f in followers:
+                out[f].overtake()
+            needed = len(self.node_ids) // 2 + 1 if len(followers) > 2 else len(followers)
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline \
+                    and sum(e.is_set() for e in released.values()) < needed:
+                time.sleep(0.002)
+            self.overtaken_landed = sum(e.is_set() for e in released.values()) >= needed
+            # What the leader sends from now on stays on the wire and dies with it: it
+            # must not repair the followers before it crashes.
+            for proxy in out.values():
+                proxy.hold()
+            for proxy in back.values():  # the followers' answers reach the leader now
+                proxy.release()
+            last_held = max(held_last.values())
+            deadline = time.monotonic() + 1.0
+            while self.overtaken_landed and time.monotonic() < deadline:
+                now = self.status(node_id, timeout_s=0.5)
+                # Applied past them: the node persists a Ready (its commit index with it)
+                # before it applies, so the restarted leader knows them committed, and
+                # the clients have their answers.
+                if now is None or now.role != "leader" or now.applied_index > last_held:
+                    break
+                time.sleep(0.002)
+        except BaseException:
+            for f in followers:
+                out[f].release()
+            raise
+        finally:
+            for f in followers:
+                out[f].watch(None)
+                back[f].watch(None)
+                back[f].release()
         self.kill(node_id)
         self.crashed_by_hold = node_id
+        for f in followers:
+            out[f].discard()
         return held
 
     def release_held(self) -> int:

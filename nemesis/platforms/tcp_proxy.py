@@ -39,7 +39,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from enum import Enum
 from typing import Self
 
@@ -68,7 +68,7 @@ class _Pair:
     """One proxied connection: the accepted socket, the one to the target, whose it is."""
 
     __slots__ = ("client", "server", "source", "pumps", "held", "held_bytes", "holding",
-                 "released", "detached")
+                 "released", "detached", "watched")
 
     def __init__(self, client: socket.socket, server: socket.socket, source: Hashable,
                  holding: bool = False) -> None:
@@ -83,6 +83,7 @@ class _Pair:
         # Overtaken (`Forwarder.overtake`): the client side closed, the server side kept
         # open for the held bytes, which the release writes and then closes it.
         self.detached = False
+        self.watched = False  # accepted while a watcher was set: it sees every client byte
 
     def shutdown(self) -> None:
         for s in (self.client, self.server):
@@ -117,6 +118,10 @@ class Forwarder:
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self._holding = False
+        # `watch`: called with (pair, chunk) for every chunk a client sends on a connection
+        # accepted while it is set, in the pump's thread, before the chunk is forwarded or
+        # kept (`pair.holding` says which, unless the watcher starts a hold).
+        self._watcher: Callable[[_Pair, bytes], None] | None = None
         self._acceptor = threading.Thread(target=self._accept_loop, daemon=True,
                                           name=f"proxy-{self.address}")
         self._acceptor.start()
@@ -162,6 +167,7 @@ class Forwarder:
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 pair = _Pair(client, server, source, holding=self._holding)
+                pair.watched = self._watcher is not None
                 self._pairs.append(pair)
                 # Forget finished pumps, so a long run's reconnections do not pile up.
                 self._threads = [t for t in self._threads if t.is_alive()]
@@ -179,8 +185,10 @@ class Forwarder:
                     break
                 if is_reply and self._mode_for(pair.source) is ProxyMode.DROP_REPLIES:
                     continue
-                if not is_reply and self._keep(pair, data):
-                    continue
+                if not is_reply:
+                    self._see(pair, data)  # before: the watcher may start a hold for it
+                    if self._keep(pair, data):
+                        continue
                 loss = self._loss_for(pair.source)
                 if loss and self._random.random() < loss:
                     time.sleep(RETRANSMIT_DELAY_S)
@@ -210,6 +218,20 @@ class Forwarder:
             pair.held.append(data)
             pair.held_bytes += len(data)
             return True
+
+    def _see(self, pair: _Pair, data: bytes) -> None:
+        watcher = self._watcher
+        if watcher is not None and pair.watched:
+            watcher(pair, data)
+
+    def watch(self, watcher: Callable[[_Pair, bytes], None] | None) -> None:
+        """Set (None: clear) the watcher of the connections accepted from now on."""
+        self._watcher = watcher
+
+    def reset(self) -> None:
+        """Close every connection (a blip: both ends reconnect and go on)."""
+        with self._lock:
+            self._close_connections()
 
     def hold(self) -> None:
         """Keep what clients send, on every connection and those opened until `release`."""
@@ -257,6 +279,23 @@ class Forwarder:
                 with contextlib.suppress(OSError):
                     pair.server.shutdown(socket.SHUT_WR)
         return total
+
+    def discard(self) -> int:
+        """Drop every kept byte and close those connections: what a crashed sender had on
+        the wire is lost. Returns how many bytes were dropped."""
+        with self._lock:
+            self._holding = False
+            pairs = list(self._pairs)
+        dropped = 0
+        for pair in pairs:
+            with pair.released:
+                if not (pair.holding or pair.held_bytes):
+                    continue
+                dropped += pair.held_bytes
+                pair.held, pair.held_bytes, pair.holding = [], 0, False
+                pair.released.notify_all()
+            pair.shutdown()
+        return dropped
 
     def held_bytes(self) -> int:
         with self._lock:

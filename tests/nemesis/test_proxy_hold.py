@@ -95,3 +95,43 @@ def test_overtaken_bytes_arrive_after_those_of_the_senders_new_connection() -> N
         old.close()
         new.close()
     sink.listener.close()
+
+
+def test_a_watcher_sees_every_chunk_of_the_connections_opened_while_it_is_set() -> None:
+    sink = _Sink()
+    seen: list[tuple[bytes, bool]] = []
+    with TcpProxy(sink.address) as proxy:
+        before = _dial(proxy.address)
+        before.sendall(b"unwatched;")
+        wait_until(lambda: sink.snapshot() == [b"unwatched;"], 10, "the first bytes")
+        proxy.watch(lambda pair, data: seen.append((data, pair.holding)))
+        proxy.reset()  # both ends reconnect: the new connection is read from its first byte
+        watched = _dial(proxy.address)
+        watched.sendall(b"one;")
+        wait_until(lambda: seen == [(b"one;", False)], 10, "the watched chunk")
+        proxy.hold()
+        watched.sendall(b"two;")
+        wait_until(lambda: seen[-1:] == [(b"two;", True)], 10, "a held chunk, seen as held")
+        assert proxy.discard() == len(b"two;")  # lost with the connection, never delivered
+        wait_until(lambda: len(sink.snapshot()) == 2, 10, "the watched connection")
+        assert sink.snapshot()[1] == b"one;"
+        proxy.watch(None)
+        before.close()
+        watched.close()
+    sink.listener.close()
+
+
+def test_peer_frames_reads_the_store_lanes_messages_and_stops_at_garbage() -> None:
+    from nemesis.platforms.peer_frames import APPEND, PeerFrames
+    from system.kv.peer_tcp import MAGIC
+    from system.kv.transport import encode_batch
+    from system.raft.messages import Entry, Message, MessageType
+
+    batch = encode_batch("n1", [Message(MessageType.APPEND, "n1", "n2", 3, log_term=3, index=9,
+                                        entries=(Entry(term=3, index=10, data=b"x"),))])
+    wire = MAGIC + len(batch).to_bytes(4, "big") + batch
+    frames = PeerFrames()
+    got = [m for i in range(len(wire)) for m in frames.feed(wire[i:i + 1])]  # byte by byte
+    assert [(m.type, m.index, [e.index for e in m.entries]) for m in got] == [(APPEND, 9, [10])]
+    other = PeerFrames()
+    assert other.feed(b"GET / HTTP/1.1\r\n") == [] and other.broken
