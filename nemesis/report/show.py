@@ -29,7 +29,8 @@ PREFIX_SHOWN = 10
 # One-off events worth a line: nodes that died or refused their data, the steps that
 # rejoined them, the member fault's changes and what became of each, the nemesis's own
 # failures.
-EVENTS_SHOWN = ("node-crashed", "node-refused", "rejoin-step", "member-change", "nemesis-error")
+EVENTS_SHOWN = ("node-crashed", "safety-report", "node-refused", "rejoin-step", "member-change",
+               "nemesis-error")
 EVENTS_LIMIT = 30
 BAR_WIDTH = 40
 LABEL_WIDTH = 52
