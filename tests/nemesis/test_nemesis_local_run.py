@@ -101,6 +101,26 @@ def test_ack_before_commit_canary_is_caught(tmp_path: Path) -> None:
     assert _leftovers(_run_id(tmp_path)) == (set(), set())
 
 
+def test_hold_delivers_a_deposed_leaders_appends_late_and_the_reports_catch_the_core_that_takes_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hold on local (the link proxies keep the leader's bytes): the broken core that takes
+    an APPEND of an older term is repaired before any read, so only the nodes' reports of
+    a diverged committed log show it; every node and proxy is gone at the end."""
+    monkeypatch.setenv("MAO_ALLOW_UNSAFE", "1")  # a broken Raft core runs only when asked twice
+    proc = _nemesis(tmp_path, "--nodes", "5", "--duration", "30", "--interval", "3",
+                    "--faults", "hold", "--seed", "7001",
+                    "--unsafe", "accepts-appends-from-older-terms")
+    out, _ = proc.communicate(timeout=400)
+    assert proc.returncode == 1, out
+    run_dir = (tmp_path / "store" / "latest").resolve()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["safety_reports"]["valid"] is False, results["safety_reports"]
+    assert results["linearizable"]["valid"] is True  # no answer shows it
+    events = [json.loads(line) for line in (run_dir / "nemesis.jsonl").read_text().splitlines()]
+    assert any(e["f"] == "release" and e.get("released_bytes") for e in events)
+    assert _leftovers(_run_id(tmp_path)) == (set(), set())
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_run_tears_everything_down(tmp_path: Path, sig: int) -> None:
     proc = _nemesis(tmp_path, "--nodes", "3", "--duration", "120", "--faults", "kill",

@@ -129,17 +129,30 @@ CORE_VARIANT_RUNS = [
     # the second change; the broken one commits it on its side of the cut.
     ("allows-two-membership-changes-in-flight",
      ["--faults", "member", "--duration", "8", "--interval", "2"]),
+    # A restart that skips the committed entries after its snapshot: the node's state
+    # machine refuses the gap and the node stops itself, which only nodes-stay-up judges.
+    ("restores-snapshot-only",
+     ["--faults", "partition,kill", "--duration", "20", "--interval", "2"], "nodes_stay_up"),
+    # A follower that takes a deposed leader's APPEND (hold: stale-leader) is repaired
+    # before any read; only the nodes' committed-log-diverged reports show it.
+    ("accepts-appends-from-older-terms",
+     ["--faults", "hold", "--duration", "8", "--interval", "2"], "safety_reports"),
 ]
 
 
-@pytest.mark.parametrize("variant, args", CORE_VARIANT_RUNS)
+@pytest.mark.parametrize("variant, args, check", [
+    (v, a, rest[0] if rest else None) for v, a, *rest in CORE_VARIANT_RUNS])
 def test_a_broken_raft_core_is_caught_and_the_real_core_is_valid_in_the_same_run(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str, args: list[str]) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str, args: list[str],
+        check: str | None) -> None:
     monkeypatch.setenv("MAO_ALLOW_UNSAFE", "1")
     fixed = [*args, "--seed", "2401", "--nodes", "5"]
     code, broken = _run(tmp_path, *fixed, "--unsafe", variant, store="broken")
     results = json.loads((broken / "results.json").read_text())
     assert code == 1 and results["verdict"] == "INVALID", results
+    if check is not None:  # caught by that check, with the history's answers all valid
+        assert results[check]["valid"] is False, results[check]
+        assert results["linearizable"]["valid"] is True
     safe_code, safe = _run(tmp_path, *fixed, store="safe")
     assert safe_code == 0, json.loads((safe / "results.json").read_text())
 
