@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 from checker.result import Anomaly, Result
 from histories.ops import Op
+from histories.read import thaw_object
 
 CRASHED = "node-crashed"
 
@@ -35,8 +36,7 @@ def check_crashes(records: Sequence[Op]) -> Result:
     started = time.monotonic()
     anomalies = []
     for record in crash_records(records):
-        # The reader freezes a JSON object into sorted (key, value) pairs.
-        value = record.value if isinstance(record.value, dict) else dict(record.value or ())
+        value = thaw_object(record.value)
         node = value.get("node") or ", ".join(value.get("nodes") or ["a node"])
         code = value.get("exit_code")
         reason = value.get("reason") or "no last line"

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from checker.result import Anomaly, Result
 from histories.ops import Op
+from histories.read import thaw_object
 
 REPORT = "safety-report"
 # Faults that take durable state away from a node (nemesis/faults.py FILE_FAULTS, the power
@@ -29,17 +30,12 @@ REPORT = "safety-report"
 LOSES_DURABLE_STATE = ("truncate", "bitflip", "wipe-wal", "lose-unsynced", "rollback")
 
 
-def _value(record: Op) -> dict:
-    # The reader freezes a JSON object into sorted (key, value) pairs.
-    return record.value if isinstance(record.value, dict) else dict(record.value or ())
-
-
 def check_safety_reports(records: Sequence[Op]) -> Result:
     started = time.monotonic()
     events = [r for r in records if r.process == "nemesis"]
     reports = [r for r in events if r.f == REPORT]
-    lost = sorted({str(_value(r).get("fault")) for r in events
-                   if _value(r).get("fault") in LOSES_DURABLE_STATE})
+    lost = sorted({str(thaw_object(r.value).get("fault")) for r in events
+                   if thaw_object(r.value).get("fault") in LOSES_DURABLE_STATE})
     counts = {"safety_reports": len(reports)}
     if lost and reports:
         return Result("safety-reports", True, "node reports", time.monotonic() - started,
@@ -48,7 +44,7 @@ def check_safety_reports(records: Sequence[Op]) -> Result:
                            f"at work, not counted", counts=counts)
     anomalies = []
     for record in reports:
-        value = _value(record)
+        value = thaw_object(record.value)
         anomalies.append(Anomaly(
             str(value.get("rule") or REPORT), None,
             f"{value.get('node')} reported {value.get('rule')} (history line {record.line}): "

@@ -35,6 +35,7 @@ from typing import Any
 
 from checker.result import UNKNOWN, Verdict, combine
 from histories.ops import Op, OpType
+from histories.read import thaw_object as _as_dict
 
 PROPERTIES = ("durable", "resume", "fencing", "request-ids", "lease", "head-cas",
               "resume-after-lease", "unique-request-ids", "reference")
@@ -76,14 +77,6 @@ def _extra(op: Op) -> dict[str, Any]:
     return dict(op.extra)
 
 
-def _as_dict(value: Any) -> dict[str, Any]:
-    """A JSON object as the reader froze it (sorted (key, value) pairs) back to a dict."""
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2
-                                        and isinstance(p[0], str) for p in value):
-        return dict(value)
-    return {}
 
 
 def _final_value(value: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from histories.ops import Op, OpType
+from histories.read import thaw_object
 
 WRITES = ("checkpoint", "resume", "lease-write")
 POINTS = {"before-head-cas": "checkpoint-write", "inside-lease-renewal": "lease-renewal",
@@ -134,7 +135,7 @@ def _losses(records: list[Op]) -> dict[int, str]:
     out = {}
     for op in records:
         if op.process == "trainer" and op.f in ("lease-lost", "deposed"):
-            value = op.value if isinstance(op.value, dict) else dict(op.value or ())
+            value = thaw_object(op.value)
             out[op.index] = value.get("coordinator_id", "")
     return out
 
@@ -262,7 +263,7 @@ def windows(cs: list[Call], records: list[Op]) -> dict[str, int]:
     for op in records:
         if op.process != "trainer" or op.f != "paused-at":
             continue
-        value = op.value if isinstance(op.value, dict) else dict(op.value or ())
+        value = thaw_object(op.value)
         window = POINTS.get(value.get("detail", ""))
         who = value.get("coordinator_id", "")
         if window is None:

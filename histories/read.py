@@ -184,6 +184,17 @@ def parse_record(obj: Any, *, expected_index: int | None, path: str | None, line
     )
 
 
+def thaw_object(value: Any) -> dict[str, Any]:
+    """A JSON object as `_freeze` left it (sorted (key, value) pairs) back to a dict; {}
+    for anything else. Event records' values (a nemesis event's fields) are read so."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2
+                                        and isinstance(p[0], str) for p in value):
+        return dict(value)
+    return {}
+
+
 def _freeze(value: Any) -> Any:
     """JSON lists become tuples so that values are hashable model inputs."""
     if isinstance(value, list):

@@ -25,7 +25,7 @@ from checker.staleness import check_stale_read_states, stale_reads
 from checker.timeline import render_html
 from histories.ops import Operation
 from histories.pairing import pair_operations
-from histories.read import read_history_report
+from histories.read import read_history_report, thaw_object
 from nemesis.store import read_json, write_json
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNKNOWN, EXIT_HARNESS = 0, 1, 2, 3
@@ -298,7 +298,7 @@ def _node_finding_times(results: dict[str, Any], records: list) -> list[int]:
     if (results.get("safety_reports") or {}).get("valid") is False:
         for r in records:
             if r.process == "nemesis" and r.f == REPORT and r.time is not None:
-                age = float(dict(r.value or ()).get("age_s") or 0.0)
+                age = float(thaw_object(r.value).get("age_s") or 0.0)
                 found.append(r.time - int(age * 1e9))
     return found
 
