@@ -847,14 +847,20 @@ class Nemesis:
             "description": f"{node} exited with code {code} on its own: {reason or '(no output)'}"})
         return True
 
-    def sweep_crashes(self) -> None:
-        """At the end of the run: every node the nemesis did not stop must be running."""
+    def look_for_crashes(self) -> list[tuple[str, int]]:
+        """One look at every node (on Docker each is a call to the engine): a node found
+        exited that the nemesis did not stop, and is not taking back, is recorded, once
+        per exit. Returns the exits recorded by this look. The runners look every tick of
+        the run and once after its last reads."""
+        found = []
         for node in self.platform.node_ids:
-            if node in self.expected_down or node in self.rejoining:
-                continue
             code = self.platform.exit_code(node)
-            if code is not None:
-                self.note_crash(node, code)
+            if code is None or node in self.expected_down or node in self.rejoining:
+                self.crashes_noted.discard(node)
+                continue
+            if self.note_crash(node, code):
+                found.append((node, code))
+        return found
 
     def _rejoin_refused(self, kind: str, fault_id: int | None, node: str) -> None:
         """The procedure the node printed: member remove, empty its directory, member add

@@ -512,15 +512,9 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
         progress = Progress(out, config.duration_s)
         while time.monotonic() < deadline:
             ctx.stop.wait(min(0.5, max(0.0, deadline - time.monotonic())))
-            for node in platform.node_ids:
-                # One look per node and tick: on Docker each is a call to the engine.
-                code_ = platform.exit_code(node)
-                if code_ is None or node in nemesis.expected_down:
-                    nemesis.crashes_noted.discard(node)
-                    continue
-                if nemesis.note_crash(node, code_):
-                    _print(out, f"\n{node} exited with code {code_} on its own (the run will "
-                                f"be INVALID: nodes-stay-up); see {run_dir / 'nodes'}")
+            for node, code_ in nemesis.look_for_crashes():
+                _print(out, f"\n{node} exited with code {code_} on its own (the run will "
+                            f"be INVALID: nodes-stay-up); see {run_dir / 'nodes'}")
             progress.update(time.monotonic() - started, workload.counts.totals(),
                             nemesis.describe_active(), workload.counts.notes())
         progress.done(time.monotonic() - started, workload.counts.totals(),
@@ -543,7 +537,7 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                                                say=lambda line: _print(out, line))
         if replica_reads is not None:
             run_info["replica_reads"] = replica_reads
-        nemesis.sweep_crashes()  # a node that stopped during the heal or the final reads
+        nemesis.look_for_crashes()  # a node that stopped during the heal or the final reads
         platform.collect_logs()  # again at the teardown, for the last lines
         safety_reports.record_all(safety_reports.scan(run_dir / "nodes"), record)
     except (HarnessError, WorkloadError) as exc:

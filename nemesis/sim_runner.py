@@ -457,12 +457,7 @@ class SimRun:
             fresh = sim_safety_reports(reports[self.reports_seen:], self.reported)
             self.reports_seen = len(reports)
             safety_reports.record_all(fresh, nemesis.record)
-        for node in self.platform.node_ids:
-            code = self.platform.exit_code(node)
-            if code is None or node in nemesis.expected_down:
-                nemesis.crashes_noted.discard(node)
-            else:
-                nemesis.note_crash(node, code)
+        nemesis.look_for_crashes()
 
     def run_workload(self, duration_s: float) -> None:
         platform = self.platform
@@ -563,8 +558,7 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
             print_line(out, "final reads ...")
             run_info["final_reads"] = clients.final_reads(run, FINAL_READ_TIMEOUT_S)
             run_info["replica_reads"] = clients.replica_reads(run, REPLICA_READ_TIMEOUT_S, out)
-            nemesis.sweep_crashes()
-            run.note_crashes()  # the reports made during the heal and the final reads
+            run.note_crashes()  # what happened during the heal and the final reads
         except Exception as exc:  # a harness bug must never read as "invalid" (exit 1)
             log.exception("harness failure")
             run_info["harness_error"] = f"{type(exc).__name__}: {exc}"

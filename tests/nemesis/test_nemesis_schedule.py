@@ -403,11 +403,11 @@ def test_a_node_down_that_the_nemesis_did_not_stop_is_recorded_once_as_a_crash()
     nemesis = Nemesis(platform, ["kill"], seed=1, interval_s=0.01,
                       record=lambda f, v: events.append((f, v)))
     nemesis._begin("kill")  # the nemesis's own kill: expected down, never a crash
-    nemesis.sweep_crashes()
+    nemesis.look_for_crashes()
     assert not [f for f, _ in events if f == "node-crashed"]
     platform.down.add("n3")  # n3 stops by itself
-    nemesis.sweep_crashes()
-    nemesis.sweep_crashes()  # the same exit is recorded once
+    nemesis.look_for_crashes()
+    nemesis.look_for_crashes()  # the same exit is recorded once
     crashes = [v for f, v in events if f == "node-crashed"]
     assert [(c["node"], c["exit_code"]) for c in crashes] == [("n3", -9)]
     assert nemesis.crashes == [{"node": "n3", "exit_code": -9, "reason": ""}]
@@ -425,5 +425,5 @@ def test_a_member_that_stops_itself_when_removed_is_not_a_crash() -> None:
     nemesis = Nemesis(platform, ["member"], seed=1, interval_s=0.01, record=lambda f, v: None)
     nemesis.member_shapes = ("remove-and-rejoin",)
     nemesis._begin("member")
-    nemesis.sweep_crashes()
+    nemesis.look_for_crashes()
     assert nemesis.crashes == []
