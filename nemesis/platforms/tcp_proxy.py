@@ -209,6 +209,11 @@ class Forwarder:
 
     def _keep(self, pair: _Pair, data: bytes) -> bool:
         """While holding: keep `data` (True), stalling at MAX_HELD_BYTES until released."""
+        if not pair.holding:
+            # Every chunk of every run passes here: no lock unless a hold is on. A hold
+            # that starts meanwhile keeps from the next chunk on; a release clears the
+            # flag only once the kept bytes are written, so nothing passes them.
+            return False
         with pair.released:
             while pair.holding and pair.held_bytes >= MAX_HELD_BYTES \
                     and not self._closed.is_set():
@@ -265,13 +270,12 @@ class Forwarder:
         total = 0
         for pair in pairs:
             with pair.released:
-                data, pair.held, pair.held_bytes = b"".join(pair.held), [], 0
-                pair.holding = False
-                pair.released.notify_all()
+                data = b"".join(pair.held)
                 if data:
                     total += len(data)
                     with contextlib.suppress(OSError):  # the receiver went away meanwhile
                         pair.server.sendall(data)
+                self._unhold(pair)
             if pair.detached:
                 # End of stream after the held bytes (not a reset, which could discard
                 # them at the receiver); the receiver closes, the reply pump ends, and
@@ -292,10 +296,15 @@ class Forwarder:
                 if not (pair.holding or pair.held_bytes):
                     continue
                 dropped += pair.held_bytes
-                pair.held, pair.held_bytes, pair.holding = [], 0, False
-                pair.released.notify_all()
+                self._unhold(pair)
             pair.shutdown()
         return dropped
+
+    @staticmethod
+    def _unhold(pair: _Pair) -> None:
+        """Forget what `pair` kept and forward from now on (hold `pair.released`)."""
+        pair.held, pair.held_bytes, pair.holding = [], 0, False
+        pair.released.notify_all()
 
     def held_bytes(self) -> int:
         with self._lock:
