@@ -578,18 +578,17 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
     return platform
 
 
-def sim_safety_reports(reports: list[tuple[str, str]], reported: set[tuple[str, str]]
+def sim_safety_reports(reports: list[tuple[str, str, str]], reported: set[tuple[str, str]]
                        ) -> list[dict[str, Any]]:
-    """The simulated nodes' Ready.errors lines, as the real runner reads them from the
-    node logs (nemesis/safety_reports.py): each distinct (node, text) once, up to
-    MAX_REPORTS a run (`reported` holds those recorded already)."""
+    """The simulated nodes' reports of a broken rule (Ready.errors, the RuleWatch), as the
+    real runner reads them from the node logs (nemesis/safety_reports.py): each distinct
+    (node, text) once, up to MAX_REPORTS a run (`reported` holds those recorded already)."""
     fresh = []
-    for node, text in reports:
+    for node, rule, text in reports:
         if (node, text) in reported or len(reported) >= safety_reports.MAX_REPORTS:
             continue
         reported.add((node, text))
-        fresh.append({"node": node, "rule": "committed-log-diverged", "text": text,
-                      "logged_at": None})
+        fresh.append({"node": node, "rule": rule, "text": text, "logged_at": None})
     return fresh
 
 

@@ -74,6 +74,7 @@ from system.raft.core import (
 )
 from system.raft.messages import Message
 from system.raft.types import EntryKind, HardState, Membership, NodeId, SnapshotMeta
+from system.raft.watch import RuleWatch
 
 if TYPE_CHECKING:
     from system.kv.unsafe import UnsafeMode
@@ -234,6 +235,9 @@ class Node:
         # A canary may name a broken core (system/raft/unsafe.py); else the real one.
         core_class = unsafe.core_class if unsafe is not None else RaftCore
         self.core = core_class(raft_config, random.Random(seed), restored)
+        # Every input reaches the core through the watch, which logs any transition Raft's
+        # Figure 2 forbids (system/raft/watch.py) for the harness to find.
+        self.watch = RuleWatch()
         if identity is not None and identity.state != STATE_MEMBER:
             # A new data directory: until the peers confirm that this node id is not a
             # voter they know under another incarnation, it must not vote (it may have
@@ -355,7 +359,7 @@ class Node:
         while True:
             await asyncio.sleep(period_s)
             try:
-                self.core.tick()
+                self.watch.tick(self.core)
             except Exception:
                 # A task that raised would end silently: the node would go on serving
                 # clients with no clock, never campaigning, never sending heartbeats.
@@ -375,7 +379,7 @@ class Node:
         if self.trace is not None:
             self.trace.hops_received(messages)
         for message in messages:
-            self.core.step(message)
+            self.watch.step(self.core, message)
         self.drive_now()
 
     async def put(self, key: str, value: bytes, expected_version: int | None,
@@ -612,7 +616,7 @@ class Node:
     def _finish_ready(self, ready: Ready, applied_early: bool) -> None:
         """The steps of a Ready after its persist."""
         self._after_persist(ready, applied_early)
-        self.core.advance(ready)
+        self.watch.advance(self.core, ready)
         self.snapshot_sends.observe(self.core.snapshot_transfers())
         self._sync_peers()
         self._maybe_snapshot()
@@ -886,6 +890,10 @@ class Node:
             os._exit(70)
 
     def _log_role_change(self) -> None:
+        for rule, text in self.watch.take():
+            # `safety` makes the harness gather the line into the history, as for the
+            # core's own errors (nemesis/safety_reports.py).
+            log.error(text, extra={"node": self.config.node_id, "safety": rule})
         role, term, leader = self.core.role, self.core.term, self.core.leader_id
         if role != self._last_role or term != self._last_term or leader != self._last_leader:
             log.info("raft state", extra={"node": self.config.node_id, "role": role.value,
@@ -995,8 +1003,8 @@ class Node:
                 self._kick()
                 raise NotLeaderError(target, self.address_of(target))
         try:
-            index, term = self.core.change_membership(
-                kind, node_id, info=member_info(address, peer_address))
+            index, term = self.watch.change_membership(
+                self.core, kind, node_id, info=member_info(address, peer_address))
         except NotLeader as exc:
             raise NotLeaderError(exc.leader_id, self.address_of(exc.leader_id)) from None
         except ProposalDropped as exc:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from system.raft.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, Ready
 from system.raft.types import Entry, NodeId, SnapshotMeta
+from system.raft.watch import RuleWatch
 from system.sim.clients import Attempt, ClientOp
 from system.sim.disk import FakeDisk
 from system.sim.history import Function
@@ -88,6 +89,7 @@ class NodeShell:
         self.incarnation += 1
         rng = random.Random(f"raft-sim:{self.sim.seed}:{self.node_id}:{self.incarnation}")
         self.core = self.sim.variant.core_class(self.config, rng, restored)
+        self.watch = RuleWatch()
         self.after_input()
 
     def crash(self, lose_unsynced: bool) -> None:
@@ -119,6 +121,9 @@ class NodeShell:
                 break
             self.handle_ready(ready)
             self.finish_ready(ready)
+        for rule, text in self.watch.take():
+            self.sim.record(f"error {self.node_id}: {rule}: {text}")
+            self.sim.safety_reports.append((self.node_id, rule, text))
         self.sim.monitor.observe(
             self.node_id, core.role.value, core.term, core.commit_index, core.status().last_index
         )
@@ -128,7 +133,7 @@ class NodeShell:
     def finish_ready(self, ready: Ready) -> None:
         core = self.core
         assert core is not None
-        core.advance(ready)
+        self.watch.advance(core, ready)
         self.serve_reads()
         self.maybe_compact()
 
@@ -183,7 +188,7 @@ class NodeShell:
             self.sim.record(f"warning {self.node_id}: {warning}")
         for error in ready.errors:
             self.sim.record(f"error {self.node_id}: {error}")
-            self.sim.safety_reports.append((self.node_id, error))
+            self.sim.safety_reports.append((self.node_id, "committed-log-diverged", error))
 
     def apply_ready(self, ready: Ready) -> None:
         """Steps 3-4 of a Ready: restore a received snapshot, apply, hand out reads."""

@@ -149,9 +149,10 @@ class Simulation:
         self.rng = random.Random(f"raft-sim:{seed}:simulation")
         self.step_count = 0
         self.trace: list[str] = []
-        # (node, text) of every Ready.errors line: a node's report of a broken safety
-        # property (a committed log that diverged), as the real node logs it.
-        self.safety_reports: list[tuple[NodeId, str]] = []
+        # (node, rule, text) of every report of a broken safety property, as the real node
+        # logs it: the core's Ready.errors (a committed log that diverged) and the
+        # shell's RuleWatch findings (system/raft/watch.py).
+        self.safety_reports: list[tuple[NodeId, str, str]] = []
         self.history: list[HistoryEvent] = []
         self.ops: list[ClientOp] = []
         self._last_op_of: dict[int, ClientOp] = {}  # process -> its latest op (one open at most)
@@ -236,7 +237,8 @@ class Simulation:
         self._begin_step()
         self.record(f"membership {getattr(kind, 'value', kind)} {target} via {node}")
         self.count_fault(f"membership {getattr(kind, 'value', kind)}")
-        index, term = self.core(node).change_membership(kind, target)  # type: ignore[arg-type]
+        core = self.core(node)
+        index, term = self.nodes[node].watch.change_membership(core, kind, target)
         self._note("membership", node, getattr(kind, "value", kind), target)  # not if refused
         self.nodes[node].after_input()
         if wait:
@@ -360,7 +362,7 @@ class Simulation:
             return
         self.record(f"deliver #{flight.id} {describe(message)}")
         self.monitor.delivered(message)
-        shell.core.step(message)
+        shell.watch.step(shell.core, message)
         shell.after_input()
 
     def deliver_flight(self, flight: InFlight) -> None:
@@ -591,7 +593,7 @@ class Simulation:
             shell = self.nodes[target]
             if shell.core is None:
                 raise ValueError(f"cannot tick {target}: it is crashed")
-            shell.core.tick()
+            shell.watch.tick(shell.core)
             shell.after_input()
 
     def step(self) -> None:
