@@ -1,8 +1,14 @@
-"""A node's own report of a broken safety property makes the run INVALID, unless the
-nemesis took durable state away from a node (docs/checker.md, "Nodes report no broken
-rule").
+"""A node's own report of a broken safety property makes the run INVALID (docs/checker.md,
+"Nodes report no broken rule"); a diverged committed log is excused when the nemesis took
+durable state away from a node.
 
-The store's Raft core notices a follower whose committed log conflicts with its leader's
+Two sources. Every input to a node's Raft core passes its shell's RuleWatch
+(system/raft/watch.py), which reports a transition Figure 2 of the Raft paper forbids: a
+higher term ignored, an entry of an older term committed by counting, a commit past what
+an append verified, a leader elected without a majority of its term's votes... Each holds
+for one node's transitions whatever any disk lost, so such a report is never excused.
+
+And the store's Raft core notices a follower whose committed log conflicts with its leader's
 and repairs it with a snapshot (docs/raft.md). Raft's safety argument rests on stable
 storage: with every acknowledged entry kept, committed logs never diverge, so a report is
 a broken rule in some node (a leader that overwrote a committed entry, a follower that took

@@ -39,14 +39,14 @@ def test_scan_reads_the_lines_a_node_marks_with_safety_once_each(tmp_path: Path)
         ("n1", "committed-log-diverged", DIVERGED)]
 
 
-def _history(tmp_path: Path, faults: list[str]) -> list:
-    path = tmp_path / f"history-{'-'.join(faults) or 'none'}.jsonl"
+def _history(tmp_path: Path, faults: list[str], rule: str = "committed-log-diverged") -> list:
+    path = tmp_path / f"history-{'-'.join(faults) or 'none'}-{rule}.jsonl"
     with HistoryWriter(path) as h:
         i = h.invoke(0, "put", "k", "v1")
         h.complete(i, "ok", "v1", version=1, applied=True, node="n1")
         for fault in faults:
             h.event("nemesis", fault, {"fault": fault, "phase": "start", "nodes": ["n2"]})
-        safety_reports.record_all([{"node": "n1", "rule": "committed-log-diverged",
+        safety_reports.record_all([{"node": "n1", "rule": rule,
                                     "text": DIVERGED, "logged_at": None}],
                                   lambda f, v: h.event("nemesis", f, v))
     return read_history(path)
@@ -59,6 +59,13 @@ def test_a_report_is_a_violation_unless_a_fault_destroyed_durable_state(tmp_path
     excused = check_safety_reports(_history(tmp_path, ["kill", "lose-unsynced"]))
     assert excused.valid is True and "lose-unsynced" in excused.note
     assert check_safety_reports(_history(tmp_path, [])[:1]).valid is True  # no report
+
+
+def test_a_rule_watch_report_is_never_excused_by_a_lost_disk(tmp_path: Path) -> None:
+    """A rule one node breaks by itself (system/raft/watch.py) is not what a lost disk
+    explains: the run is INVALID whatever the faults."""
+    found = check_safety_reports(_history(tmp_path, ["lose-unsynced"], "leader-committed-old-term"))
+    assert found.valid is False and "whatever any disk lost" in found.anomalies[0].text
 
 
 def test_the_checker_knows_every_fault_that_destroys_durable_state() -> None:
