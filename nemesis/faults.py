@@ -17,6 +17,8 @@ Faults (`--faults`, a comma list):
 - kill: the leader, a random node or a minority, SIGKILL; healed by restarting them;
 - pause: the leader or a random node, SIGSTOP / cgroup freezer; healed by resuming;
 - packet: loss on a random set of directed links; healed by removing it;
+- reorder (sim only): on a random set of directed links, messages delivered late, behind
+  later ones, and some twice; healed by removing it;
 - member: a deck of shapes (nemesis/member_shapes.py), each round led by two changes in
   flight: two-in-flight (the leader, cut with a minority, asked to remove two nodes of the
   other side back to back), change-at-new-leader (the leader isolated, and the first node
@@ -107,7 +109,7 @@ from nemesis.platforms.base import Platform, PlatformError
 
 log = logging.getLogger("nemesis")
 
-FAULTS = ("partition", "kill", "pause", "packet", "member", "truncate", "bitflip", "wipe-wal",
+FAULTS = ("partition", "kill", "pause", "packet", "reorder", "member", "truncate", "bitflip", "wipe-wal",
           "lose-unsynced", "kill-all", "election", "rollback", "hold", "none")
 # Faults that damage a stopped node's files (the platform's `damage_files`).
 FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
@@ -120,7 +122,7 @@ FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
                    "election": ("local", "docker"), "rollback": ("local",),
-                   "hold": ("sim", "local")}
+                   "hold": ("sim", "local"), "reorder": ("sim",)}
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
 # acknowledged writes only when a majority loses them together (a canary must be caught in
@@ -142,10 +144,11 @@ END_JOIN_TIMEOUT_S = 240.0
 # since): generous, since the cluster keeps serving meanwhile.
 PROMOTE_TIMEOUT_S = 90.0
 LOSS_PROBABILITIES = (0.1, 0.2, 0.3, 0.5)
+REORDER_PROBABILITIES = (0.2, 0.5)
 # Least nodes each fault needs to leave a majority able to serve (checked before a run).
 # File faults and lose-unsynced need 3: a node that refuses its data is rejoined through
 # membership changes, which the others must be a majority to commit.
-MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "member": 3, "truncate": 3,
+MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "reorder": 2, "member": 3, "truncate": 3,
              "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1,
              # a split election needs two candidates one voter short of a majority each
              "election": 5, "rollback": 3, "hold": 3}
@@ -185,7 +188,9 @@ def unsupported(faults: list[str], platform: str) -> str | None:
                                "platform does yet" if platform != "sim" else
                                "the simulator's disk holds records, not bytes",
                    "hold": "it delays messages, which iptables cannot: it drops them; "
-                           "the local platform's proxies keep and deliver them late"}.get(
+                           "the local platform's proxies keep and deliver them late",
+                   "reorder": "a TCP lane delivers in order and tc netem is absent from "
+                              "this kernel; only the simulator's network reorders"}.get(
                 fault, "the simulator's disk holds records, not bytes")
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
@@ -353,6 +358,8 @@ class Nemesis:
             return self._pause()
         if kind == "packet":
             return self._packet()
+        if kind == "reorder":
+            return self._reorder()
         if kind == "member":
             return self._member()
         if kind in FILE_FAULTS:
@@ -398,7 +405,7 @@ class Nemesis:
                 self.errors.append(message)
                 value = {"error": str(exc)}
             f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
-                 "packet": "stop-packet", "member": "rejoin-member",
+                 "packet": "stop-packet", "reorder": "stop-reorder", "member": "rejoin-member",
                  "hold": "release"}.get(fault.kind, "restart")
             self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end",
                             "nodes": fault.nodes, "description": fault.description, **value})
@@ -644,6 +651,23 @@ class Nemesis:
         return self._register("packet", touched, f"{probability:.0%} loss on {len(links)} links",
                               heal, {"probability": probability,
                                      "links": [list(link) for link in links]}, "start-packet")
+
+    def _reorder(self) -> ActiveFault:
+        """Messages on a random set of directed links delivered late (overtaken by later
+        ones) and some twice: the stale APPENDs, answers and vote grants Figure 2 guards
+        against (a follower's commit past what an APPEND verified, a leader deaf to a
+        higher term, a grant of an older term counted). Simulator only: a TCP lane keeps
+        its order, and netem is absent here."""
+        probability = self.rng.choice(REORDER_PROBABILITIES)
+        all_links = [(a, b) for a in self.nodes for b in self.nodes if a != b]
+        links = [link for link in all_links if self.rng.random() < 0.5] or [self.rng.choice(all_links)]
+        for src, dst in links:
+            self.platform.set_reorder(src, dst, probability)
+        touched = sorted({a for a, _ in links} | {b for _, b in links})
+        return self._register("reorder", touched, f"{probability:.0%} of messages late or "
+                              f"twice on {len(links)} links", self.healer(links),
+                              {"probability": probability,
+                               "links": [list(link) for link in links]}, "start-reorder")
 
     def _member(self) -> ActiveFault | None:
         shape = self._deal("member-shape", self.member_shapes)

@@ -19,6 +19,10 @@ The fault vocabulary maps onto the simulator:
 - `cut(src, dst)` / `heal_link`: one direction of a link stops carrying messages (in
   flight ones are lost), as the proxies and iptables rules do;
 - `set_loss`: each message on the link is lost with that probability (seeded);
+- `set_reorder` (the `reorder` fault, sim only): each message on the link is, with that
+  probability, delivered a few ticks late, after the ones sent behind it, and with half
+  of it also twice — what UDP, a reconnecting lane or a retrying transport can do, and
+  Raft must survive (a stale APPEND, answer or vote grant arriving after newer ones);
 - `kill` / `start_node`: a process crash (the OS keeps what was written) and a restart
   from the fake disk;
 - `pause` / `resume`: a frozen process: it neither ticks nor receives (messages wait on the
@@ -51,6 +55,7 @@ from system.sim.variant import SimVariant
 
 TICK_S = 0.02  # simulated seconds per Raft tick (the real node's tick_ms is 20)
 TICK_NS = int(TICK_S * 1e9)
+REORDER_MAX_TICKS = 15  # a late message waits up to this many ticks (an election timeout)
 MAX_DELIVERIES_PER_TICK = 20_000  # a bound: a healthy 9-node cluster needs far fewer
 COMPACT_EVERY_ENTRIES = 500  # snapshots happen in a run of any length, chunks included
 # The chance that a leader's pending fsync returns before the next delivery, and at the end
@@ -79,6 +84,12 @@ class SimPlatform(Platform):
                               record_trace=record_trace, pipeline=True, **raft_config)
         self.paused: set[str] = set()  # membership only; node order comes from node_ids
         self.loss: dict[tuple[str, str], float] = {}
+        # The reorder fault: on these links each message is, with the probability, held back
+        # for a few ticks (later ones overtake it) and, with half of it, also delivered twice.
+        self.reorder: dict[tuple[str, str], float] = {}
+        self.late_until: dict[int, int] = {}  # flight id -> the tick it may go
+        self.reorder_decided: set[int] = set()
+        self.reorder_rng = random.Random(f"sim-platform:{seed}:reorder")
         self.rng = random.Random(f"sim-platform:{seed}:loss")
         self.fsync_rng = random.Random(f"sim-platform:{seed}:fsync")
         # Nodes whose core refused what their disk holds at a restart (after a power loss,
@@ -138,9 +149,12 @@ class SimPlatform(Platform):
         while moved < min(limit, MAX_DELIVERIES_PER_TICK):
             self.maybe_finish_fsyncs(FSYNC_CHANCE_PER_DELIVERY)
             flight = next((f for f in sim.network.in_flight.values()
-                           if f.message.dst not in paused and not self._held(f)), None)
+                           if f.message.dst not in paused and not self._held(f)
+                           and not self._late(f)), None)
             if flight is None:
                 break
+            if self.reorder and self._reordered(flight):
+                continue
             if self.overtake_next is not None and flight.message.src == self.overtake_next \
                     and flight.message.type is MessageType.APPEND and flight.message.entries:
                 self.hold_in_flight(flight.message.src)  # the write's APPENDs, as aimed
@@ -308,13 +322,40 @@ class SimPlatform(Platform):
 
     def heal_link(self, src: str, dst: str) -> None:
         self.loss.pop((src, dst), None)
+        self.reorder.pop((src, dst), None)
         if self.sim.network.is_cut(src, dst):
             self.sim.heal_link(src, dst)
 
     def heal_all(self) -> None:
         self.loss.clear()
+        self.reorder.clear()
         self.release_held()
         self.sim.heal()
+
+    def _late(self, flight) -> bool:  # noqa: ANN001 - an InFlight
+        return bool(self.late_until) and self.late_until.get(flight.id, 0) > self.ticks
+
+    def _reordered(self, flight) -> bool:  # noqa: ANN001 - an InFlight
+        """Decide once per message on a reordering link: held back (True: pick another)
+        for 1-REORDER_MAX_TICKS ticks, maybe duplicated too (the copy goes last)."""
+        probability = self.reorder.get((flight.message.src, flight.message.dst))
+        if probability is None or flight.id in self.reorder_decided:
+            return False
+        self.reorder_decided.add(flight.id)
+        rng = self.reorder_rng
+        if rng.random() < probability / 2:
+            self.sim.duplicate_flight(flight)
+        if rng.random() >= probability:
+            return False
+        self.late_until[flight.id] = self.ticks + rng.randint(1, REORDER_MAX_TICKS)
+        self.sim.record(f"late #{flight.id} until tick {self.late_until[flight.id]}")
+        return True
+
+    def set_reorder(self, src: str, dst: str, probability: float) -> None:
+        if not 0 < probability < 1:
+            raise ValueError(f"reorder probability must be in (0, 1), got {probability}")
+        self.sim.record(f"reorder {src}->{dst} {probability:g}")
+        self.reorder[(src, dst)] = probability
 
     def _held(self, flight) -> bool:  # noqa: ANN001 - an InFlight
         return flight.message.src in self.holding or flight.id in self.held_flights

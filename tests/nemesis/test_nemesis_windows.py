@@ -26,16 +26,16 @@ from tests.nemesis.waiting import wait_until
 def test_all_on_sim_leaves_out_what_the_simulator_cannot_run_and_says_why() -> None:
     kinds, note = expand_all("sim")
     # member runs there in its two-in-flight shape only (nemesis/member_shapes.py)
-    assert kinds == ["partition", "kill", "pause", "packet", "member", "lose-unsynced", "kill-all",
-                     "hold"]
+    assert kinds == ["partition", "kill", "pause", "packet", "reorder", "member", "lose-unsynced",
+                     "kill-all", "hold"]
     for left in ("truncate", "bitflip", "wipe-wal"):
         assert left in note
     assert "member" not in note and "records, not bytes" in note
 
 
-def test_all_on_docker_is_every_fault_but_none_rollback_and_hold() -> None:
+def test_all_on_docker_is_every_fault_but_none_rollback_hold_and_reorder() -> None:
     kinds, note = expand_all("docker")
-    assert kinds == [f for f in FAULTS if f not in ("none", "rollback", "hold")]
+    assert kinds == [f for f in FAULTS if f not in ("none", "rollback", "hold", "reorder")]
     assert "rollback" in note and "only the local platform" in note
     assert "hold (it delays messages" in note
 

@@ -137,6 +137,13 @@ CORE_VARIANT_RUNS = [
     # before any read; only the nodes' committed-log-diverged reports show it.
     ("accepts-appends-from-older-terms",
      ["--faults", "hold", "--duration", "8", "--interval", "2"], "safety_reports"),
+    # Rules no answer shows, named by the node shell's RuleWatch (system/raft/watch.py): a
+    # leader counting its own unsynced entry toward a commit, and (reorder: a shorter APPEND
+    # delivered after a longer one) a follower cutting its log without a conflict.
+    ("counts-unsynced-self",
+     ["--faults", "partition,kill", "--duration", "8", "--interval", "2"], "safety_reports"),
+    ("truncates-without-a-conflict",
+     ["--faults", "reorder", "--duration", "8", "--interval", "2"], "safety_reports"),
 ]
 
 
