@@ -9,6 +9,7 @@ core's own CPU cost per committed entry, with and without batching. The clock is
     python -m benchmarks.raft_bench                 # print the table
     python -m benchmarks.raft_bench --write         # also write benchmarks/results/raft.md
     python -m benchmarks.raft_bench --profile       # cProfile the batched run
+    python -m benchmarks.raft_bench --watch         # each input through the shell's RuleWatch
 
 This script must never be run as part of the test suite: timing goals are not tests.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from system.raft.core import RaftConfig, RaftCore, Role
+from system.raft.watch import RuleWatch
 
 NODE_IDS = ("n1", "n2", "n3")
 RESULTS_PATH = Path(__file__).resolve().parent / "results" / "raft.md"
@@ -45,7 +47,9 @@ class Result:
 class Cluster:
     """Three cores and a FIFO network that delivers everything (the fastest possible shell)."""
 
-    def __init__(self, seed: int, **config: int) -> None:
+    def __init__(self, seed: int, watch: bool = False, **config: int) -> None:
+        # With `watch`, every input passes a RuleWatch, as in the node shells.
+        self.watches = {node_id: RuleWatch() for node_id in NODE_IDS} if watch else None
         self.nodes = {
             node_id: RaftCore(RaftConfig(node_id, NODE_IDS, **config), random.Random(seed + n))
             for n, node_id in enumerate(NODE_IDS)
@@ -66,11 +70,17 @@ class Cluster:
                     network.extend(ready.messages)
                     if ready.committed_entries:
                         applied[node_id] = ready.committed_entries[-1].index
-                    node.advance(ready)
+                    if self.watches is None:
+                        node.advance(ready)
+                    else:
+                        self.watches[node_id].advance(node, ready)
             while network:
                 busy = True
                 message = network.popleft()
-                nodes[message.dst].step(message)
+                if self.watches is None:
+                    nodes[message.dst].step(message)
+                else:
+                    self.watches[message.dst].step(nodes[message.dst], message)
 
     def elect(self) -> RaftCore:
         for _ in range(100):
@@ -83,10 +93,11 @@ class Cluster:
         raise RuntimeError("no leader elected within 100 ticks")
 
 
-def run(mode: str, entries: int, proposals_per_round: int, seed: int, **config: int) -> Result:
+def run(mode: str, entries: int, proposals_per_round: int, seed: int, watch: bool = False,
+        **config: int) -> Result:
     """Propose `entries` commands of 100 bytes, `proposals_per_round` between pumps, and
     measure CPU seconds until every node has applied all of them."""
-    cluster = Cluster(seed, **config)
+    cluster = Cluster(seed, watch, **config)
     leader = cluster.elect()
     payload = b"x" * 100
     base = leader.commit_index
@@ -102,24 +113,31 @@ def run(mode: str, entries: int, proposals_per_round: int, seed: int, **config: 
     elapsed = time.process_time() - start
     if min(cluster.applied.values()) < target:
         raise RuntimeError(f"not all entries applied: {cluster.applied}, wanted {target}")
-    return Result(mode, entries, elapsed)
+    if cluster.watches is not None:
+        found = [r for w in cluster.watches.values() for r in w.reports]
+        if found:
+            raise RuntimeError(f"the rule watch found a broken rule in the safe core: {found}")
+    return Result(mode + (", with the RuleWatch" if watch else ""), entries, elapsed)
 
 
-def measure(entries: int, seed: int) -> list[Result]:
+def measure(entries: int, seed: int, watch: bool = False) -> list[Result]:
     return [
-        run("batching (max_append_entries=1024, 1000 proposals per pump)", entries, 1000, seed),
-        run("batching, 10 proposals per pump", entries // 4, 10, seed),
+        run("batching (max_append_entries=1024, 1000 proposals per pump)", entries, 1000, seed,
+            watch),
+        run("batching, 10 proposals per pump", entries // 4, 10, seed, watch),
         run(
             "batching, 1 proposal per pump (pipelined, max_inflight_appends=32)",
             entries // 10,
             1,
             seed,
+            watch,
         ),
         run(
             "without batching (max_append_entries=1, 1000 proposals per pump)",
             entries // 10,
             1000,
             seed,
+            watch,
             max_append_entries=1,
             max_inflight_appends=1024,
         ),
@@ -146,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--write", action="store_true", help=f"write {RESULTS_PATH}")
     parser.add_argument("--profile", action="store_true", help="cProfile the batched run")
+    parser.add_argument("--watch", action="store_true",
+                        help="also run each mode with every input through a RuleWatch "
+                             "(system/raft/watch.py), as the node shells do")
     args = parser.parse_args(argv)
     if args.entries < 10:
         parser.error("--entries must be at least 10")
@@ -159,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.raft_bench" + (
         f" --entries {args.entries}" if args.entries != 200_000 else ""
     )
-    text = table(measure(args.entries, args.seed), command)
+    results = measure(args.entries, args.seed)
+    if args.watch:
+        command += " --watch"
+        results = [r for pair in zip(results, measure(args.entries, args.seed, watch=True),
+                                     strict=True) for r in pair]
+    text = table(results, command)
     print(text)
     if args.write:
         RESULTS_PATH.parent.mkdir(parents=True, exist_ok=True)

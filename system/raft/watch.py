@@ -34,7 +34,7 @@ demands silence). Pure: no clock, I/O or randomness; cheap enough to run on ever
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from system.raft.core import RaftCore, Ready, Role
 from system.raft.messages import Message, MessageType
@@ -45,8 +45,7 @@ MAX_REPORTS = 100  # per node: the first ones say what broke; the rest would rep
 _TERM_EXEMPT = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
 
 
-@dataclass(frozen=True, slots=True)
-class _Before:
+class _Before(NamedTuple):
     term: int
     role: Role
     vote: str | None
@@ -121,6 +120,9 @@ class RuleWatch:
 
     def _after_step(self, core: RaftCore, m: Message, b: _Before) -> None:
         mtype = m.type
+        if m.term <= b.term and mtype is not MessageType.APPEND \
+                and mtype is not MessageType.SNAPSHOT:
+            return  # the common case (an answer, a heartbeat): nothing to compare
         if m.term > b.term and core.term < m.term and mtype not in _TERM_EXEMPT and not (
                 mtype is MessageType.PRE_VOTE_RESPONSE and not m.reject):
             self._report("higher-term-ignored",
@@ -239,7 +241,8 @@ def _first_conflict(core: RaftCore, m: Message) -> int:
     term = log.term(m.index)
     if term is not None and term != m.log_term and m.index > log.snapshot_index:
         return m.index
-    for entry in m.entries:
+    overlap = log.last_index() - m.index  # entries past our log's end cannot conflict
+    for entry in m.entries[:max(overlap, 0)]:
         ours = log.term(entry.index)
         if ours is not None and ours != entry.term and entry.index > log.snapshot_index:
             return entry.index
