@@ -10,7 +10,7 @@ member fault of each target round is aimed at the leader too.
 
 from __future__ import annotations
 
-from nemesis.faults import FAULTS, unsupported
+from nemesis.faults import FAULTS, LAZY_DISK_FAULTS, unsupported
 
 ALL = "all"
 
@@ -23,7 +23,7 @@ def expand_all(platform: str) -> tuple[list[str], str]:
         if kind == "none":
             continue
         problem = unsupported([kind], platform)
-        if problem is None and kind == "lose-unsynced" and platform == "local":
+        if problem is None and kind in LAZY_DISK_FAULTS and platform == "local":
             from nemesis import lazyfs
 
             if why := lazyfs.fuse_unavailable():

@@ -19,6 +19,8 @@ Faults (`--faults`, a comma list):
 - packet: loss on a random set of directed links; healed by removing it;
 - reorder (sim only): on a random set of directed links, messages delivered late, behind
   later ones, and some twice; healed by removing it;
+- slow-disk (local, on the lazy disk): every node's fsyncs 0-150 ms slower each, and the
+  leader killed at once; healed by restoring the disks and restarting it;
 - member: a deck of shapes (nemesis/member_shapes.py), each round led by two changes in
   flight: two-in-flight (the leader, cut with a minority, asked to remove two nodes of the
   other side back to back), change-at-new-leader (the leader isolated, and the first node
@@ -110,7 +112,7 @@ from nemesis.platforms.base import Platform, PlatformError
 log = logging.getLogger("nemesis")
 
 FAULTS = ("partition", "kill", "pause", "packet", "reorder", "member", "truncate", "bitflip", "wipe-wal",
-          "lose-unsynced", "kill-all", "election", "rollback", "hold", "none")
+          "lose-unsynced", "slow-disk", "kill-all", "election", "rollback", "hold", "none")
 # Faults that damage a stopped node's files (the platform's `damage_files`).
 FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 # Faults after which a node may refuse its data at the restart (exit 3): the heal waits for
@@ -122,7 +124,14 @@ FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
                    "election": ("local", "docker"), "rollback": ("local",),
-                   "hold": ("sim", "local"), "reorder": ("sim",)}
+                   "hold": ("sim", "local"), "reorder": ("sim",), "slow-disk": ("local",)}
+# Faults whose run puts every node's data on the lazy disk (nemesis/lazyfs.py).
+LAZY_DISK_FAULTS = frozenset({"lose-unsynced", "slow-disk"})
+# slow-disk: each fsync of every node waits a uniform draw from this range (ms) first.
+SLOW_FSYNC_MS = (0.0, 150.0)
+# ... for this long before the leader is killed: a node hands its fsyncs to its storage
+# thread (and goes on stepping messages meanwhile) only once it has seen them slow.
+SLOW_BEFORE_KILL_S = 2.0
 KILL_TARGETS = ("leader", "random", "minority")
 # lose-unsynced leads each round with every node at once: a node that skips fsync loses its
 # acknowledged writes only when a majority loses them together (a canary must be caught in
@@ -148,7 +157,7 @@ REORDER_PROBABILITIES = (0.2, 0.5)
 # Least nodes each fault needs to leave a majority able to serve (checked before a run).
 # File faults and lose-unsynced need 3: a node that refuses its data is rejoined through
 # membership changes, which the others must be a majority to commit.
-MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "reorder": 2, "member": 3, "truncate": 3,
+MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "reorder": 2, "slow-disk": 3, "member": 3, "truncate": 3,
              "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1,
              # a split election needs two candidates one voter short of a majority each
              "election": 5, "rollback": 3, "hold": 3}
@@ -190,7 +199,10 @@ def unsupported(faults: list[str], platform: str) -> str | None:
                    "hold": "it delays messages, which iptables cannot: it drops them; "
                            "the local platform's proxies keep and deliver them late",
                    "reorder": "a TCP lane delivers in order and tc netem is absent from "
-                              "this kernel; only the simulator's network reorders"}.get(
+                              "this kernel; only the simulator's network reorders",
+                   "slow-disk": "it slows fsync in the local platform's lazy disk (FUSE)"
+                                if platform != "sim" else
+                                "the simulator's fsyncs already complete at random"}.get(
                 fault, "the simulator's disk holds records, not bytes")
             return (f"--faults {fault} does not run on --platform {platform} ({why}); "
                     f"use --platform {' or '.join(where)}")
@@ -244,6 +256,7 @@ class Nemesis:
             pause_targets = tuple(t for t in PAUSE_TARGETS if t != "isolated-leader")
         self.pause_targets = (*roles, *pause_targets) if roles else pause_targets
         self.zombie_s = ZOMBIE_S
+        self.slow_before_kill_s = SLOW_BEFORE_KILL_S
         self.roles = roles
         if "coordinator" in roles:
             self.shapes = (*self.shapes, PROCESS_PARTITION, REPLY_LOST)
@@ -360,6 +373,8 @@ class Nemesis:
             return self._packet()
         if kind == "reorder":
             return self._reorder()
+        if kind == "slow-disk":
+            return self._slow_disk()
         if kind == "member":
             return self._member()
         if kind in FILE_FAULTS:
@@ -405,7 +420,8 @@ class Nemesis:
                 self.errors.append(message)
                 value = {"error": str(exc)}
             f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
-                 "packet": "stop-packet", "reorder": "stop-reorder", "member": "rejoin-member",
+                 "packet": "stop-packet", "reorder": "stop-reorder", "slow-disk": "restore-disk",
+                 "member": "rejoin-member",
                  "hold": "release"}.get(fault.kind, "restart")
             self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end",
                             "nodes": fault.nodes, "description": fault.description, **value})
@@ -668,6 +684,44 @@ class Nemesis:
                               f"twice on {len(links)} links", self.healer(links),
                               {"probability": probability,
                                "links": [list(link) for link in links]}, "start-reorder")
+
+    def _slow_disk(self) -> ActiveFault:
+        """Every node's fsyncs slowed by a random 0-150 ms each (the lazy disk), and the
+        leader killed 2 s later (once the nodes persist off their event loop): the next leader's first entries are fsynced behind its
+        followers' acknowledgements about half the time (thesis §10.2.1: a leader sends
+        before its own fsync returns), the window where a leader may count its own
+        unsynced copy, or an older term's entries, toward a commit. Healed by restoring
+        the disks and restarting that leader."""
+        low, high = SLOW_FSYNC_MS
+        slowed: list[str] = []
+        try:
+            for node in self.nodes:
+                self.platform.slow_disk(node, low, high)
+                slowed.append(node)
+        except Exception:
+            for node in slowed:
+                self.platform.slow_disk(node, 0.0, 0.0)
+            raise
+        self._stop.wait(self.slow_before_kill_s)
+        leader = self._leader()
+        killed = [leader] if leader is not None else []
+        for node in killed:
+            self.expected_down.add(node)
+            self.platform.kill(node)
+
+        def heal() -> dict[str, Any]:
+            for node in self.nodes:
+                self.platform.slow_disk(node, 0.0, 0.0)
+            for node in killed:
+                if not self.platform.is_running(node):
+                    self.platform.start_node(node)
+                self.expected_down.discard(node)
+            return {}
+
+        text = (f"every fsync {low:g}-{high:g} ms slower on {' '.join(self.nodes)}; "
+                + (f"leader {leader} killed" if leader else "no leader known to kill"))
+        return self._register("slow-disk", list(self.nodes), text, heal,
+                              {"fsync_delay_ms": [low, high], "killed": killed}, "slow-disk")
 
     def _member(self) -> ActiveFault | None:
         shape = self._deal("member-shape", self.member_shapes)

@@ -7,6 +7,10 @@ memory until that file is fsynced (fsync or fdatasync: both make data and size d
 here). Reads are served from the backing file with the pending changes laid over it, so
 the program sees its own writes. Closing a file makes nothing durable, as on a real disk.
 
+The `slow-disk` fault makes every fsync wait a random delay first (`slow LOW HIGH` on the
+control socket, in ms; the layer serves one request at a time, so the node's other I/O on
+it waits too, as behind a slow device's queue).
+
 A power cut is killing this process (SIGKILL): its memory, hence every unsynced write,
 is gone, and the backing directory holds exactly what was fsynced (plus what the
 writeback below pushed out early). A process crash is not a power cut: the page cache of a
@@ -43,17 +47,21 @@ import contextlib
 import errno
 import json
 import os
+import random
 import shutil
 import socket
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 PAGE = 4096
 FSNAME = "mao-lazyfs"  # the fs type in /proc/mounts is fuse.mao-lazyfs: `clean` looks for it
 FS_TYPE = f"fuse.{FSNAME}"
 DEFAULT_MAX_PENDING_MB = 256
+MAX_FSYNC_DELAY_MS = 5000.0  # the slow-disk fault's bound: slow, never hung
 PARENT_ENV = "MAO_LAZYFS_PARENT_PID"  # the layer unmounts (SIGTERM) when that process dies
 
 
@@ -194,6 +202,9 @@ def make_layer(backing: Path, max_pending_bytes: int):  # noqa: ANN201 - a LazyL
             self.write_through = False
             self.max_pending = max_pending_bytes
             self.written_back = 0  # files written back early to bound memory
+            # The slow-disk fault: each fsync waits a draw from this range (ms) first.
+            self.fsync_delay_ms = (0.0, 0.0)
+            self._delay_rng = random.Random()
 
         # ----- helpers -------------------------------------------------------------
         def _full(self, path: str) -> str:
@@ -243,11 +254,12 @@ def make_layer(backing: Path, max_pending_bytes: int):  # noqa: ANN201 - a LazyL
                 self.write_through = True
                 return count
 
-        def stats(self) -> dict[str, int]:
+        def stats(self) -> dict[str, Any]:
             with self._mutex:
                 return {"files": len(self.pending),
                         "bytes": sum(p.bytes for p in self.pending.values()),
-                        "written_back": self.written_back, "write_through": int(self.write_through)}
+                        "written_back": self.written_back, "write_through": int(self.write_through),
+                        "fsync_delay_ms": list(self.fsync_delay_ms)}
 
         # ----- metadata: straight through --------------------------------------------
         def getattr(self, path: str, fh: int | None = None) -> dict:
@@ -410,7 +422,16 @@ def make_layer(backing: Path, max_pending_bytes: int):  # noqa: ANN201 - a LazyL
                     os.close(fd)
                 return 0
 
+        def slow(self, low_ms: float, high_ms: float) -> None:
+            if not 0 <= low_ms <= high_ms <= MAX_FSYNC_DELAY_MS:
+                raise ValueError(f"fsync delay must be 0 <= low <= high <= "
+                                 f"{MAX_FSYNC_DELAY_MS} ms, got {low_ms}..{high_ms}")
+            self.fsync_delay_ms = (low_ms, high_ms)
+
         def fsync(self, path: str, datasync: int, fh: int) -> int:
+            low, high = self.fsync_delay_ms
+            if high > 0:  # a slow device: this fsync (and, one thread, all I/O) waits
+                time.sleep(self._delay_rng.uniform(low, high) / 1000)
             with self._mutex:
                 fd, key = self.handles[fh]
                 self._sync(key)
@@ -429,7 +450,9 @@ def make_layer(backing: Path, max_pending_bytes: int):  # noqa: ANN201 - a LazyL
 # ----- the control socket ----------------------------------------------------------------
 
 def _serve_control(layer, path: str) -> None:  # noqa: ANN001
-    """Answer `flush` and `stats` lines on a Unix socket, one connection at a time."""
+    """Answer `flush`, `stats` and `slow LOW_MS HIGH_MS` (each fsync then waits a uniform
+    draw from that range first; `slow 0 0` restores) lines on a Unix socket, one
+    connection at a time."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -444,6 +467,10 @@ def _serve_control(layer, path: str) -> None:  # noqa: ANN001
                     request = conn.makefile("r").readline().strip()
                     if request == "flush":
                         reply = f"ok {layer.flush_all()}\n"
+                    elif request.startswith("slow "):
+                        low, high = (float(x) for x in request.split()[1:3])
+                        layer.slow(low, high)
+                        reply = f"ok {low:g} {high:g}\n"
                     elif request == "stats":
                         reply = json.dumps(layer.stats()) + "\n"
                     else:

@@ -24,7 +24,7 @@ from typing import Any
 
 from histories.write import HistoryWriter
 from nemesis import check, report, rollback, safety_reports, windows
-from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, Nemesis
+from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, LAZY_DISK_FAULTS, Nemesis
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
@@ -149,10 +149,11 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | No
     if system.status_windows:
         node_args += windows.node_args(config.faults, config.workload, config.platform, node_args)
         node_args += rollback.node_args(config.faults, node_args)
-    # lose-unsynced needs every node's data on a layer that holds writes until fsync.
+    # lose-unsynced needs every node's data on a layer that holds writes until fsync, and
+    # slow-disk that layer's fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,
                             node_args=tuple(node_args), env=env,
-                            lazy_disk="lose-unsynced" in config.faults, tls=tls, system=system)
+                            lazy_disk=bool(LAZY_DISK_FAULTS & set(config.faults)), tls=tls, system=system)
     if config.platform == "docker":
         from nemesis.platforms.docker import DockerPlatform
 
@@ -169,9 +170,12 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | No
 
 def check_platform(faults: list[str], platform: Platform) -> None:
     """HarnessError (one line, before any node starts) when `platform` cannot run a fault."""
-    if "lose-unsynced" in faults and not platform.supports_power_loss():
-        raise HarnessError(f"--faults lose-unsynced needs nodes on a disk that can lose "
-                           f"unsynced writes; the {platform.name} platform has none")
+    for fault in sorted(LAZY_DISK_FAULTS & set(faults)):
+        if not platform.supports_power_loss():
+            what = ("lose unsynced writes" if fault == "lose-unsynced" else
+                    "slow its fsync (the lazy disk)")
+            raise HarnessError(f"--faults {fault} needs nodes on a disk that can {what}; "
+                               f"the {platform.name} platform has none")
     if any(f in FILE_FAULTS for f in faults) and not platform.supports_file_faults():
         raise HarnessError(f"--faults {','.join(f for f in faults if f in FILE_FAULTS)} needs "
                            f"a platform that can damage a stopped node's files and a system "

@@ -175,6 +175,12 @@ class Platform(abc.ABC):
         `lazy_disk`, or the platform's disks are simulated)."""
         return False
 
+    def slow_disk(self, node_id: str, low_ms: float, high_ms: float) -> None:
+        """Make each fsync of `node_id` wait a random [low_ms, high_ms] first (0, 0: as
+        before); kept across its restarts until changed."""
+        raise PlatformError(f"the {self.name} platform cannot slow a disk (run with "
+                            f"slow-disk in --faults to put nodes on a lazy disk)")
+
     def power_loss(self, node_ids: list[str]) -> None:
         """Crash `node_ids` at once (SIGKILL) and lose every write of theirs that was not
         fsynced, as a power cut would; they stay stopped until `start_node`."""

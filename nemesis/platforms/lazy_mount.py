@@ -77,6 +77,7 @@ class LazyMount:
         self.env = dict(env or {})
         self.max_pending_mb = max_pending_mb
         self.proc: subprocess.Popen | None = None
+        self.fsync_delay_ms = (0.0, 0.0)  # the slow-disk fault's, reapplied at each start
 
     @property
     def running(self) -> bool:
@@ -110,6 +111,19 @@ class LazyMount:
                 why = last_line(self.log_file.read_text(errors="replace")) or "no output"
                 raise PlatformError(f"the lazy disk at {self.mountpoint} did not mount: {why}")
             time.sleep(0.02)
+        if self.fsync_delay_ms != (0.0, 0.0):
+            self.slow(*self.fsync_delay_ms)
+
+    def slow(self, low_ms: float, high_ms: float) -> None:
+        """Each fsync waits a uniform draw from [low_ms, high_ms] first (0, 0: restored);
+        kept for the next `start` too (a node killed during the fault comes back slow)."""
+        self.fsync_delay_ms = (low_ms, high_ms)
+        if self.running:
+            try:
+                request(self.control, f"slow {low_ms:g} {high_ms:g}")
+            except (LazyFSError, OSError) as exc:
+                raise PlatformError(f"slowing the lazy disk at {self.mountpoint} failed: "
+                                    f"{exc}") from None
 
     def flush(self) -> None:
         """Every pending write reaches the backing files (the layer writes through after)."""

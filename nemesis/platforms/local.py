@@ -138,6 +138,13 @@ class LocalPlatform(Platform):
         for node_id in node_ids:
             self._mounts[node_id].power_off()
 
+    def slow_disk(self, node_id: str, low_ms: float, high_ms: float) -> None:
+        mount = self._mounts.get(node_id)
+        if mount is None:
+            super().slow_disk(node_id, low_ms, high_ms)
+            return
+        mount.slow(low_ms, high_ms)
+
     def pause(self, node_id: str) -> None:
         self.cluster.pause(node_id)
 

@@ -11,12 +11,14 @@ import fcntl
 import json
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
 
 from nemesis import lazyfs
 from nemesis.lazyfs import PAGE, Pending
+from nemesis.platforms.base import PlatformError
 from nemesis.platforms.lazy_mount import LazyMount, lazy_mounts
 
 
@@ -82,6 +84,33 @@ def _write(path: Path, data: bytes, *, sync: bool, flags: int = 0) -> None:
             os.fdatasync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_seconds(path: Path) -> float:
+    started = time.monotonic()
+    _write(path, b"x", sync=True)
+    return time.monotonic() - started
+
+
+def _delay(mount: LazyMount) -> list[float]:
+    return json.loads(lazyfs.request(mount.control, "stats"))["fsync_delay_ms"]
+
+
+@pytest.mark.slow
+def test_a_slowed_disk_delays_each_fsync_and_stays_slow_across_a_power_cut(
+        disk: LazyMount) -> None:
+    """The slow-disk fault's layer: every fsync waits its draw first, the setting is
+    reapplied when the layer is mounted again (a node killed during the fault comes back
+    on a slow disk), and `slow(0, 0)` restores it. A bad range is refused."""
+    disk.slow(250, 250)
+    assert _fsync_seconds(disk.mountpoint / "a") >= 0.25
+    _power_cut_and_remount(disk)
+    assert _delay(disk) == [250.0, 250.0]
+    assert _fsync_seconds(disk.mountpoint / "b") >= 0.25
+    disk.slow(0, 0)
+    assert _delay(disk) == [0.0, 0.0]
+    with pytest.raises(PlatformError, match="fsync delay must be"):
+        disk.slow(10, 5)
 
 
 @pytest.mark.slow

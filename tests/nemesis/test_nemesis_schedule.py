@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from nemesis import partitions
-from nemesis.faults import Nemesis, parse_faults
+from nemesis.faults import SLOW_FSYNC_MS, Nemesis, parse_faults
 from nemesis.platforms.base import ClusterConfig, Platform
 
 
@@ -26,6 +26,7 @@ class FakePlatform(Platform):
         self.wiped: set[str] = set()
         self.calls: list[str] = []  # membership-related steps, in order
         self.fail_promote = False
+        self.slow: dict[str, tuple[float, float]] = {}  # slow-disk: node -> fsync delay ms
 
     def start(self) -> None: ...
     def close(self) -> None: ...
@@ -44,6 +45,12 @@ class FakePlatform(Platform):
     def kill(self, node_id: str) -> None:
         self.calls.append(f"kill {node_id}")
         self.down.add(node_id)
+
+    def slow_disk(self, node_id: str, low_ms: float, high_ms: float) -> None:
+        if (low_ms, high_ms) == (0.0, 0.0):
+            self.slow.pop(node_id, None)
+        else:
+            self.slow[node_id] = (low_ms, high_ms)
 
     def wipe(self, node_id: str) -> None:
         assert node_id in self.down, "wiped while running"
@@ -133,6 +140,23 @@ def test_every_start_has_an_end_with_the_same_id_and_nodes() -> None:
     for i, start in starts.items():
         assert ends[i]["nodes"] == start["nodes"] and ends[i]["fault"] == start["fault"]
     assert not platform.cut_set and not platform.loss and not platform.down and not platform.paused
+
+
+def test_slow_disk_slows_every_node_kills_the_leader_and_the_heal_undoes_both() -> None:
+    platform = FakePlatform(3)
+    events: list = []
+    nemesis = Nemesis(platform, ["slow-disk"], seed=1, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)))
+    nemesis.slow_before_kill_s = 0.0
+    fault = nemesis.begin_next()
+    assert fault is not None and fault.kind == "slow-disk"
+    assert platform.slow == dict.fromkeys(platform.node_ids, SLOW_FSYNC_MS)
+    assert platform.down == {"n1"} and "n1" in nemesis.expected_down  # n1 leads here
+    start = events[-1][1]
+    assert events[-1][0] == "slow-disk" and start["killed"] == ["n1"]
+    nemesis.end(fault)
+    assert not platform.slow and not platform.down and not nemesis.expected_down
+    assert events[-1][0] == "restore-disk"
 
 
 def test_same_seed_same_schedule_other_seed_another() -> None:
