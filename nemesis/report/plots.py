@@ -21,7 +21,8 @@ OUTCOME_COLOURS = {"ok": "#1f77b4", "fail": "#d62728", "info": "#ff9f1c"}
 FAULT_COLOURS = {"partition": "#f6c77a", "kill": "#f29a9a", "pause": "#9ec1ef",
                  "packet": "#c6a9ef", "member": "#a8d8b9", "crash": "#bbbbbb",
                  "truncate": "#e8b4d8", "bitflip": "#d9a3c7", "wipe-wal": "#c98fb5",
-                 "lose-unsynced": "#f4a76b", "kill-all": "#e07a7a"}
+                 "lose-unsynced": "#f4a76b", "kill-all": "#e07a7a", "reorder": "#b3a2d9",
+                 "slow-disk": "#d8c08a", "hold": "#a9c6c9"}
 # One-off events drawn as vertical lines: a node that died on its own, a node that refused
 # its data after a disk fault (its rejoin's steps are in the fault table's window).
 EVENT_LINES = {"node-crashed": ("#666", ":"), "node-refused": ("#8b1a5a", "--")}
