@@ -111,6 +111,9 @@ class SafetyMonitor:
         self._snapshot_terms: dict[int, dict[int, NodeId]] = {}
         self._logs: dict[NodeId, _NodeLog] = {n: _NodeLog() for n in voters}
         self._commit: dict[NodeId, int] = {}
+        # Per node, the highest committed index whose entry the monitor has compared with
+        # the committed chain (see `_observe_commit`).
+        self._checked: dict[NodeId, int] = {}
         self._role_term: dict[NodeId, tuple[str, int]] = {}
         self._pre_vote_grants: dict[NodeId, dict[int, set[NodeId]]] = {n: {} for n in voters}
         self._told_to_campaign: dict[NodeId, bool] = {n: False for n in voters}
@@ -143,11 +146,13 @@ class SafetyMonitor:
             self._install_snapshot_mirror(node, log, snapshot)
         self._append(node, log, entries)
         self._commit.pop(node, None)  # a restarted node may come back with a lower commit
+        self._checked.pop(node, None)
         self._role_term.pop(node, None)
         self._told_to_campaign[node] = False
 
     def node_crashed(self, node: NodeId) -> None:
         self._commit.pop(node, None)
+        self._checked.pop(node, None)
         self._role_term.pop(node, None)
 
     def persisted_entries(self, node: NodeId, entries: tuple[Entry, ...]) -> None:
@@ -220,8 +225,10 @@ class SafetyMonitor:
         elif message.type is MessageType.TIMEOUT_NOW:
             self._told_to_campaign[message.dst] = True
 
-    def observe(self, node: NodeId, role: str, term: int, commit: int, last_index: int) -> None:
-        """The core's role, term and commit index right after an input was handled."""
+    def observe(self, node: NodeId, role: str, term: int, commit: int, last_index: int,
+                term_of: Callable[[int], int | None] | None = None) -> None:
+        """The core's role, term and commit index right after an input was handled, and
+        how to read the term of an entry in its log (None: its written log is its log)."""
         previous = self._role_term.get(node)
         self._role_term[node] = (role, term)
         if role == "leader":
@@ -244,7 +251,7 @@ class SafetyMonitor:
                     f"{node}, leader of term {term}, advanced its commit index to {commit}, "
                     f"an entry of term {log_term}",
                 )
-        self._observe_commit(node, commit, last_index)
+        self._observe_commit(node, commit, last_index, term_of)
 
     # -- checks --------------------------------------------------------------------------
 
@@ -328,7 +335,8 @@ class SafetyMonitor:
                 "state at the same index",
             )
 
-    def _observe_commit(self, node: NodeId, commit: int, last_index: int) -> None:
+    def _observe_commit(self, node: NodeId, commit: int, last_index: int,
+                        term_of: Callable[[int], int | None] | None) -> None:
         previous = self._commit.get(node)
         if previous is not None and commit < previous:
             self.violate(
@@ -340,13 +348,21 @@ class SafetyMonitor:
                 Rule.COMMIT_MONOTONIC,
                 f"{node}'s commit index {commit} is past its last log index {last_index}",
             )
-        if previous is not None and commit <= previous:
-            return
+        # A follower may learn that an entry is committed while the entry that replaced an
+        # older one at that index in its core is still waiting to be written (a pipelined
+        # shell takes one Ready at a time): where the written log still holds another term
+        # than the core's, the comparison waits until it is written.
+        checked = self._checked.get(node, 0)
         log = self._logs[node]
-        for index in range((previous or 0) + 1, commit + 1):
+        for index in range(checked + 1, commit + 1):
+            if term_of is not None:
+                ours = term_of(index)
+                if ours is not None and index in log.terms and log.terms[index] != ours:
+                    break
             chain = log.chains.get(index)
             if chain is None or chain == _ROOT:
                 if index <= log.snapshot_index:
+                    checked = index
                     continue  # compacted away before we saw it; the snapshot covers it
                 break  # the core committed beyond what it persisted; the check above fires
             known = self.committed_chain.setdefault(index, chain)
@@ -362,6 +378,8 @@ class SafetyMonitor:
             for term, holder in sorted(self._snapshot_terms.pop(index, {}).items()):
                 if term != committed_term:
                     self._snapshot_term_violation(holder, index, term, committed_term)
+            checked = index
+        self._checked[node] = checked
 
     def _check_leader_log(self, node: NodeId, term: int) -> None:
         """Leader completeness (Raft §5.4): a new leader holds every committed entry."""

@@ -125,7 +125,8 @@ class NodeShell:
             self.sim.record(f"error {self.node_id}: {rule}: {text}")
             self.sim.safety_reports.append((self.node_id, rule, text))
         self.sim.monitor.observe(
-            self.node_id, core.role.value, core.term, core.commit_index, core.status().last_index
+            self.node_id, core.role.value, core.term, core.commit_index, core.status().last_index,
+            core.log.term,
         )
         if self.fatal is not None:
             self.sim.stop_fatally(self.node_id, self.fatal)

@@ -114,3 +114,14 @@ def test_the_randomized_run_catches_the_canary_only_in_the_pipelined_ordering(
     old_order = run_seed(CAUGHT_SEED, COUNTS_UNSYNCED_SELF, record_trace=False,
                          check=check_versioned_kv)
     assert old_order.ok, old_order.violations
+
+
+def test_a_commit_learned_before_the_replacing_entry_is_written_is_not_a_lost_entry() -> None:
+    """Swarm seed 2223 (found while measuring the shell's rule watch): n3, deposed while
+    its pipelined shell still wrote its own entries, replaces entry 41 of term 36 with the
+    new leader's of term 37 and learns that 41 is committed before that Ready is written.
+    Its written log still held term 36 there; the monitor took that for a committed entry
+    lost. It now compares a committed index once the written log holds the core's entry."""
+    result = run_seed(2223, record_trace=False, check=check_versioned_kv)
+    assert result.swarm.pipeline and result.swarm.node_count == 3
+    assert result.ok and result.linearizability == "valid", result.violations
