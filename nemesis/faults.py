@@ -932,7 +932,11 @@ class Nemesis:
         the run and once after its last reads."""
         found = []
         for node in self.platform.node_ids:
-            code = self.platform.exit_code(node)
+            # Asked before and after the look: a look takes a round trip (SSH, the Docker
+            # engine) during which a heal may restart a node the nemesis killed and stop
+            # expecting it down, while the look still read the killed process's exit.
+            expected = node in self.expected_down or node in self.rejoining
+            code = None if expected else self.platform.exit_code(node)
             if code is None or node in self.expected_down or node in self.rejoining:
                 self.crashes_noted.discard(node)
                 continue

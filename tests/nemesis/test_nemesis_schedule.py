@@ -437,6 +437,28 @@ def test_a_node_down_that_the_nemesis_did_not_stop_is_recorded_once_as_a_crash()
     assert nemesis.crashes == [{"node": "n3", "exit_code": -9, "reason": ""}]
 
 
+def test_a_heal_during_a_slow_look_is_not_a_crash() -> None:
+    """Found on ssh under load: the look read a killed node's exit (-1) while the heal
+    restarted it and stopped expecting it down; the look then saw it not expected down."""
+    class HealDuringLook(FakePlatform):
+        def exit_code(self, node_id: str) -> int | None:
+            code = super().exit_code(node_id)
+            if node_id == "n1" and node_id in nemesis.expected_down:
+                self.start_node(node_id)  # the heal, on another thread, meanwhile
+                nemesis.expected_down.discard(node_id)
+            return code
+
+    platform = HealDuringLook(3)
+    nemesis = Nemesis(platform, ["kill"], seed=1, interval_s=0.01, record=lambda f, v: None)
+    nemesis.expected_down.add("n1")
+    platform.kill("n1")
+    nemesis.look_for_crashes()
+    assert nemesis.crashes == []
+    platform.down.add("n2")  # a real exit is still seen
+    nemesis.look_for_crashes()
+    assert [c["node"] for c in nemesis.crashes] == ["n2"]
+
+
 def test_a_member_that_stops_itself_when_removed_is_not_a_crash() -> None:
     class StopsWhenRemoved(FakePlatform):  # as an etcd member does
         def change_membership(self, action: str, node_id: str, *, timeout_s: float = 30.0) -> None:
