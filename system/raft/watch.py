@@ -64,11 +64,17 @@ class RuleWatch:
     # -- the calls a shell makes instead of the core's ----------------------------------
 
     def step(self, core: RaftCore, m: Message) -> None:
-        before = self._before(core, m)
         ignored = core.ignored_message_count
-        if m.type is MessageType.VOTE_RESPONSE and not m.reject and m.term == before.term \
-                and before.role is Role.CANDIDATE:
-            self._note_grant(m.term, m.src)
+        try:
+            before = self._before(core, m)
+            if m.type is MessageType.VOTE_RESPONSE and not m.reject \
+                    and m.term == before.term and before.role is Role.CANDIDATE:
+                self._note_grant(m.term, m.src)
+        except (AttributeError, TypeError, ValueError):
+            # Not a well-formed Message: the core refuses it (`malformed`) and the node
+            # goes on; the watch has nothing to compare and must not stop it either.
+            core.step(m)
+            return
         core.step(m)
         if core.ignored_message_count == ignored:  # malformed input is the core's to refuse
             self._after_step(core, m, before)

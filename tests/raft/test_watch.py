@@ -79,3 +79,23 @@ def _change_at_a_new_leader(name: str | None) -> list[str]:
     except MembershipChangeRefused:
         assert name is None, "the broken core refused"
     return [rule for rule, _ in shell.watch.take()]
+
+
+def test_garbage_passes_the_watch_to_the_core_which_refuses_it() -> None:
+    """No bad input crashes a node: the core refuses a malformed message (`malformed`), and
+    the watch in front of it must not raise on it first."""
+    from dataclasses import replace
+
+    from system.raft.messages import Message, MessageType
+
+    sim = Simulation(node_count=3, seed=5)
+    sim.run_until(lambda: sim.leader() is not None, 2_000, "a leader")
+    node = sim.leader()
+    core, watch = sim.core(node), sim.nodes[node].watch
+    good = Message(MessageType.APPEND_RESPONSE, "n2" if node != "n2" else "n1", node, core.term)
+    for bad in (None, "append", replace(good, index="7"), replace(good, term=None),
+                replace(good, type="append")):
+        before = core.ignored_message_count
+        watch.step(core, bad)  # type: ignore[arg-type]
+        assert core.ignored_message_count == before + 1, bad
+    assert watch.take() == []
