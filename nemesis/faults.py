@@ -465,6 +465,22 @@ class Nemesis:
     def _leader(self) -> str | None:
         return self.platform.leader()
 
+    def _random_links(self) -> list[tuple[str, str]]:
+        """About half of the directed links, at least one (packet, reorder)."""
+        all_links = [(a, b) for a in self.nodes for b in self.nodes if a != b]
+        return [link for link in all_links if self.rng.random() < 0.5] or [self.rng.choice(all_links)]
+
+    def _restarter(self, nodes: list[str]) -> Callable[[], dict[str, Any]]:
+        """The heal that starts `nodes` again (those the nemesis stopped) and stops
+        expecting them down."""
+        def heal() -> dict[str, Any]:
+            for node in nodes:
+                if not self.platform.is_running(node):
+                    self.platform.start_node(node)
+                self.expected_down.discard(node)
+            return {}
+        return heal
+
     def healer(self, links: list[tuple[str, str]]) -> Callable[[], dict[str, Any]]:
         """The heal of a fault on these directed links (cut or lossy): each link healed."""
         def heal() -> dict[str, Any]:
@@ -558,16 +574,8 @@ class Nemesis:
         self.expected_down.update(nodes)
         for node in nodes:
             self.platform.kill(node)
-
-        def heal() -> dict[str, Any]:
-            for node in nodes:
-                if not self.platform.is_running(node):
-                    self.platform.start_node(node)
-                self.expected_down.discard(node)
-            return {}
-
-        return self._register("kill", nodes, f"{target}: {' '.join(nodes)}", heal,
-                              {"target": target}, "kill")
+        return self._register("kill", nodes, f"{target}: {' '.join(nodes)}",
+                              self._restarter(nodes), {"target": target}, "kill")
 
     def _pause(self) -> ActiveFault:
         target, nodes = self._targets(self.pause_targets)
@@ -657,8 +665,7 @@ class Nemesis:
 
     def _packet(self) -> ActiveFault:
         probability = self.rng.choice(LOSS_PROBABILITIES)
-        all_links = [(a, b) for a in self.nodes for b in self.nodes if a != b]
-        links = [link for link in all_links if self.rng.random() < 0.5] or [self.rng.choice(all_links)]
+        links = self._random_links()
         for src, dst in links:
             self.platform.set_loss(src, dst, probability)
         heal = self.healer(links)
@@ -675,8 +682,7 @@ class Nemesis:
         higher term, a grant of an older term counted). Simulator only: a TCP lane keeps
         its order, and netem is absent here."""
         probability = self.rng.choice(REORDER_PROBABILITIES)
-        all_links = [(a, b) for a in self.nodes for b in self.nodes if a != b]
-        links = [link for link in all_links if self.rng.random() < 0.5] or [self.rng.choice(all_links)]
+        links = self._random_links()
         for src, dst in links:
             self.platform.set_reorder(src, dst, probability)
         touched = sorted({a for a, _ in links} | {b for _, b in links})
@@ -687,8 +693,9 @@ class Nemesis:
 
     def _slow_disk(self) -> ActiveFault:
         """Every node's fsyncs slowed by a random 0-150 ms each (the lazy disk), and the
-        leader killed 2 s later (once the nodes persist off their event loop): the next leader's first entries are fsynced behind its
-        followers' acknowledgements about half the time (thesis §10.2.1: a leader sends
+        leader killed 2 s later (once the nodes persist off their event loop): the next
+        leader's first entries are fsynced behind its followers' acknowledgements about
+        half the time (thesis §10.2.1: a leader sends
         before its own fsync returns), the window where a leader may count its own
         unsynced copy, or an older term's entries, toward a commit. Healed by restoring
         the disks and restarting that leader."""
@@ -709,14 +716,12 @@ class Nemesis:
             self.expected_down.add(node)
             self.platform.kill(node)
 
+        restart = self._restarter(killed)
+
         def heal() -> dict[str, Any]:
             for node in self.nodes:
                 self.platform.slow_disk(node, 0.0, 0.0)
-            for node in killed:
-                if not self.platform.is_running(node):
-                    self.platform.start_node(node)
-                self.expected_down.discard(node)
-            return {}
+            return restart()
 
         text = (f"every fsync {low:g}-{high:g} ms slower on {' '.join(self.nodes)}; "
                 + (f"leader {leader} killed" if leader else "no leader known to kill"))

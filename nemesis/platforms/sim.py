@@ -160,6 +160,7 @@ class SimPlatform(Platform):
                 self.hold_in_flight(flight.message.src)  # the write's APPENDs, as aimed
                 continue
             moved += 1
+            self._forget_reordered(flight)
             loss = self.loss.get((flight.message.src, flight.message.dst), 0.0)
             if loss and self.rng.random() < loss:
                 sim.drop_flight(flight, "packet loss")
@@ -350,6 +351,12 @@ class SimPlatform(Platform):
         self.late_until[flight.id] = self.ticks + rng.randint(1, REORDER_MAX_TICKS)
         self.sim.record(f"late #{flight.id} until tick {self.late_until[flight.id]}")
         return True
+
+    def _forget_reordered(self, flight) -> None:  # noqa: ANN001 - an InFlight
+        """A message leaving the wire needs no reorder bookkeeping any more."""
+        if self.reorder_decided:
+            self.reorder_decided.discard(flight.id)
+            self.late_until.pop(flight.id, None)
 
     def set_reorder(self, src: str, dst: str, probability: float) -> None:
         if not 0 < probability < 1:

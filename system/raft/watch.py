@@ -257,7 +257,9 @@ def _first_conflict(core: RaftCore, m: Message) -> int:
 
 def _quorum_match(core: RaftCore) -> int:
     """The highest index a majority of voters holds, as the leader's progress records it,
-    its own copy counted up to its durable index."""
+    its own copy counted up to its durable index. Written again on purpose rather than
+    calling `RaftCore.quorum_match_index`: a core that counts wrong (a leader counting its
+    unsynced copy) must not be the judge of its own count."""
     voters = core.membership.voters
     matches = [p.match for peer, p in core.progress.items() if peer in voters and peer != core.id]
     if core.id in voters:
