@@ -16,6 +16,9 @@ after — and compares it with what Figure 2 of the Raft paper allows:
 - a snapshot is installed over a log only if the log holds its last entry, index and
   term (Raft §7);
 - a node votes at most once per term;
+- with PreVote on, a node raises its term to stand for election only once a majority
+  granted its pre-vote for that term, or when the leader told it to (TIMEOUT_NOW:
+  thesis §9.6, §3.10);
 - a candidate becomes leader only with the grants of a majority of voters in its term;
 - a leader never shortens its log (Leader Append-Only);
 - a leader moves its commit index only to an entry of its own term (Figure 8), held by a
@@ -60,6 +63,8 @@ class RuleWatch:
         self._reported = 0
         self._grants: set[str] = set()  # granted VOTE answers of `_grant_term`
         self._grant_term = 0
+        self._pre_grants: set[str] = set()  # granted PRE_VOTE answers for `_pre_grant_term`
+        self._pre_grant_term = 0
 
     # -- the calls a shell makes instead of the core's ----------------------------------
 
@@ -70,6 +75,11 @@ class RuleWatch:
             if m.type is MessageType.VOTE_RESPONSE and not m.reject \
                     and m.term == before.term and before.role is Role.CANDIDATE:
                 self._note_grant(m.term, m.src)
+            if m.type is MessageType.PRE_VOTE_RESPONSE and not m.reject \
+                    and m.term == before.term + 1 and before.role is Role.PRE_CANDIDATE:
+                if m.term != self._pre_grant_term:
+                    self._pre_grant_term, self._pre_grants = m.term, set()
+                self._pre_grants.add(m.src)
         except (AttributeError, TypeError, ValueError):
             # Not a well-formed Message: the core refuses it (`malformed`) and the node
             # goes on; the watch has nothing to compare and must not stop it either.
@@ -78,7 +88,7 @@ class RuleWatch:
         core.step(m)
         if core.ignored_message_count == ignored:  # malformed input is the core's to refuse
             self._after_step(core, m, before)
-        self._after_input(core, before)
+        self._after_input(core, before, told_to_campaign=m.type is MessageType.TIMEOUT_NOW)
 
     def tick(self, core: RaftCore) -> None:
         before = self._before(core, None)
@@ -185,8 +195,11 @@ class RuleWatch:
                          f"the log is kept only if it holds the snapshot's last entry, index "
                          f"and term (Raft §7)")
 
-    def _after_input(self, core: RaftCore, b: _Before) -> None:
+    def _after_input(self, core: RaftCore, b: _Before, told_to_campaign: bool = False) -> None:
         role, term = core.role, core.term
+        if term > b.term and core.vote == core.id and role in (Role.CANDIDATE, Role.LEADER) \
+                and core.config.pre_vote and not told_to_campaign:
+            self._check_pre_vote(core)
         if term == b.term and b.vote is not None and core.vote != b.vote:
             self._report("voted-twice",
                          f"{core.id} voted for {b.vote} and then for {core.vote} in term "
@@ -229,6 +242,17 @@ class RuleWatch:
                          f"{core.id} became leader of term {core.term} with the votes of "
                          f"{sorted(granted & voters)} of the term: a majority of "
                          f"{sorted(voters)} must grant (Raft Figure 2)")
+
+    def _check_pre_vote(self, core: RaftCore) -> None:
+        voters = set(core.membership.voters)
+        granted = {core.id} | (self._pre_grants if self._pre_grant_term == core.term else set())
+        if len(granted & voters) < len(voters) // 2 + 1:
+            self._report("election-without-pre-vote",
+                         f"{core.id} raised its term to {core.term} to stand for election "
+                         f"with the pre-votes of {sorted(granted & voters)} only: with "
+                         f"PreVote on, a majority of {sorted(voters)} must grant first, or "
+                         f"the leader must hand over (TIMEOUT_NOW), or a node cut off comes "
+                         f"back with a term that deposes a healthy leader (thesis §9.6)")
 
     def _note_grant(self, term: int, voter: str) -> None:
         if term != self._grant_term:

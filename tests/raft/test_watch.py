@@ -28,6 +28,7 @@ CAUGHT = [
     ("installs-snapshot-by-index-only", "snapshot-kept-conflicting-log", 60),
     ("changes-membership-before-committing-in-term", "membership-change-before-commit-in-term", 40),
     ("allows-two-membership-changes-in-flight", "membership-changes-overlap", 30),
+    ("skips-pre-vote", "election-without-pre-vote", 20),
 ]
 
 
