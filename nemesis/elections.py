@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nemesis")
 
-SHAPES = ("split-vote", "vote-then-restart")
+SHAPES = ("split-vote", "vote-then-restart", "deposed-leader")
 MIN_NODES = 5
 POLL_S = 0.01
 OPEN_TIMEOUT_S = 15.0  # the pre-candidates' election timeouts, on a loaded machine
@@ -97,6 +97,8 @@ class Election:
                                             f"within {SETTLE_TIMEOUT_S:g} s"})
             return None
         leader, term = settled
+        if shape == "deposed-leader":
+            return self._deposed_leader(leader, term)
         voters, candidates = split(nemesis.nodes, leader, nemesis.rng)
         window: dict[str, Any] = {"kind": shape, "old_leader": leader, "old_term": term,
                                   "voters": voters, "candidates": candidates}
@@ -121,20 +123,92 @@ class Election:
         window["cut_until_heal"] = [list(link) for link in self.cut]
         # The record is written once the strike is made; its first step was this long before.
         window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
-        window["two_leaders_in_one_term"] = any(len(v) > 1 for v in window["leaders"].values())
-        counts = self.nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
+        text = (f"{shape}: leader {leader} killed, voters {' '.join(voters)} frozen, "
+                f"candidates {' '.join(candidates)} ({'landed' if landed else 'missed'}: "
+                f"{why})")
+        return self._record(shape, sorted(self.killed), text, window, landed, why)
+
+    def _deposed_leader(self, leader: str, term: int) -> ActiveFault:
+        """Cut the leader from every peer and freeze it; once the others elect a successor
+        of a newer term, heal its links to the successor's followers (not to the
+        successor) and thaw it. It still believes it leads `term` (a frozen node's
+        check-quorum does not run), sends its heartbeats and its clients' entries, and
+        the followers answer with their newer term: the only news of it that can reach
+        the old leader, which must step down on it (Raft Figure 2). A leader that ignores
+        an answer of a higher term (`ignores-higher-term-answers`) goes on leading its
+        old term, and the rule watch names it at the first such answer."""
+        nemesis = self.nemesis
+        others = [n for n in nemesis.nodes if n != leader]
+        window: dict[str, Any] = {"kind": "deposed-leader", "old_leader": leader,
+                                  "old_term": term}
+        try:
+            cut = [(a, b) for o in others for a, b in ((o, leader), (leader, o))]
+            self.platform.cut_links(cut)
+            self.cut = cut
+            self._freeze([leader])
+            self._step(f"leader {leader} of term {term} cut from its peers and frozen")
+            successor = self._wait(lambda: self._leader_among(others, term), OPEN_TIMEOUT_S)
+            if successor is None:
+                landed, why = False, (f"no node of {' '.join(others)} led a term after "
+                                      f"{term} within {OPEN_TIMEOUT_S:g} s")
+            else:
+                landed, why = self._thaw_deposed(leader, term, successor, window)
+            window["leaders"] = self._watch_leaders()
+        except Exception:
+            self._undo()
+            raise
+        self._undo_pauses()
+        window["cut_until_heal"] = [list(link) for link in self.cut]
+        window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
+        text = (f"deposed-leader: leader {leader} of term {term} cut off and frozen, then "
+                f"thawed among its successor's followers ({'landed' if landed else 'missed'}"
+                f": {why})")
+        return self._record("deposed-leader", [leader], text, window, landed, why)
+
+    def _thaw_deposed(self, leader: str, term: int, successor: tuple[str, int],
+                      window: dict[str, Any]) -> tuple[bool, str]:
+        new, new_term = successor
+        window["successor"], window["new_term"] = new, new_term
+        keep = [(new, leader), (leader, new)]
+        self.platform.heal_links([link for link in self.cut if link not in keep])
+        self.cut = keep
+        self._step(f"{new} leads term {new_term}; {leader}'s links healed but to {new}")
+        self._thaw([leader])
+        first = self._wait(lambda: self._status(leader), STEP_TIMEOUT_S)
+        learned = self._wait(lambda: (self._term_of(leader) or 0) >= new_term, STEP_TIMEOUT_S)
+        seen = (first.role, first.term) if first is not None else None
+        window["first_answer_after_thaw"] = list(seen) if seen else None
+        window["learned_new_term"] = learned is not None
+        after = (f"it {'moved to term ' + str(self._term_of(leader)) if learned else 'stayed at term ' + str(self._term_of(leader))} "
+                 f"within {STEP_TIMEOUT_S:g} s, {new} still cut from it")
+        if seen != ("leader", term) and learned is None:
+            return False, f"{leader} answered {seen} after its thaw, not leader of term {term}; {after}"
+        return True, (f"{leader} thawed while {new} led term {new_term}, its heartbeats "
+                      f"reaching the followers of term {new_term} (first answer after "
+                      f"the thaw: {seen}); {after}")
+
+    def _leader_among(self, nodes: list[str], term: int) -> tuple[str, int] | None:
+        for node in nodes:
+            st = self._status(node)
+            if st is not None and st.role == "leader" and st.term > term:
+                return node, st.term
+        return None
+
+    def _record(self, shape: str, nodes: list[str], text: str, window: dict[str, Any],
+                landed: bool, why: str) -> ActiveFault:
+        nemesis = self.nemesis
+        counts = nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
         if nemesis._stop.is_set() and not landed:
             # Not a miss: the run's end cut a wait short (the waits return at once then).
             why = f"the run ended first ({why})"
         else:
             counts["aimed"] += 1
             counts["landed"] += int(landed)
-        leaders = "; ".join(f"term {t}: {' '.join(ns)}" for t, ns in window["leaders"].items())
-        text = (f"{shape}: leader {leader} killed, voters {' '.join(voters)} frozen, "
-                f"candidates {' '.join(candidates)} ({'landed' if landed else 'missed'}: "
-                f"{why}); leaders after: {leaders or 'none seen'}")
-        killed = sorted(self.killed)
-        return nemesis._register("election", killed, text, self._heal(killed),
+        leaders = window.get("leaders", {})
+        window["two_leaders_in_one_term"] = any(len(v) > 1 for v in leaders.values())
+        seen = "; ".join(f"term {t}: {' '.join(ns)}" for t, ns in leaders.items())
+        text = f"{text}; leaders after: {seen or 'none seen'}"
+        return nemesis._register("election", nodes, text, self._heal(sorted(self.killed)),
                                  {"shape": shape, "target": shape, "window": window,
                                   "landed": landed, "landed_evidence": why}, "election")
 

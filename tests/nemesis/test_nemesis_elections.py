@@ -185,6 +185,78 @@ def test_no_settled_leader_is_a_skip_with_nothing_done() -> None:
     assert platform.log == [] and not platform.cut_set
 
 
+class DeposedPlatform(ElectionPlatform):
+    """The deposed-leader shape's cluster: once n1 (leader of term 1) is cut off and
+    frozen, n2 wins term 2 at the next look (`elect=False`: nobody does). Thawed, n1 says
+    it leads term 1 and, once a link from a follower of n2 to it is healed, moves to term
+    2 (`steps_down=False`: it never does, as a leader deaf to higher terms)."""
+
+    def __init__(self, *, elect: bool = True, steps_down: bool = True) -> None:
+        super().__init__(campaign=False)
+        self.elect, self.steps_down = elect, steps_down
+        self.answered_as_leader = False  # n1 answered once since n2 won term 2
+
+    def status(self, node_id: str, timeout_s: float = 0.5):  # noqa: ANN201
+        if self.elect and "n1" in self.paused and self.term == 1 \
+                and all(("n1", n) in self.cut_set for n in self.node_ids if n != "n1"):
+            self.term, self.lead = 2, "n2"
+            for n in self.node_ids[1:]:
+                self.roles[n], self.leaders[n] = ("leader" if n == "n2" else "follower"), "n2"
+        st = super().status(node_id, timeout_s)
+        if st is not None and node_id == "n1":
+            heard = self.steps_down and self.answered_as_leader and any(
+                (n, "n1") not in self.cut_set for n in self.node_ids if n not in ("n1", "n2"))
+            st.role, st.term = ("follower", 2) if heard and self.term == 2 else ("leader", 1)
+            self.answered_as_leader = self.term == 2
+        return st
+
+
+def _deposed(platform: DeposedPlatform) -> tuple[Any, Nemesis, dict[str, Any]]:
+    nemesis, events = _nemesis(platform)
+    nemesis._decks["election-shape"] = ["deposed-leader"]
+    fault = nemesis.begin_next()
+    assert fault is not None and events[-1][0] == "election"
+    return fault, nemesis, events[-1][1]
+
+
+def test_deposed_leader_thaws_the_old_leader_among_its_successors_followers() -> None:
+    platform = DeposedPlatform()
+    fault, nemesis, start = _deposed(platform)
+    assert start["shape"] == "deposed-leader" and start["landed"] is True, start["landed_evidence"]
+    window = start["window"]
+    assert (window["old_leader"], window["old_term"]) == ("n1", 1)
+    assert (window["successor"], window["new_term"]) == ("n2", 2)
+    assert window["first_answer_after_thaw"] == ["leader", 1] and window["learned_new_term"]
+    # Frozen after its links were cut, thawed only once n2 led; until the heal it stays
+    # cut from n2 alone, so what tells it of term 2 is its followers' answers.
+    assert platform.log == ["pause n1", "resume n1"]
+    assert platform.cut_set == {("n1", "n2"), ("n2", "n1")}
+    assert window["cut_until_heal"] == [["n2", "n1"], ["n1", "n2"]]
+    nemesis.end(fault)
+    assert not platform.cut_set and not platform.paused and not platform.down
+    assert nemesis.election_counts == {"deposed-leader": {"aimed": 1, "landed": 1}}
+
+
+def test_deposed_leader_deaf_to_the_new_term_still_lands_and_is_said_to_stay() -> None:
+    platform = DeposedPlatform(steps_down=False)
+    fault, nemesis, start = _deposed(platform)
+    assert start["landed"] is True and "stayed at term 1" in start["landed_evidence"]
+    assert start["window"]["learned_new_term"] is False
+    nemesis.end(fault)
+    assert not platform.cut_set and not platform.paused
+
+
+def test_deposed_leader_without_a_successor_is_a_miss_and_undone() -> None:
+    platform = DeposedPlatform(elect=False)
+    fault, nemesis, start = _deposed(platform)
+    assert start["landed"] is False and "no node of n2 n3 n4 n5 led a term after 1" in \
+        start["landed_evidence"]
+    assert not platform.paused  # thawed at once; its links healed with the fault
+    nemesis.end(fault)
+    assert not platform.cut_set and not platform.paused and not platform.down
+    assert nemesis.election_counts == {"deposed-leader": {"aimed": 1, "landed": 0}}
+
+
 class RestartPlatform(ElectionPlatform):
     """A voter restarted by the fault answers Status at `restart_term` (2: the contested
     term, where it stood when killed; 3: its election timer fired before it was frozen).
@@ -211,7 +283,7 @@ class RestartPlatform(ElectionPlatform):
 
 def _vote_then_restart(platform: ElectionPlatform) -> tuple[Any, Nemesis, dict[str, Any]]:
     nemesis, events = _nemesis(platform)
-    nemesis._deal("election-shape", elections.SHAPES)  # the round's split-vote, dealt away
+    nemesis._decks["election-shape"] = ["vote-then-restart"]
 
     def at_term(node: str, roles: tuple[str, ...], term: int) -> bool:
         return True  # the scripted cluster has no per-node roles; the order is the point
