@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nemesis")
 
-SHAPES = ("split-vote", "vote-then-restart", "deposed-leader")
+SHAPES = ("split-vote", "vote-then-restart", "deposed-leader", "late-grant")
+HELD_LANE_SHAPES = frozenset({"late-grant"})  # need a platform that holds one peer lane
 MIN_NODES = 5
 POLL_S = 0.01
 OPEN_TIMEOUT_S = 15.0  # the pre-candidates' election timeouts, on a loaded machine
@@ -83,13 +84,17 @@ class Election:
         self.frozen: set[str] = set()  # paused by this fault and not yet resumed
         self.killed: set[str] = set()
         self.cut: list[tuple[str, str]] = []  # links this fault cut and has not healed
+        self.held = False  # a peer lane held (late-grant), released at the latest by _undo
+        self.watching: tuple[str, list[str]] | None = None  # lanes read (late-grant)
         self.began = time.monotonic()
 
     # ----- the steps ---------------------------------------------------------------------
 
     def begin(self) -> ActiveFault | None:
         nemesis = self.nemesis
-        shape = nemesis._deal("election-shape", SHAPES)
+        shapes = SHAPES if hasattr(self.platform, "hold_lane") else tuple(
+            s for s in SHAPES if s not in HELD_LANE_SHAPES)
+        shape = nemesis._deal("election-shape", shapes)
         settled = self._wait(self._settled_leader, SETTLE_TIMEOUT_S)
         if settled is None:
             nemesis.record("nemesis-skip", {"fault": "election", "shape": shape, "description":
@@ -109,6 +114,9 @@ class Election:
                                       f"pre-candidates of one term within "
                                       f"{OPEN_TIMEOUT_S:g} s of the leader's kill")
                 self._thaw(voters)
+            elif shape == "late-grant":
+                window["term"] = term_now + 1
+                landed, why = self._late_grant(voters, candidates, term_now, window)
             elif shape == "split-vote":
                 window["term"] = term_now + 1
                 landed, why = self._split_vote(voters, candidates, term_now)
@@ -350,6 +358,74 @@ class Election:
                       f"after its thaw, its requests waiting in their sockets until they "
                       f"were thawed together")
 
+    def _late_grant(self, voters: list[str], candidates: list[str], term: int,
+                    window: dict[str, Any]) -> tuple[bool, str]:
+        """A vote granted in one term that reaches its candidate in the next (thesis §3.4:
+        a candidate counts only grants of its current term). The voters answer the queued
+        pre-votes (not to the other candidates, who stay pre-candidates); `first` is
+        thawed and asks for term + 1, its request reaching `late` only, whose grant is
+        held on its peer lane; `first` cannot win term + 1. Then the others are let back
+        in: they grant `first`'s pre-votes and it asks for term + 2, and the moment that
+        request leaves, before the others can answer, the held grant of term + 1 is
+        delivered. A candidate that counts it (`counts-votes-from-older-terms`) leads term
+        + 2 with one real grant short of a majority, and the rule watch names it."""
+        platform, stop = self.platform, self.nemesis._stop
+        late, first = voters[0], candidates[0]
+        others = candidates[1:]
+        rest = [*voters[1:], *others]
+        window.update(candidate=first, late_voter=late)
+        self._freeze(candidates)
+        to_others = [(v, o) for v in voters for o in others]
+        platform.cut_links(to_others)
+        self.cut += to_others
+        self._thaw(voters)  # they grant the queued pre-votes; `first`'s grants wait in its socket
+        answered = self._wait(lambda: self._all_status(voters), STEP_TIMEOUT_S)
+        stop.wait(SETTLE_S)
+        self._freeze(voters)
+        if answered is None:
+            return False, f"{' '.join(voters)} did not answer after they were thawed"
+        from_first = [(first, n) for n in rest]
+        platform.cut_links(from_first)
+        self.cut += from_first
+        platform.hold_lane(late, first)
+        self.held = True
+        released = platform.release_on_vote(first, rest, term + 2, (late, first))
+        self.watching = (first, rest)
+        self._thaw([first])
+        asked = self._wait(lambda: self._role_at(first, ("candidate",), term + 1),
+                           STEP_TIMEOUT_S)
+        stop.wait(REQUESTS_OUT_S)  # its requests: into `late`'s socket, the rest cut
+        if asked is None:
+            return False, f"{first} did not become a candidate for term {term + 1}"
+        self._step(f"{first} a candidate for term {term + 1}; thawing {late}, its answers held")
+        self._thaw([late])
+        voted = self._wait(lambda: self._term_of(late) == term + 1, STEP_TIMEOUT_S)
+        stop.wait(SETTLE_S)  # it answers once its vote is durable
+        self._freeze([late])
+        held = platform.lane_held_bytes(late, first)
+        window["held_bytes"] = held
+        if voted is None or not held:
+            return False, (f"{late} {'did not move to term ' + str(term + 1) if voted is None else 'sent nothing'}"
+                           f" after {first} asked for its vote")
+        platform.heal_links(from_first + to_others)
+        self.cut = [link for link in self.cut if link not in from_first + to_others]
+        self._step(f"{late}'s grant for term {term + 1} held ({held} bytes); thawing {' '.join(rest)}")
+        self._thaw(rest)
+        fired = self._wait(released.is_set, OPEN_TIMEOUT_S)
+        self._wait(lambda: self._role_at(first, ("leader",), term + 2), STEP_TIMEOUT_S)
+        window["first_after"] = list(s) if (s := self._role_term(first)) else None
+        if fired is None:
+            return False, (f"{first} did not ask for term {term + 2} within "
+                           f"{OPEN_TIMEOUT_S:g} s of {' '.join(rest)}'s thaw")
+        return True, (f"{late} granted {first} term {term + 1}, held; {first} lost that "
+                      f"term, won pre-votes for term {term + 2} from {' '.join(rest)}, and "
+                      f"the held grant ({held} bytes) reached it as it asked for votes of "
+                      f"term {term + 2}; it then answered {window['first_after']}")
+
+    def _role_term(self, node: str) -> tuple[str, int] | None:
+        st = self._status(node)
+        return (st.role, st.term) if st is not None else None
+
     def _restart_frozen(self, voters: list[str]) -> dict[str, list[Any] | None]:
         """Start each killed voter and freeze it as soon as it answers Status, within its
         first election timeout (0.5 s at least): started one after another (a container
@@ -401,6 +477,15 @@ class Election:
 
     def _undo_pauses(self) -> None:
         self._thaw(sorted(self.frozen))
+        self._undo_lanes()
+
+    def _undo_lanes(self) -> None:
+        if self.watching is not None:
+            self.platform.stop_watching(*self.watching)
+            self.watching = None
+        if self.held:
+            self.platform.release_held()
+            self.held = False
 
     def _undo(self) -> None:
         """A step failed: nothing of this fault may stay in place."""

@@ -391,6 +391,55 @@ class LocalPlatform(Platform):
             out[f].discard()
         return held
 
+    # The election fault's late-grant shape (nemesis/elections.py): one peer lane held
+    # (a voter's answers to a candidate), delivered the moment the candidate asks for votes
+    # in a later term, ahead of every answer of that term.
+
+    def _lane(self, src: str, dst: str):  # noqa: ANN202 - a TcpProxy
+        lane = getattr(self._proxy(src, dst), "raft", None)
+        if lane is None or self.config.tls is not None:
+            raise PlatformError("a held vote is read on the store's plaintext TCP peer lanes; "
+                                "these nodes have none")
+        return lane
+
+    def hold_lane(self, src: str, dst: str) -> None:
+        """Keep what `src` sends `dst` on its peer lane, in order, until released."""
+        self._lane(src, dst).hold()
+
+    def lane_held_bytes(self, src: str, dst: str) -> int:
+        return self._lane(src, dst).held_bytes()
+
+    def release_on_vote(self, src: str, dsts: list[str], term: int,
+                        held: tuple[str, str]) -> threading.Event:
+        """Read what `src` sends each of `dsts` on connections opened from now on (the
+        open ones are reset); the moment a VOTE request of `term` or later passes, and
+        before it is forwarded, the held lane `held` writes what it kept. Returns an Event
+        set then. `stop_watching` ends it."""
+        from nemesis.platforms.peer_frames import VOTE, PeerFrames
+
+        held_lane = self._lane(*held)
+        lanes = [self._lane(src, dst) for dst in dsts]
+        lock = threading.Lock()
+        readers: dict[int, PeerFrames] = {}
+        fired = threading.Event()
+
+        def seen(pair, data: bytes) -> None:  # noqa: ANN001 - a proxy connection
+            with lock:
+                messages = readers.setdefault(id(pair), PeerFrames()).feed(data)
+                if not fired.is_set() and any(m.type == VOTE and m.term >= term
+                                              for m in messages):
+                    held_lane.release()
+                    fired.set()
+
+        for lane in lanes:
+            lane.watch(seen)
+            lane.reset()
+        return fired
+
+    def stop_watching(self, src: str, dsts: list[str]) -> None:
+        for dst in dsts:
+            self._lane(src, dst).watch(None)
+
     def release_held(self) -> int:
         """Deliver every held byte (and restart a leader the overtaken shape crashed);
         returns how many bytes there were."""

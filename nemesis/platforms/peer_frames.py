@@ -57,4 +57,5 @@ class PeerFrames:
 
 
 APPEND = raft_pb2.APPEND
+VOTE = raft_pb2.VOTE
 APPEND_RESPONSE = raft_pb2.APPEND_RESPONSE

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -255,6 +256,107 @@ def test_deposed_leader_without_a_successor_is_a_miss_and_undone() -> None:
     nemesis.end(fault)
     assert not platform.cut_set and not platform.paused and not platform.down
     assert nemesis.election_counts == {"deposed-leader": {"aimed": 1, "landed": 0}}
+
+
+class LateGrantPlatform(ElectionPlatform):
+    """Holds one peer lane as the local platform does: `lane_held_bytes` is what the held
+    voter answered once thawed; the watched candidate asks for the later term (the
+    release fires) once every node it was cut from runs again (`asks=False`: never)."""
+
+    def __init__(self, *, asks: bool = True) -> None:
+        super().__init__()
+        self.asks = asks
+        self.held: tuple[str, str] | None = None
+        self.held_bytes = 0
+        self.watched: tuple[str, list[str]] | None = None
+        self.fired: threading.Event | None = None
+        self.released = 0
+
+    def hold_lane(self, src: str, dst: str) -> None:
+        self.log.append(f"hold {src}->{dst}")
+        self.held = (src, dst)
+
+    def resume(self, node_id: str) -> None:
+        super().resume(node_id)
+        if self.held is not None and node_id == self.held[0]:
+            self.held_bytes = 40  # its grant, kept
+        if self.watched is not None and self.asks and self.fired is not None:
+            first, rest = self.watched
+            if not any(n in self.paused or (first, n) in self.cut_set for n in rest):
+                self.log.append("vote of the later term seen; held lane released")
+                self.fired.set()
+
+    def lane_held_bytes(self, src: str, dst: str) -> int:
+        return self.held_bytes if self.held == (src, dst) else 0
+
+    def release_on_vote(self, src: str, dsts: list[str], term: int,
+                        held: tuple[str, str]) -> threading.Event:
+        self.watched, self.fired = (src, list(dsts)), threading.Event()
+        self.log.append(f"watch {src} for term {term}")
+        return self.fired
+
+    def stop_watching(self, src: str, dsts: list[str]) -> None:
+        self.watched = None
+
+    def release_held(self) -> int:
+        self.held, self.released = None, self.released + 1
+        return 0
+
+
+def _late_grant(platform: LateGrantPlatform) -> tuple[Any, Nemesis, dict[str, Any]]:
+    nemesis, events = _nemesis(platform)
+    nemesis._decks["election-shape"] = ["late-grant"]
+    fault = elections.Election(nemesis)
+    fault._role_at = lambda node, roles, term: True  # type: ignore[method-assign]
+    fault._term_of = lambda node: 2  # type: ignore[method-assign]
+    started = fault.begin()
+    assert started is not None and events[-1][0] == "election"
+    return started, nemesis, events[-1][1]
+
+
+def test_late_grant_holds_one_voters_grant_until_its_candidate_asks_again() -> None:
+    platform = LateGrantPlatform()
+    fault, nemesis, start = _late_grant(platform)
+    assert start["shape"] == "late-grant" and start["landed"] is True, start["landed_evidence"]
+    window = start["window"]
+    first, late = window["candidate"], window["late_voter"]
+    rest = [n for n in platform.node_ids if n not in (first, late, "n1")]
+    order = platform.log
+    # Held before the candidate asks; the voter thawed (grants) only after; the others
+    # thawed only once it was frozen again, and the lanes released at their ask.
+    assert order.index(f"hold {late}->{first}") < order.index(f"resume {first}") \
+        < max(i for i, e in enumerate(order) if e == f"resume {late}")
+    released = order.index("vote of the later term seen; held lane released")
+    assert max(i for i, e in enumerate(order) if e == f"pause {late}") < min(
+        order.index(f"resume {n}", order.index(f"resume {first}")) for n in rest) <= released
+    assert "vote of the later term seen; held lane released" in order
+    assert window["held_bytes"] == 40
+    # Nothing of the strike stays: lanes watched or held, nodes frozen; the links the
+    # shape cut were healed before the others were thawed.
+    assert platform.watched is None and platform.held is None and not platform.paused
+    assert not any(a == first for a, _ in platform.cut_set)
+    nemesis.end(fault)
+    assert not platform.cut_set and not platform.paused and not platform.down
+    assert nemesis.election_counts == {"late-grant": {"aimed": 1, "landed": 1}}
+
+
+def test_late_grant_whose_candidate_never_asks_again_is_a_miss_and_undone() -> None:
+    platform = LateGrantPlatform(asks=False)
+    fault, nemesis, start = _late_grant(platform)
+    assert start["landed"] is False and "did not ask for term 3" in start["landed_evidence"]
+    assert platform.watched is None and platform.held is None and platform.released == 1
+    nemesis.end(fault)
+    assert not platform.cut_set and not platform.paused and not platform.down
+
+
+def test_a_platform_that_cannot_hold_a_lane_is_never_dealt_late_grant() -> None:
+    platform = ElectionPlatform()
+    platform.leaders["n3"] = "n2"  # no settled leader: each draw is a skip naming its shape
+    nemesis, events = _nemesis(platform)
+    for _ in range(3 * len(elections.SHAPES)):
+        elections.Election(nemesis).begin()
+    dealt = {v["shape"] for f, v in events if f == "nemesis-skip"}
+    assert dealt == set(elections.SHAPES) - {"late-grant"}
 
 
 class RestartPlatform(ElectionPlatform):
