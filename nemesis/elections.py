@@ -569,4 +569,67 @@ class Election:
 
 def election(nemesis: Nemesis) -> ActiveFault | None:
     """Start one `election` fault (nemesis/faults.py dispatches here)."""
+    if nemesis.platform.name == "sim":
+        return sim_election(nemesis)
     return Election(nemesis).begin()
+
+
+SIM_SHAPES = ("deposed-leader", "late-grant")  # the others need a real process's sockets
+
+
+def sim_election(nemesis: Nemesis) -> ActiveFault | None:
+    """The simulator's `election` fault: the deposed-leader and late-grant shapes, timed by
+    the cores' state on every tick (nemesis/platforms/sim.py `depose`, `trap_late_grant`)
+    rather than by Status calls. Whether it landed is known at the heal, and recorded
+    there."""
+    platform = nemesis.platform
+    shape = nemesis._deal("election-shape", SIM_SHAPES)
+    leader = platform.leader()
+    if leader is None:
+        nemesis.record("nemesis-skip", {"fault": "election", "shape": shape,
+                                        "description": f"{shape}: no leader now"})
+        return None
+    counts = nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
+
+    def tally(landed: bool, why: str) -> dict[str, Any]:
+        counts["aimed"] += 1
+        counts["landed"] += int(landed)
+        return {"landed": landed, "landed_evidence": why,
+                "detail": f"{'landed' if landed else 'missed'}: {why}"}
+
+    if shape == "deposed-leader":
+        term = platform.depose(leader)
+        text = (f"deposed-leader: leader {leader} of term {term} cut off and paused until "
+                f"another node leads a newer term, then resumed among its followers")
+
+        def heal() -> dict[str, Any]:
+            successor = platform.end_depose()
+            for other in nemesis.nodes:
+                if other != leader:
+                    platform.heal_link(other, leader)
+                    platform.heal_link(leader, other)
+            if successor is None:
+                return tally(False, "no other node led a newer term while it was away")
+            return tally(True, f"{successor[0]} led term {successor[1]} when {leader} "
+                               f"was resumed, cut from it alone")
+        nodes = [leader]
+    else:
+        platform.trap_late_grant()
+        nemesis.expected_down.add(leader)
+        platform.kill(leader)
+        text = (f"late-grant: leader {leader} killed; the vote grants of the next "
+                f"candidate kept until it asks in a later term")
+
+        def heal() -> dict[str, Any]:
+            trap = platform.end_grant_trap() or {}
+            platform.start_node(leader)
+            nemesis.expected_down.discard(leader)
+            if trap.get("fired"):
+                return tally(True, f"{trap['grants']} grant(s) of term {trap['term']} "
+                                   f"reached {trap['candidate']} as a candidate of a later term")
+            why = ("no candidate was granted a vote" if trap.get("candidate") is None else
+                   f"{trap['candidate']} never asked again after term {trap['term']}")
+            return tally(False, why)
+        nodes = [leader]
+    return nemesis._register("election", nodes, text, heal, {"shape": shape, "target": shape},
+                             "election")

@@ -37,11 +37,14 @@ Faults (`--faults`, a comma list):
   node) crashes and loses every write it had not fsynced (`Platform.power_loss`; the run
   puts the nodes on a lazy disk); kill-all: SIGKILL of every node at once; both healed by
   starting the nodes again;
-- election (local, docker; 5 nodes or more): faults aimed at an election in progress
+- election (local, docker, sim; 5 nodes or more): faults aimed at an election in progress
   (nemesis/elections.py): the voters a majority needs frozen and the leader killed, so
   that every other node campaigns for the same term, then the voters thawed at once
   (split-vote); or a voter killed and restarted between two candidates' requests of one
-  term (vote-then-restart); healed by restarting the killed leader;
+  term (vote-then-restart); or the leader cut off and frozen until a successor leads,
+  then thawed among the successor's followers (deposed-leader); or a vote grant held
+  until its candidate asks in the next term (late-grant, local and sim); healed by
+  restarting the killed leader (sim: deposed-leader and late-grant only);
 - rollback (local; 3 nodes or more): a follower restarted on an older, consistent copy
   of its own data directory (a VM restored from a backup), the leader killed once the
   follower knows it lost acknowledged entries and before it caught up, with the nodes
@@ -123,7 +126,7 @@ DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all", "rollback")
 FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
-                   "election": ("local", "docker"), "rollback": ("local",),
+                   "election": ("local", "docker", "sim"), "rollback": ("local",),
                    "hold": ("sim", "local"), "reorder": ("sim",), "slow-disk": ("local",)}
 # Faults whose run puts every node's data on the lazy disk (nemesis/lazyfs.py).
 LAZY_DISK_FAULTS = frozenset({"lose-unsynced", "slow-disk"})
@@ -190,9 +193,7 @@ def unsupported(faults: list[str], platform: str) -> str | None:
         where = FAULT_PLATFORMS.get(fault)
         if where is not None and platform not in where:
             why = {"lose-unsynced": "it has no lazy disk to hold unsynced writes",
-                   "election": "it times its steps by the nodes' Status, which the "
-                               "simulator's nodes do not serve" if platform == "sim" else
-                               "it has not been tried there yet",
+                   "election": "it has not been tried there yet",
                    "rollback": "it copies a node's data directory, which only the local "
                                "platform does yet" if platform != "sim" else
                                "the simulator's disk holds records, not bytes",

@@ -35,7 +35,11 @@ The fault vocabulary maps onto the simulator:
 - `hold_from` / `hold_in_flight` / `release_held` (the `hold` fault, sim only): messages
   kept on the wire, in order, and delivered late rather than lost — what a real network
   can do and iptables cannot: a deposed leader's APPENDs and answers arriving in a newer
-  term, or an older APPEND overtaken by newer ones of the same term.
+  term, or an older APPEND overtaken by newer ones of the same term;
+- `depose` / `trap_late_grant` (the `election` fault's two shapes here, timed by the
+  cores' state each tick rather than by Status calls): a leader cut off and paused until
+  another leads a newer term, then resumed among that leader's followers; a candidate's
+  vote grants of one term kept on the wire until it asks for votes in a later one.
 
 What it must never do: read a clock, use global randomness, or let anything but the seed
 and the calls made on it decide what happens.
@@ -62,6 +66,7 @@ COMPACT_EVERY_ENTRIES = 500  # snapshots happen in a run of any length, chunks i
 # of a tick: most return within a few messages, some outlast a tick (a slow disk).
 FSYNC_CHANCE_PER_DELIVERY = 0.3
 FSYNC_CHANCE_PER_TICK = 0.5
+_CAMPAIGN = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
 
 
 class SimPlatform(Platform):
@@ -111,6 +116,13 @@ class SimPlatform(Platform):
         # hold_in_flight found no APPEND with entries on the wire: it holds the node's
         # next ones instead (what it has on the wire when the first is about to go).
         self.overtake_next: str | None = None
+        # The election fault's deposed-leader shape: (old leader, its term) while it waits,
+        # paused and cut off, for another node to lead a newer term; then the successor.
+        self.deposing: tuple[str, int] | None = None
+        self.deposed_by: tuple[str, int] | None = None
+        # Its late-grant shape: the first candidate granted a vote after `trap_late_grant`,
+        # the term, the grants kept, and whether they went out (it asked in a later term).
+        self.grant_trap: dict[str, Any] | None = None
         self.ticks = 0  # simulated time, in ticks
         self._events_in_tick = 0  # orders records within one tick (1 ns apart)
 
@@ -127,6 +139,8 @@ class SimPlatform(Platform):
 
     def advance(self) -> None:
         """One tick of simulated time: deliver what is on the wire, then tick the nodes."""
+        if self.deposing is not None:
+            self._depose_step()
         self.deliver_pending()
         if self.crash_after_release is not None:
             node, self.crash_after_release = self.crash_after_release, None
@@ -154,6 +168,8 @@ class SimPlatform(Platform):
             if flight is None:
                 break
             if self.reorder and self._reordered(flight):
+                continue
+            if self.grant_trap is not None and self._trapped(flight):
                 continue
             if self.overtake_next is not None and flight.message.src == self.overtake_next \
                     and flight.message.type is MessageType.APPEND and flight.message.entries:
@@ -447,6 +463,94 @@ class SimPlatform(Platform):
         self.overtaken = None
         self.overtake_next = None
         return held
+
+    # ----- the election fault's shapes (nemesis/elections.py, sim_election) ----------------
+
+    def depose(self, leader: str) -> int:
+        """Cut `leader` from every peer both ways and pause it; once another node leads a
+        newer term (`_depose_step`, each tick), its links are healed except to and from
+        that successor, and it is resumed: still leading its own term, it hears of the new
+        one only through the answers of the successor's followers. Returns its term."""
+        term = self.sim.core(leader).term
+        for node in self.node_ids:
+            if node != leader:
+                self.cut(node, leader)
+                self.cut(leader, node)
+        self.pause(leader)
+        self.deposing, self.deposed_by = (leader, term), None
+        return term
+
+    def _depose_step(self) -> None:
+        assert self.deposing is not None
+        leader, term = self.deposing
+        for node in self.answering():
+            core = self.sim.core(node)
+            if node != leader and core.role is Role.LEADER and core.term > term:
+                for other in self.node_ids:
+                    if other not in (leader, node):
+                        self.heal_link(other, leader)
+                        self.heal_link(leader, other)
+                self.sim.record(f"{node} leads term {core.term}: {leader} resumed among its "
+                                f"followers, still cut from {node}")
+                self.resume(leader)
+                self.deposing, self.deposed_by = None, (node, core.term)
+                return
+
+    def end_depose(self) -> tuple[str, int] | None:
+        """Stop waiting; returns the successor and its term, if one was seen."""
+        if self.deposing is not None:
+            self.resume(self.deposing[0])
+        self.deposing = None
+        return self.deposed_by
+
+    def trap_late_grant(self) -> None:
+        """Keep on the wire every vote granted to the first candidate granted one from
+        now on, in the term it asked in, and every other node's (pre-)vote request after
+        it; deliver them, ahead of anything sent since, the moment it is a candidate of a
+        later term (`_trapped`)."""
+        self.grant_trap = {"candidate": None, "term": None, "held": [], "grants": 0,
+                           "fired": False}
+
+    def _trapped(self, flight) -> bool:  # noqa: ANN001 - an InFlight
+        trap, m = self.grant_trap, flight.message
+        assert trap is not None
+        if trap["fired"]:
+            return False
+        candidate = trap["candidate"]
+        if candidate is not None and trap["held"] and m.dst == candidate:
+            core = self.sim.nodes[candidate].core
+            if core is not None and core.role is Role.CANDIDATE and core.term > trap["term"]:
+                self.held_flights.difference_update(trap["held"])
+                trap["fired"] = True
+                self.sim.record(f"deliver the {len(trap['held'])} message(s) kept: "
+                                f"{trap['grants']} vote grant(s) of term {trap['term']} to "
+                                f"{candidate}, now a candidate of term {core.term}, and the "
+                                f"others' requests")
+                return True  # the next pass delivers the older grants first
+        if candidate is not None and m.src != candidate and m.type in _CAMPAIGN:
+            # Another node's campaign waits too: the candidate's own timer is the one to fire
+            # (the voters' timers restarted with their grants, as its did).
+            trap["held"].append(flight.id)
+            self.held_flights.add(flight.id)
+            return True
+        if m.type is not MessageType.VOTE_RESPONSE or m.reject:
+            return False
+        if candidate is None:
+            trap["candidate"], trap["term"] = m.dst, m.term
+            self.sim.record(f"keep the vote grants of term {m.term} to {m.dst}")
+        if m.dst == trap["candidate"] and m.term == trap["term"]:
+            trap["grants"] += 1
+            trap["held"].append(flight.id)
+            self.held_flights.add(flight.id)
+            return True
+        return False
+
+    def end_grant_trap(self) -> dict[str, Any] | None:
+        """Disarm; the grants still kept go out with the next delivery. Returns the trap."""
+        trap, self.grant_trap = self.grant_trap, None
+        if trap is not None:
+            self.held_flights.difference_update(trap["held"])
+        return trap
 
     def set_loss(self, src: str, dst: str, probability: float) -> None:
         if not 0 < probability < 1:
