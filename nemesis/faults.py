@@ -157,6 +157,11 @@ END_JOIN_TIMEOUT_S = 240.0
 PROMOTE_TIMEOUT_S = 90.0
 LOSS_PROBABILITIES = (0.1, 0.2, 0.3, 0.5)
 REORDER_PROBABILITIES = (0.2, 0.5)
+# A run with `reorder` sends at most this many entries per APPEND: a follower catching up
+# then takes many short APPENDs, one of which, late or twice, arrives after newer ones
+# while the leader's commit index is past its end (commits-past-verified-entries: 3 of 3
+# seeds with 2-entry APPENDs, 0 of 3 with 16 or the default 1024).
+REORDER_APPEND_ENTRIES = 2
 # Least nodes each fault needs to leave a majority able to serve (checked before a run).
 # File faults and lose-unsynced need 3: a node that refuses its data is rejoined through
 # membership changes, which the others must be a majority to commit.

@@ -37,7 +37,7 @@ from typing import Any
 
 from histories.write import HistoryWriter
 from nemesis import safety_reports
-from nemesis.faults import ActiveFault, Nemesis
+from nemesis.faults import REORDER_APPEND_ENTRIES, ActiveFault, Nemesis
 from nemesis.platforms.base import ClusterConfig
 from nemesis.platforms.sim import TICK_S, SimPlatform
 from nemesis.store import write_json
@@ -521,9 +521,12 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
     simulation's `schedule` records every step (for `python -m nemesis shrink`)."""
     from nemesis.runner import print_line
 
+    raft_config: dict[str, Any] = {}
+    if "reorder" in config.faults:  # what it reorders: many short APPENDs (faults.py)
+        raft_config["max_append_entries"] = REORDER_APPEND_ENTRIES
     platform = SimPlatform(ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir),
                            seed=config.seed, variant=variant_for_run(config.unsafe),
-                           record_trace=not record_schedule)
+                           record_trace=not record_schedule, **raft_config)
     if record_schedule:
         platform.sim.schedule = []
     workload = make_workload(config)
