@@ -127,7 +127,7 @@ FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
                    "election": ("local", "docker", "sim"), "rollback": ("local",),
-                   "hold": ("sim", "local"), "reorder": ("sim",), "slow-disk": ("local",)}
+                   "hold": ("sim", "local"), "reorder": ("sim", "local"), "slow-disk": ("local",)}
 # Faults whose run puts every node's data on the lazy disk (nemesis/lazyfs.py).
 LAZY_DISK_FAULTS = frozenset({"lose-unsynced", "slow-disk"})
 # slow-disk: each fsync of every node waits a uniform draw from this range (ms) first.
@@ -204,8 +204,9 @@ def unsupported(faults: list[str], platform: str) -> str | None:
                                "the simulator's disk holds records, not bytes",
                    "hold": "it delays messages, which iptables cannot: it drops them; "
                            "the local platform's proxies keep and deliver them late",
-                   "reorder": "a TCP lane delivers in order and tc netem is absent from "
-                              "this kernel; only the simulator's network reorders",
+                   "reorder": "iptables drops packets, it cannot reorder them, and tc netem "
+                              "is absent from this kernel; the local platform's link proxies "
+                              "reorder the peer lanes' frames",
                    "slow-disk": "it slows fsync in the local platform's lazy disk (FUSE)"
                                 if platform != "sim" else
                                 "the simulator's fsyncs already complete at random"}.get(
@@ -684,16 +685,27 @@ class Nemesis:
     def _reorder(self) -> ActiveFault:
         """Messages on a random set of directed links delivered late (overtaken by later
         ones) and some twice: the stale APPENDs, answers and vote grants Figure 2 guards
-        against (a follower's commit past what an APPEND verified, a leader deaf to a
-        higher term, a grant of an older term counted). Simulator only: a TCP lane keeps
-        its order, and netem is absent here."""
+        against (a follower's commit past what an APPEND verified, a truncation without a
+        conflict). The simulator moves its messages; on local the link proxies move the
+        peer lanes' frames (nemesis/platforms/frame_reorder.py). The run's nodes send
+        short APPENDs (REORDER_APPEND_ENTRIES)."""
         probability = self.rng.choice(REORDER_PROBABILITIES)
         links = self._random_links()
         for src, dst in links:
             self.platform.set_reorder(src, dst, probability)
         touched = sorted({a for a, _ in links} | {b for _, b in links})
+        heal = self.healer(links)
+        counts = getattr(self.platform, "reordered_frames", None)
+        if counts is not None:  # local: say what the proxies did, frames being invisible
+            before = counts()
+
+            def heal_and_count() -> dict[str, Any]:
+                value = heal()
+                late, twice = (now - then for now, then in zip(counts(), before, strict=True))
+                return {**value, "frames_late": late, "frames_twice": twice}
         return self._register("reorder", touched, f"{probability:.0%} of messages late or "
-                              f"twice on {len(links)} links", self.healer(links),
+                              f"twice on {len(links)} links",
+                              heal if counts is None else heal_and_count,
                               {"probability": probability,
                                "links": [list(link) for link in links]}, "start-reorder")
 

@@ -24,7 +24,13 @@ from typing import Any
 
 from histories.write import HistoryWriter
 from nemesis import check, report, rollback, safety_reports, windows
-from nemesis.faults import FILE_FAULT_SNAPSHOT_ENTRIES, FILE_FAULTS, LAZY_DISK_FAULTS, Nemesis
+from nemesis.faults import (
+    FILE_FAULT_SNAPSHOT_ENTRIES,
+    FILE_FAULTS,
+    LAZY_DISK_FAULTS,
+    REORDER_APPEND_ENTRIES,
+    Nemesis,
+)
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from nemesis.progress import Progress
 from nemesis.store import new_run_dir, source_version, write_json
@@ -149,6 +155,8 @@ def make_platform(config: RunConfig, run_id: str, run_dir: Path, image: str | No
     if system.status_windows:
         node_args += windows.node_args(config.faults, config.workload, config.platform, node_args)
         node_args += rollback.node_args(config.faults, node_args)
+        if "reorder" in config.faults and "--max-append-entries" not in node_args:
+            node_args += ["--max-append-entries", str(REORDER_APPEND_ENTRIES)]
     # lose-unsynced needs every node's data on a layer that holds writes until fsync, and
     # slow-disk that layer's fsync.
     cluster = ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir,

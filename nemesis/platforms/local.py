@@ -255,9 +255,29 @@ class LocalPlatform(Platform):
         proxy = self._proxy(src, dst)
         proxy.set_loss(0.0)
         proxy.set_mode(ProxyMode.FORWARD)
+        lane = getattr(proxy, "raft", None)
+        if lane is not None:
+            lane.set_reorder(0.0)
 
     def set_loss(self, src: str, dst: str, probability: float) -> None:
         self._proxy(src, dst).set_loss(probability)
+
+    def set_reorder(self, src: str, dst: str, probability: float) -> None:
+        """Frames of the peer lane src -> dst late (behind later ones) or twice, with this
+        probability (nemesis/platforms/frame_reorder.py); healed by `heal_link`."""
+        if not 0 < probability < 1:
+            raise ValueError(f"reorder probability must be in (0, 1), got {probability}")
+        lane = self._lane(src, dst)
+        lane.set_reorder(probability)
+        lane.reset()  # frames are found from a connection's first byte: both ends reconnect
+
+    def reordered_frames(self) -> tuple[int, int]:
+        """(frames written behind later ones, frames written twice) over every peer lane
+        since the platform started."""
+        lanes = [lane for proxy in self.cluster.link_proxies.values()
+                 if (lane := getattr(proxy, "raft", None)) is not None]
+        return (sum(lane.frames_reordered for lane in lanes),
+                sum(lane.frames_duplicated for lane in lanes))
 
     # The `hold` fault (nemesis/faults.py): the proxies keep what a node sends, in order,
     # and deliver it late. stale-leader: the held leader's peers elect a new leader and
@@ -398,8 +418,8 @@ class LocalPlatform(Platform):
     def _lane(self, src: str, dst: str):  # noqa: ANN202 - a TcpProxy
         lane = getattr(self._proxy(src, dst), "raft", None)
         if lane is None or self.config.tls is not None:
-            raise PlatformError("a held vote is read on the store's plaintext TCP peer lanes; "
-                                "these nodes have none")
+            raise PlatformError("this reads the store's plaintext TCP peer lanes (a held vote, "
+                                "reordered frames); these nodes have none")
         return lane
 
     def hold_lane(self, src: str, dst: str) -> None:

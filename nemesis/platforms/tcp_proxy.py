@@ -17,6 +17,10 @@ nemesis's `hold` on local: a deposed leader's APPENDs arriving in a newer term).
 MAX_HELD_BYTES are kept per connection; beyond that the proxy stops reading, and TCP's
 flow control stalls the client.
 
+Reordering (`set_reorder(p)`): a peer lane of the store is a sequence of self-contained
+frames, so its frames can be written in another order and some twice
+(nemesis/platforms/frame_reorder.py); any other stream passes untouched.
+
 Packet loss (`set_loss(p)`): a byte stream cannot lose a packet without corrupting what
 follows, and TCP never shows loss to the application anyway: it retransmits, and the
 application sees the lost segment arrive one retransmission timeout late, with everything
@@ -43,6 +47,8 @@ from collections.abc import Callable, Hashable
 from enum import Enum
 from typing import Self
 
+from nemesis.platforms.frame_reorder import FrameReorderer
+
 # Linux's TCP_RTO_MIN: the least a lost segment delays the stream behind it.
 RETRANSMIT_DELAY_S = 0.2
 MAX_HELD_BYTES = 64 * 1024 * 1024
@@ -68,7 +74,7 @@ class _Pair:
     """One proxied connection: the accepted socket, the one to the target, whose it is."""
 
     __slots__ = ("client", "server", "source", "pumps", "held", "held_bytes", "holding",
-                 "released", "detached", "watched")
+                 "released", "detached", "watched", "reorderer")
 
     def __init__(self, client: socket.socket, server: socket.socket, source: Hashable,
                  holding: bool = False) -> None:
@@ -84,6 +90,7 @@ class _Pair:
         # open for the held bytes, which the release writes and then closes it.
         self.detached = False
         self.watched = False  # accepted while a watcher was set: it sees every client byte
+        self.reorderer: FrameReorderer | None = None  # frames late or twice (`set_reorder`)
 
     def shutdown(self) -> None:
         for s in (self.client, self.server):
@@ -118,6 +125,9 @@ class Forwarder:
         self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self._holding = False
+        self._reorder = 0.0
+        self.frames_reordered = 0  # frames written behind later ones (`set_reorder`)
+        self.frames_duplicated = 0
         # `watch`: called with (pair, chunk) for every chunk a client sends on a connection
         # accepted while it is set, in the pump's thread, before the chunk is forwarded or
         # kept (`pair.holding` says which, unless the watcher starts a hold).
@@ -189,6 +199,10 @@ class Forwarder:
                     self._see(pair, data)  # before: the watcher may start a hold for it
                     if self._keep(pair, data):
                         continue
+                    if self._reorder or pair.reorderer is not None:
+                        data = self._reordered(pair, data)
+                        if not data:
+                            continue
                 loss = self._loss_for(pair.source)
                 if loss and self._random.random() < loss:
                     time.sleep(RETRANSMIT_DELAY_S)
@@ -223,6 +237,23 @@ class Forwarder:
             pair.held.append(data)
             pair.held_bytes += len(data)
             return True
+
+    def _reordered(self, pair: _Pair, data: bytes) -> bytes:
+        """What to write now of `data` and the frames held back (the pump's thread)."""
+        reorderer = pair.reorderer
+        if reorderer is None:
+            reorderer = pair.reorderer = FrameReorderer(self._random)
+        late, twice = reorderer.reordered, reorderer.duplicated
+        out = reorderer.feed(data, self._reorder)
+        self.frames_reordered += reorderer.reordered - late  # one pump per pair: no race
+        self.frames_duplicated += reorderer.duplicated - twice  # worth a lock on the count
+        return out
+
+    def set_reorder(self, probability: float) -> None:
+        """Frames of a peer lane late (behind up to MAX_LATE_FRAMES later ones) with this
+        probability, half of those also on time (twice); 0 = off, the late ones written
+        with the next bytes (nemesis/platforms/frame_reorder.py)."""
+        self._reorder = check_loss(probability)
 
     def _see(self, pair: _Pair, data: bytes) -> None:
         watcher = self._watcher
