@@ -51,6 +51,10 @@ WINDOW_CHUNK_BYTES = 512
 AIMED_KINDS = ("kill", "partition", "member")
 POLL_S = 0.01  # how often the leader's Status is read while a window is awaited
 LAG_POLL_S = 0.25  # how often the leader's snapshot index is read while a follower is away
+# stale-snapshot: the cut comes when every node of the majority side is this many entries
+# short of its next compaction: fewer than the old leader then appends for its clients
+# before it steps down (~60 at the default rate), so the next snapshot falls inside them.
+STALE_NEAR = (3, 30)
 CONFIG_POLL_S = 0.003  # a CONFIG entry is pending for a round trip and an fsync or two
 PROMOTE_WAIT_S = 90.0  # a learner catches up from an empty disk (faults.PROMOTE_TIMEOUT_S)
 CAUGHT_UP_MARGIN = 100  # entries a learner may lag and still be promoted at once
@@ -104,9 +108,12 @@ class Windows:
         if kind not in ("kill", "partition"):
             return False
         order = (("snapshot-transfer", "plain") if kind == "kill"
-                 else ("plain", "snapshot-transfer"))
-        if self.nemesis._deal(f"window:{kind}", order) == "plain":
+                 else ("plain", "snapshot-transfer", "stale-snapshot"))
+        aim = self.nemesis._deal(f"window:{kind}", order)
+        if aim == "plain":
             return False
+        if aim == "stale-snapshot":
+            return self._stale_snapshot_strike()
         return self._snapshot_strike(kind)
 
     def rejoin(self, node: str) -> dict[str, Any]:
@@ -181,6 +188,88 @@ class Windows:
                   "index": send.index, "offset": send.offset, "size": send.size,
                   "seconds": round(send.seconds, 3), "lag_fault": lag.id}
         return self._strike(leader_now, window, lambda: self._snapshot_open(follower, send.index))
+
+    def _stale_snapshot_strike(self) -> ActiveFault | None:
+        """A snapshot sent to a follower whose log holds, at the snapshot's index, an entry
+        of another term (Raft §7: keep the log only if it holds the snapshot's last entry,
+        index AND term). Once every other node is a few entries short of its next
+        compaction, the leader and one follower are cut off together: the follower takes
+        the entries the leader still appends for its clients (never committed), while the
+        others elect a leader that commits its own entries at those indexes and compacts
+        past the first of them. Healed the moment that snapshot index falls inside the
+        follower's stale tail: the new leader can catch it up only with that snapshot."""
+        nemesis = self.nemesis
+        leader = self.platform.leader()
+        if leader is None:
+            return False  # type: ignore[return-value]  # as usual: no window to aim at
+        follower = nemesis.rng.choice(sorted(n for n in nemesis.nodes if n != leader))
+        rest = [n for n in nemesis.nodes if n not in (leader, follower)]
+        every = self._snapshot_entries()
+        near = self._wait(lambda: self._all_near_compaction(rest, every), OPEN_TIMEOUT_S)
+        if near is None:
+            self._skip("partition", "stale-snapshot", f"{' '.join(rest)} were not all within "
+                       f"{STALE_NEAR[0]}-{STALE_NEAR[1]} entries of a compaction within "
+                       f"{OPEN_TIMEOUT_S:g} s")
+            return None
+        first_stale = max(near) + 1  # the first index the others cannot have yet
+        graph = partitions.components([[leader, follower], rest])
+        links, heal_links = nemesis.cut(graph)
+        text = (f"stale-snapshot: {leader} and {follower} cut off together until a leader of "
+                f"{' '.join(rest)} compacts past index {first_stale}")
+        outcome: dict[str, Any] = {}  # what the heal record says: where the snapshot fell
+
+        def heal() -> dict[str, Any]:
+            return {**heal_links(), **outcome}
+
+        fault = nemesis._register("partition", [leader, follower], text, heal,
+                                  {"shape": "stale-snapshot", "leader": leader,
+                                   "graph": partitions.to_json(graph), "first_stale": first_stale,
+                                   "cut": [list(link) for link in links]}, "start-partition")
+        seen = self._wait(lambda: self._compacted_over(rest, first_stale), LAG_TIMEOUT_S)
+        tail = self.platform.status(follower, timeout_s=0.3)
+        if seen is None:
+            nemesis._end(fault)
+            self._skip("partition", "stale-snapshot", f"no leader of {' '.join(rest)} compacted "
+                       f"past {first_stale} within {LAG_TIMEOUT_S:g} s", counted=False)
+            return None
+        new_leader, index = seen
+        last = tail.last_index if tail is not None else 0
+        landed = first_stale <= index <= last
+        why = (f"{new_leader} compacted to {index}, {'inside' if landed else 'past'} "
+               f"{follower}'s stale entries {first_stale}..{last}, when the partition healed")
+        outcome.update(window={"kind": "stale-snapshot", "leader": new_leader,
+                               "follower": follower, "index": index,
+                               "first_stale": first_stale, "follower_last": last},
+                       landed=landed, landed_evidence=why, detail=why)
+        nemesis._end(fault)
+        self._tally("stale-snapshot", landed)
+        return None
+
+    def _snapshot_entries(self) -> int:
+        """The run's --snapshot-entries (node_args puts WINDOW_SNAPSHOT_ENTRIES unless given)."""
+        args = list(getattr(self.platform.config, "node_args", ()))
+        if "--snapshot-entries" in args[:-1]:
+            return int(args[args.index("--snapshot-entries") + 1])
+        return WINDOW_SNAPSHOT_ENTRIES
+
+    def _all_near_compaction(self, nodes: list[str], every: int) -> list[int] | None:
+        """Each node's last index when every one of `nodes` is STALE_NEAR entries short of
+        its next compaction; else None."""
+        lasts = []
+        for node in nodes:
+            st = self.platform.status(node, timeout_s=0.3)
+            if st is None or not STALE_NEAR[0] <= st.snapshot_index + every - st.applied_index \
+                    <= STALE_NEAR[1]:
+                return None
+            lasts.append(st.last_index)
+        return lasts
+
+    def _compacted_over(self, nodes: list[str], index: int) -> tuple[str, int] | None:
+        for node in nodes:
+            st = self.platform.status(node, timeout_s=0.3)
+            if st is not None and st.role == "leader" and st.snapshot_index >= index:
+                return node, st.snapshot_index
+        return None
 
     def _keep_away(self, kind: str, follower: str, last: int) -> ActiveFault:
         """Kill `follower` or cut it from every node: a fault the Nemesis records and heals."""

@@ -118,3 +118,70 @@ def test_all_cannot_be_combined_with_other_faults(capsys) -> None:
 
     assert main(["run", "--faults", "all,kill", "--platform", "sim", "--duration", "5"]) == 3
     assert "--faults all cannot be combined" in capsys.readouterr().err
+
+
+class StalePlatform(FakePlatform):
+    """n1 leads; every node is 10 entries short of its next compaction (every 500), last
+    index 990. Once n1 and its chosen follower are cut off, n3 leads the others and has
+    compacted to `compacts_to`; the follower's log reaches `tail` (the entries n1 still
+    appended for it)."""
+
+    def __init__(self, compacts_to: int, tail: int = 1040) -> None:
+        super().__init__(5)
+        self.compacts_to, self.tail = compacts_to, tail
+
+    def leader(self) -> str | None:
+        return "n1"
+
+    def status(self, node_id: str, timeout_s: float = 0.5):  # noqa: ANN201
+        from types import SimpleNamespace
+
+        st = SimpleNamespace(role="follower", term=1, leader_id="n1", snapshot_index=500,
+                             applied_index=990, last_index=990, commit_index=990)
+        if self.cut_set:
+            pair = {"n1"} | {n for n in self.node_ids if ("n1", n) not in self.cut_set}
+            successor = min(n for n in self.node_ids if n not in pair)
+            if node_id == successor:
+                st.role, st.term, st.snapshot_index = "leader", 2, self.compacts_to
+            elif node_id in pair and node_id != "n1":
+                st.last_index = self.tail
+        return st
+
+
+def _stale_strike(platform: StalePlatform) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    from nemesis import windows
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    nemesis = Nemesis(platform, ["partition"], seed=3, interval_s=0.01,
+                      record=lambda f, v: events.append((f, v)))
+    aimed = windows.Windows.attach(nemesis)
+    nemesis._decks["window:partition"] = ["stale-snapshot"]
+    assert aimed.begin("partition") is None  # struck and healed within the call
+    return aimed, events
+
+
+def test_stale_snapshot_heals_once_the_new_leaders_snapshot_falls_in_the_stale_tail() -> None:
+    platform = StalePlatform(compacts_to=1000)
+    aimed, events = _stale_strike(platform)
+    start = next(v for f, v in events if f == "start-partition")
+    assert start["shape"] == "stale-snapshot" and start["first_stale"] == 991
+    follower = next(n for n in start["nodes"] if n != "n1")
+    # The old leader and its follower on one side, the other three on the other.
+    rest = sorted(n for n in platform.node_ids if n not in ("n1", follower))
+    assert start["graph"]["n1"] == [follower]
+    assert all(start["graph"][n] == [m for m in rest if m != n] for n in rest)
+    healed = next(v for f, v in events if f == "heal-partition")
+    assert healed["id"] == start["id"] and healed["landed"] is True, healed
+    assert healed["window"] == {"kind": "stale-snapshot", "leader": rest[0], "follower": follower,
+                                "index": 1000, "first_stale": 991, "follower_last": 1040}
+    assert not platform.cut_set
+    assert aimed.counts == {"stale-snapshot": {"aimed": 1, "landed": 1, "not_seen": 0}}
+
+
+def test_stale_snapshot_past_the_stale_tail_is_a_miss() -> None:
+    platform = StalePlatform(compacts_to=1100)
+    aimed, events = _stale_strike(platform)
+    healed = next(v for f, v in events if f == "heal-partition")
+    assert healed["landed"] is False and "past" in healed["landed_evidence"]
+    assert not platform.cut_set
+    assert aimed.counts == {"stale-snapshot": {"aimed": 1, "landed": 0, "not_seen": 0}}
