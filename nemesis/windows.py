@@ -53,8 +53,9 @@ POLL_S = 0.01  # how often the leader's Status is read while a window is awaited
 LAG_POLL_S = 0.25  # how often the leader's snapshot index is read while a follower is away
 # stale-snapshot: the cut comes when every node of the majority side is this many entries
 # short of its next compaction: fewer than the old leader then appends for its clients
-# before it steps down (~60 at the default rate), so the next snapshot falls inside them.
-STALE_NEAR = (3, 30)
+# before it steps down (8-12 measured at the default rate: the clients of two nodes of
+# five for ~0.5 s), so the next snapshot falls inside them.
+STALE_NEAR = (2, 6)
 CONFIG_POLL_S = 0.003  # a CONFIG entry is pending for a round trip and an fsync or two
 PROMOTE_WAIT_S = 90.0  # a learner catches up from an empty disk (faults.PROMOTE_TIMEOUT_S)
 CAUGHT_UP_MARGIN = 100  # entries a learner may lag and still be promoted at once
