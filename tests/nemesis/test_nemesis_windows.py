@@ -121,8 +121,8 @@ def test_all_cannot_be_combined_with_other_faults(capsys) -> None:
 
 
 class StalePlatform(FakePlatform):
-    """n1 leads; every node is 10 entries short of its next compaction (every 500), last
-    index 990. Once n1 and its chosen follower are cut off, n3 leads the others and has
+    """n1 leads; every node is 5 entries short of its next compaction (every 500), last
+    index 995. Once n1 and its chosen follower are cut off, n3 leads the others and has
     compacted to `compacts_to`; the follower's log reaches `tail` (the entries n1 still
     appended for it)."""
 
@@ -137,7 +137,7 @@ class StalePlatform(FakePlatform):
         from types import SimpleNamespace
 
         st = SimpleNamespace(role="follower", term=1, leader_id="n1", snapshot_index=500,
-                             applied_index=990, last_index=990, commit_index=990)
+                             applied_index=995, last_index=995, commit_index=995)
         if self.cut_set:
             pair = {"n1"} | {n for n in self.node_ids if ("n1", n) not in self.cut_set}
             successor = min(n for n in self.node_ids if n not in pair)
@@ -164,7 +164,7 @@ def test_stale_snapshot_heals_once_the_new_leaders_snapshot_falls_in_the_stale_t
     platform = StalePlatform(compacts_to=1000)
     aimed, events = _stale_strike(platform)
     start = next(v for f, v in events if f == "start-partition")
-    assert start["shape"] == "stale-snapshot" and start["first_stale"] == 991
+    assert start["shape"] == "stale-snapshot" and start["first_stale"] == 996
     follower = next(n for n in start["nodes"] if n != "n1")
     # The old leader and its follower on one side, the other three on the other.
     rest = sorted(n for n in platform.node_ids if n not in ("n1", follower))
@@ -173,7 +173,7 @@ def test_stale_snapshot_heals_once_the_new_leaders_snapshot_falls_in_the_stale_t
     healed = next(v for f, v in events if f == "heal-partition")
     assert healed["id"] == start["id"] and healed["landed"] is True, healed
     assert healed["window"] == {"kind": "stale-snapshot", "leader": rest[0], "follower": follower,
-                                "index": 1000, "first_stale": 991, "follower_last": 1040}
+                                "index": 1000, "first_stale": 996, "follower_last": 1040}
     assert not platform.cut_set
     assert aimed.counts == {"stale-snapshot": {"aimed": 1, "landed": 1, "not_seen": 0}}
 
