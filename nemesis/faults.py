@@ -231,6 +231,7 @@ Step = Callable[[str, Callable[[], Any]], None]  # runs (and records) one step o
 PROCESS_PARTITION = "coordinator-from-store"
 WINDOW_KINDS = ("kill", "pause", "partition")  # the kinds a workload's window fault can be
 REPLY_LOST = "coordinator-reply-lost"
+STALE_SNAPSHOT = "stale-snapshot"  # the simulator's partition shape (windows.py on real nodes)
 HOLD_SHAPES = ("stale-leader", "overtaken")
 
 
@@ -267,6 +268,10 @@ class Nemesis:
         self.roles = roles
         if "coordinator" in roles:
             self.shapes = (*self.shapes, PROCESS_PARTITION, REPLY_LOST)
+        elif platform.name == "sim" and len(self.nodes) >= 5:
+            # Real nodes aim it by their Status (nemesis/windows.py); with fewer than 5 the
+            # old leader and its follower are no minority.
+            self.shapes = (*self.shapes, STALE_SNAPSHOT)
         windows = getattr(targets, "target_windows", None)
         self.process_windows: tuple[str, ...] = tuple(windows()) if windows is not None else ()
         self.windows_missing = list(self.process_windows)  # not yet hit, in the order to try them
@@ -505,6 +510,8 @@ class Nemesis:
         shape_name = self._deal("shape", self.shapes)
         if shape_name in (PROCESS_PARTITION, REPLY_LOST):
             return self._cut_process(shape_name)
+        if shape_name == STALE_SNAPSHOT:
+            return self._stale_snapshot()
         leader = self._leader() if shape_name == "isolate-leader" else None
         graph = partitions.shape(shape_name, self.nodes, self.rng, leader)
         links, heal = self.cut(graph)
@@ -514,6 +521,37 @@ class Nemesis:
                               {"shape": shape_name, "graph": partitions.to_json(graph),
                                "leader": leader, "cut": [list(link) for link in links]},
                               "start-partition")
+
+    def _stale_snapshot(self) -> ActiveFault | None:
+        """The simulator's stale-snapshot shape (SimPlatform.aim_stale_snapshot; on real
+        nodes nemesis/windows.py aims it by their Status): landed or not, the heal says."""
+        leader = self._leader()
+        if leader is None:
+            self.record("nemesis-skip", {"fault": "partition", "shape": STALE_SNAPSHOT,
+                                         "description": f"{STALE_SNAPSHOT}: no leader now"})
+            return None
+        follower = self.rng.choice(sorted(n for n in self.nodes if n != leader))
+        self.platform.aim_stale_snapshot(leader, follower)
+
+        def heal() -> dict[str, Any]:
+            aim = self.platform.end_stale_aim() or {}
+            if aim.get("phase") != "done":
+                why = f"no leader of the others applied past {aim.get('first_stale')}"
+                return {"landed": False, "landed_evidence": why, "detail": f"missed: {why}"}
+            landed = aim["first_stale"] <= aim["index"] <= aim["follower_last"]
+            why = (f"{aim['successor']} snapshot at {aim['index']}, "
+                   f"{'inside' if landed else 'past'} {follower}'s stale entries "
+                   f"{aim['first_stale']}..{aim['follower_last']}, when the partition healed")
+            return {"landed": landed, "landed_evidence": why, "detail": why,
+                    "window": {"kind": STALE_SNAPSHOT, "leader": aim["successor"],
+                               "follower": follower, "index": aim["index"],
+                               "first_stale": aim["first_stale"],
+                               "follower_last": aim["follower_last"]}}
+
+        return self._register("partition", [leader, follower],
+                              f"{STALE_SNAPSHOT}: {leader} and {follower} cut off together "
+                              f"until a leader of the others has a snapshot past them", heal,
+                              {"shape": STALE_SNAPSHOT, "leader": leader}, "start-partition")
 
     def _deal(self, deck: str, variants: tuple[str, ...]) -> str:
         """The next variant of a shuffled round in which each appears once, the first

@@ -123,6 +123,8 @@ class SimPlatform(Platform):
         # Its late-grant shape: the first candidate granted a vote after `trap_late_grant`,
         # the term, the grants kept, and whether they went out (it asked in a later term).
         self.grant_trap: dict[str, Any] | None = None
+        # The partition fault's stale-snapshot shape (`aim_stale_snapshot`).
+        self.stale_aim: dict[str, Any] | None = None
         self.ticks = 0  # simulated time, in ticks
         self._events_in_tick = 0  # orders records within one tick (1 ns apart)
 
@@ -141,6 +143,8 @@ class SimPlatform(Platform):
         """One tick of simulated time: deliver what is on the wire, then tick the nodes."""
         if self.deposing is not None:
             self._depose_step()
+        if self.stale_aim is not None and self.stale_aim["phase"] != "done":
+            self._stale_step()
         self.deliver_pending()
         if self.crash_after_release is not None:
             node, self.crash_after_release = self.crash_after_release, None
@@ -551,6 +555,58 @@ class SimPlatform(Platform):
         if trap is not None:
             self.held_flights.difference_update(trap["held"])
         return trap
+
+    # ----- the partition fault's stale-snapshot shape (nemesis/windows.py on real nodes) ---
+
+    def aim_stale_snapshot(self, leader: str, follower: str) -> None:
+        """Cut `leader` and `follower` off together: the follower takes what the leader
+        still appends, never committed. Once a leader of the others has applied past the
+        first of those indexes, and not past the follower's last, it snapshots there (as
+        the store's byte threshold may, at any index) and the cut heals: it can repair the
+        follower only with that snapshot, over an entry of another term (Raft §7)."""
+        rest = [n for n in self.node_ids if n not in (leader, follower)]
+        self.stale_aim = {"leader": leader, "follower": follower, "rest": rest,
+                          "phase": "cut", "index": None, "follower_last": None,
+                          "successor": None,
+                          "first_stale": max(self.sim.core(n).log.last_index()
+                                             for n in rest if self.sim.nodes[n].alive) + 1}
+        for src, dst in self._stale_links():
+            self.cut(src, dst)
+
+    def _stale_links(self) -> list[tuple[str, str]]:
+        aim = self.stale_aim
+        assert aim is not None
+        pair = (aim["leader"], aim["follower"])
+        return [link for a in pair for b in aim["rest"] for link in ((a, b), (b, a))]
+
+    def _stale_step(self) -> None:
+        aim, sim = self.stale_aim, self.sim
+        assert aim is not None
+        for node in aim["rest"]:
+            shell = sim.nodes[node]
+            if not (shell.alive and shell.core is not None and shell.core.role is Role.LEADER
+                    and shell.applied_index >= aim["first_stale"]):
+                continue
+            follower = sim.nodes[aim["follower"]]
+            last = follower.core.log.last_index() if follower.core is not None else 0
+            if node not in self.paused and shell.applied_index <= last:
+                shell.maybe_compact(now=True)
+            aim.update(follower_last=last, index=shell.snapshot_index, successor=node,
+                       phase="done")
+            for src, dst in self._stale_links():
+                self.heal_link(src, dst)
+            sim.record(f"stale-snapshot: {node} snapshot at {shell.snapshot_index}, "
+                       f"{aim['follower']}'s log ends at {last}; healed")
+            return
+
+    def end_stale_aim(self) -> dict[str, Any] | None:
+        """Stop aiming (the fault's heal); the links it cut are healed. Returns the aim."""
+        aim = self.stale_aim
+        if aim is not None and aim["phase"] == "cut":
+            for src, dst in self._stale_links():
+                self.heal_link(src, dst)
+        self.stale_aim = None
+        return aim
 
     def set_loss(self, src: str, dst: str, probability: float) -> None:
         if not 0 < probability < 1:

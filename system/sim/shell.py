@@ -305,11 +305,15 @@ class NodeShell:
             self.sim.attempt_answered(op, attempt, self.node_id, True, read.value, read.version,
                                      applied_index=self.applied_index)
 
-    def maybe_compact(self) -> None:
+    def maybe_compact(self, now: bool = False) -> None:
+        """Snapshot and compact once `compact_every_entries` were applied since the last
+        snapshot, or (`now`) at once, at whatever index is applied — as the store's byte
+        threshold can (the harness aims a snapshot at a follower's stale tail with it)."""
         threshold = self.sim.compact_every_entries
         core = self.core
         assert core is not None
         due = threshold > 0 and self.applied_index - self.snapshot_index >= threshold
+        due = due or (now and self.applied_index > self.snapshot_index)
         # A leader repairing a follower whose committed log diverged needs a snapshot
         # beyond that follower's commit index (RaftCore.repair_snapshot_wanted).
         wanted = core.repair_snapshot_wanted()

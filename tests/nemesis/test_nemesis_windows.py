@@ -27,7 +27,7 @@ def test_all_on_sim_leaves_out_what_the_simulator_cannot_run_and_says_why() -> N
     kinds, note = expand_all("sim")
     # member runs there in its two-in-flight shape only (nemesis/member_shapes.py)
     assert kinds == ["partition", "kill", "pause", "packet", "reorder", "member", "lose-unsynced",
-                     "kill-all", "hold"]
+                     "kill-all", "election", "hold"]
     for left in ("truncate", "bitflip", "wipe-wal"):
         assert left in note
     assert "member" not in note and "records, not bytes" in note
