@@ -24,7 +24,10 @@ after — and compares it with what Figure 2 of the Raft paper allows:
 - a leader moves its commit index only to an entry of its own term (Figure 8), held by a
   majority, counting its own copy only up to what its disk has made durable (§10.2.1);
 - a leader changes membership one server at a time, with the previous change committed
-  and an entry of its own term committed first (thesis §4.1).
+  and an entry of its own term committed first (thesis §4.1);
+- a leader whose follower keeps rejecting APPENDs at or after the index it acknowledged
+  finds out why (Figure 2: "decrement nextIndex and retry"; docs/raft.md, a follower
+  whose log went backwards) rather than probing the same index forever.
 
 The node shells (system/kv/node.py, system/sim/shell.py) call the core through it and log
 each finding with a `safety` field; the harness gathers them into the history and a run
@@ -43,6 +46,12 @@ from system.raft.core import RaftCore, Ready, Role
 from system.raft.messages import Message, MessageType
 
 MAX_REPORTS = 100  # per node: the first ones say what broke; the rest would repeat it
+# A follower rejecting, this many times in a row, APPENDs at or after the index it had
+# acknowledged, its leader's record of it unchanged: the leader probes it forever. The safe
+# core settles it in one verify round (a stale duplicate rejection, or a log that went
+# backwards: docs/raft.md); the real node re-probes with every heartbeat answer, so this is
+# a few seconds of probing one index.
+REJECTED_AT_MATCH_LIMIT = 200
 
 # Messages whose higher term need not move the node (see the module docstring).
 _TERM_EXEMPT = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
@@ -65,6 +74,8 @@ class RuleWatch:
         self._grant_term = 0
         self._pre_grants: set[str] = set()  # granted PRE_VOTE answers for `_pre_grant_term`
         self._pre_grant_term = 0
+        # follower -> ((term, its match), rejections at or after it in a row)
+        self._rejected_at_match: dict[str, tuple[tuple[int, int], int]] = {}
 
     # -- the calls a shell makes instead of the core's ----------------------------------
 
@@ -85,9 +96,15 @@ class RuleWatch:
             # goes on; the watch has nothing to compare and must not stop it either.
             core.step(m)
             return
+        match = None
+        if m.type is MessageType.APPEND_RESPONSE and before.role is Role.LEADER \
+                and m.term == before.term and (progress := core.progress.get(m.src)) is not None:
+            match = progress.match
         core.step(m)
         if core.ignored_message_count == ignored:  # malformed input is the core's to refuse
             self._after_step(core, m, before)
+            if match is not None:
+                self._check_rejections(core, m, match)
         self._after_input(core, before, told_to_campaign=m.type is MessageType.TIMEOUT_NOW)
 
     def tick(self, core: RaftCore) -> None:
@@ -182,6 +199,25 @@ class RuleWatch:
                          f"on an APPEND from {m.src} that verified entries only up to "
                          f"{verified}: commit = min(leaderCommit, index of last new entry) "
                          f"(Raft Figure 2)")
+
+    def _check_rejections(self, core: RaftCore, m: Message, match: int) -> None:
+        progress = core.progress.get(m.src)
+        if not m.reject or progress is None or progress.match != match or match == 0 \
+                or m.index < match or progress.diverged:
+            self._rejected_at_match.pop(m.src, None)
+            return
+        key = (core.term, match)
+        seen, count = self._rejected_at_match.get(m.src, (key, 0))
+        count = count + 1 if seen == key else 1
+        self._rejected_at_match[m.src] = (key, count)
+        if count == REJECTED_AT_MATCH_LIMIT:
+            self._report("rejections-at-match-ignored",
+                         f"{core.id}, leader of term {core.term}, took {count} rejections in a "
+                         f"row from {m.src} of APPENDs at or after index {match}, which "
+                         f"{m.src} had acknowledged, and still records it as matching there: "
+                         f"its log went backwards (or the rejections are stale) and the "
+                         f"leader must find out which, not probe the same index forever "
+                         f"(Figure 2: decrement nextIndex and retry; docs/raft.md)")
 
     def _check_snapshot(self, core: RaftCore, m: Message, b: _Before) -> None:
         meta, log = m.snapshot, core.log
