@@ -100,3 +100,17 @@ def test_garbage_passes_the_watch_to_the_core_which_refuses_it() -> None:
         watch.step(core, bad)  # type: ignore[arg-type]
         assert core.ignored_message_count == before + 1, bad
     assert watch.take() == []
+
+
+@pytest.mark.parametrize("keep_through", [0, 3])
+def test_a_leader_probing_a_follower_whose_log_went_backwards_forever_is_named(
+        keep_through: int) -> None:
+    from tests.raft import broken
+    from tests.raft.test_interleavings import follower_log_went_backwards
+
+    sim, *_ = follower_log_went_backwards(keep_through=keep_through)
+    assert not sim.safety_reports  # the safe leader finds out in one verify round
+    sim, *_ = follower_log_went_backwards(broken.IGNORES_FOLLOWER_LOG_WENT_BACKWARDS,
+                                          keep_through=keep_through)
+    rules = [(node, rule) for node, rule, _ in sim.safety_reports]
+    assert ("n1", "rejections-at-match-ignored") in rules, sim.safety_reports
