@@ -302,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, argv: list[str]) -> int:
     from nemesis.fault_mix import ALL, expand_all
-    from nemesis.faults import MIN_NODES, parse_faults, unsupported
+    from nemesis.faults import min_nodes, parse_faults, unsupported
     from nemesis.platforms import choose
     from nemesis.platforms.base import PlatformUnavailable
     from nemesis.runner import RunConfig, run
@@ -320,10 +320,10 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     except ValueError as exc:
         return _refuse(str(exc))
     if faults_all:
-        faults, note = _fit_all(faults, note, args.nodes)
+        faults, note = _fit_all(faults, note, args.nodes, args.platform)
     for fault in faults:
-        if args.nodes < MIN_NODES[fault]:
-            return _refuse(f"--faults {fault} needs at least {MIN_NODES[fault]} nodes "
+        if args.nodes < (least := min_nodes(fault, args.platform)):
+            return _refuse(f"--faults {fault} needs at least {least} nodes "
                            f"(a majority must be able to survive it); --nodes is {args.nodes}")
     from nemesis.systems import UnknownSystem, get_system
     from system.raft.unsafe import VARIANTS as CORE_VARIANTS
@@ -417,7 +417,7 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
     # The first line says where the nodes run and why.
     print(f"platform: {platform} ({reason})", flush=True)
     if faults_all:
-        faults, note = _fit_all(*expand_all(platform), args.nodes)
+        faults, note = _fit_all(*expand_all(platform), args.nodes, platform)
         if not system.status_windows:
             left = [f for f in faults if f in RAFT_STATUS_FAULTS]
             faults = [f for f in faults if f not in RAFT_STATUS_FAULTS]
@@ -506,15 +506,16 @@ def _clean(args: argparse.Namespace) -> int:
 RAFT_STATUS_FAULTS = ("election", "rollback")  # need System.status_windows
 
 
-def _fit_all(faults: list[str], note: str, nodes: int) -> tuple[list[str], str]:
+def _fit_all(faults: list[str], note: str, nodes: int,
+             platform: str | None = None) -> tuple[list[str], str]:
     """`--faults all` means every kind this cluster size can run too; the note names the
     kinds left out for it."""
-    from nemesis.faults import MIN_NODES
+    from nemesis.faults import min_nodes
 
-    small = [f for f in faults if nodes < MIN_NODES[f]]
+    small = [f for f in faults if nodes < min_nodes(f, platform)]
     if not small:
         return faults, note
-    left = "; ".join(f"{f} (needs {MIN_NODES[f]} nodes)" for f in small)
+    left = "; ".join(f"{f} (needs {min_nodes(f, platform)} nodes)" for f in small)
     note = f"{note}; {left}" if note else f"note: --faults all with --nodes {nodes} leaves out {left}"
     return [f for f in faults if f not in small], note
 

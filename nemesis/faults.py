@@ -169,6 +169,18 @@ MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "reorder": 2, "
              "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1,
              # a split election needs two candidates one voter short of a majority each
              "election": 5, "rollback": 3, "hold": 3}
+# On the simulator the election fault runs its deposed-leader and late-grant shapes only,
+# which need no split of the followers into voters and candidates.
+SIM_MIN_NODES = {"election": 3}
+
+
+def min_nodes(fault: str, platform: str | None) -> int:
+    """The least --nodes `fault` runs with on `platform` (None: not chosen yet)."""
+    if platform == "sim" and fault in SIM_MIN_NODES:
+        return SIM_MIN_NODES[fault]
+    return MIN_NODES[fault]
+
+
 REFUSED_EXIT = 3  # a node that refuses its data (docs/kv.md, "Recovery")
 START_TIMEOUT_S = 60.0  # a restarted node answers or exits within this (a loaded machine)
 # With file faults the nodes snapshot every this many entries (their default, 10,000, takes
