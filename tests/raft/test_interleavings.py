@@ -742,14 +742,16 @@ def test_old_leader_whose_committed_log_diverged_is_reported_never_votes_and_is_
 def test_old_leader_whose_committed_log_diverged_goes_unnoticed_and_votes_when_it_answers_as_a_match() -> None:
     """The same run with the shortcut taken on trust: the core reports nothing, n1 gives
     n3 the vote it needs, and n3 then probes n1 without end (the issue's symptom). Only
-    n1's shell watch (system/raft/watch.py) says that a committed conflict went unnoticed."""
+    the shells' rule watch (system/raft/watch.py) says so: n1's, that a committed conflict
+    went unnoticed; n3's, that it keeps probing n1 at an index n1 had acknowledged."""
     sim, reported, seen, probing_forever, repaired = old_leader_with_diverged_commit(
         broken.ANSWERS_BELOW_COMMIT_AS_MATCH)
     assert reported < 0
     assert not any("this node's committed log diverged" in line or "follower n1's committed"
                    in line for line in sim.trace)
     assert {(node, rule) for node, rule, _ in sim.safety_reports} == {
-        ("n1", "committed-conflict-unnoticed")}, sim.safety_reports
+        ("n1", "committed-conflict-unnoticed"), ("n3", "rejections-at-match-ignored")}, \
+        sim.safety_reports
     heal_term = sim.core("n2").term
     voted = [vote for _, term, vote in seen if term > heal_term and vote is not None]
     assert voted == ["n3"] * len(voted) and voted, seen[-3:]
