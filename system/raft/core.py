@@ -1575,8 +1575,14 @@ class RaftCore:
             progress.inflight.clear()
             self.maybe_send_append(peer, send_if_empty=True)
             return
-        self._verify_counter += 1
-        progress.verify_nonce = self._verify_counter
+        if not progress.verify_nonce:
+            self._verify_counter += 1
+            progress.verify_nonce = self._verify_counter
+        # else: a round is out; ask again under its nonce, so that the answer to any of its
+        # probes settles it. A fresh nonce per rejection never settled while the follower's
+        # answers took longer than a heartbeat (every heartbeat answer re-opens a probe,
+        # whose rejection superseded the round before its answer came: 200 rejections and
+        # 6 s under the rollback fault's slowed link, found by the rule watch).
         self._send(
             Message(
                 _MT.APPEND,
