@@ -107,22 +107,31 @@ class Election:
         voters, candidates = split(nemesis.nodes, leader, nemesis.rng)
         window: dict[str, Any] = {"kind": shape, "old_leader": leader, "old_term": term,
                                   "voters": voters, "candidates": candidates}
-        try:
+
+        def strike() -> tuple[bool, str]:
             term_now = self._prelude(leader, voters, candidates)
             if term_now is None:
-                landed, why = False, (f"{' '.join(voters + candidates)} were not all "
-                                      f"pre-candidates of one term within "
-                                      f"{OPEN_TIMEOUT_S:g} s of the leader's kill")
                 self._thaw(voters)
-            elif shape == "late-grant":
-                window["term"] = term_now + 1
-                landed, why = self._late_grant(voters, candidates, term_now, window)
-            elif shape == "split-vote":
-                window["term"] = term_now + 1
-                landed, why = self._split_vote(voters, candidates, term_now)
-            else:
-                window["term"] = term_now + 1
-                landed, why = self._vote_then_restart(voters, candidates, term_now, window)
+                return False, (f"{' '.join(voters + candidates)} were not all pre-candidates "
+                               f"of one term within {OPEN_TIMEOUT_S:g} s of the leader's kill")
+            window["term"] = term_now + 1
+            if shape == "late-grant":
+                return self._late_grant(voters, candidates, term_now, window)
+            if shape == "split-vote":
+                return self._split_vote(voters, candidates, term_now)
+            return self._vote_then_restart(voters, candidates, term_now, window)
+
+        landed, why = self._struck(strike, window)
+        text = (f"{shape}: leader {leader} killed, voters {' '.join(voters)} frozen, "
+                f"candidates {' '.join(candidates)} ({'landed' if landed else 'missed'}: "
+                f"{why})")
+        return self._record(shape, sorted(self.killed), text, window, landed, why)
+
+    def _struck(self, strike, window: dict[str, Any]) -> tuple[bool, str]:  # noqa: ANN001
+        """Run `strike` (-> landed, why) and watch who leads after it; then thaw what it
+        froze. A step that fails undoes everything the fault did before the error goes on."""
+        try:
+            landed, why = strike()
             window["leaders"] = self._watch_leaders()
         except Exception:
             self._undo()
@@ -131,10 +140,7 @@ class Election:
         window["cut_until_heal"] = [list(link) for link in self.cut]
         # The record is written once the strike is made; its first step was this long before.
         window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
-        text = (f"{shape}: leader {leader} killed, voters {' '.join(voters)} frozen, "
-                f"candidates {' '.join(candidates)} ({'landed' if landed else 'missed'}: "
-                f"{why})")
-        return self._record(shape, sorted(self.killed), text, window, landed, why)
+        return landed, why
 
     def _deposed_leader(self, leader: str, term: int) -> ActiveFault:
         """Cut the leader from every peer and freeze it; once the others elect a successor
@@ -149,7 +155,8 @@ class Election:
         others = [n for n in nemesis.nodes if n != leader]
         window: dict[str, Any] = {"kind": "deposed-leader", "old_leader": leader,
                                   "old_term": term}
-        try:
+
+        def strike() -> tuple[bool, str]:
             cut = [(a, b) for o in others for a, b in ((o, leader), (leader, o))]
             self.platform.cut_links(cut)
             self.cut = cut
@@ -157,17 +164,11 @@ class Election:
             self._step(f"leader {leader} of term {term} cut from its peers and frozen")
             successor = self._wait(lambda: self._leader_among(others, term), OPEN_TIMEOUT_S)
             if successor is None:
-                landed, why = False, (f"no node of {' '.join(others)} led a term after "
-                                      f"{term} within {OPEN_TIMEOUT_S:g} s")
-            else:
-                landed, why = self._thaw_deposed(leader, term, successor, window)
-            window["leaders"] = self._watch_leaders()
-        except Exception:
-            self._undo()
-            raise
-        self._undo_pauses()
-        window["cut_until_heal"] = [list(link) for link in self.cut]
-        window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
+                return False, (f"no node of {' '.join(others)} led a term after {term} "
+                               f"within {OPEN_TIMEOUT_S:g} s")
+            return self._thaw_deposed(leader, term, successor, window)
+
+        landed, why = self._struck(strike, window)
         text = (f"deposed-leader: leader {leader} of term {term} cut off and frozen, then "
                 f"thawed among its successor's followers ({'landed' if landed else 'missed'}"
                 f": {why})")
