@@ -354,11 +354,13 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
 
     # hold keeps a node's bytes in the proxy of each link it sends on; a system whose
     # members all dial one peer address per destination (etcd) has no such proxy.
-    if "hold" in faults and system.one_peer_address and args.platform == "local" \
-            and not faults_all:
-        return _refuse(f"--faults hold on --platform local holds a node's bytes in its own "
-                       f"proxy per link, which the {system.name} system's single peer "
-                       f"address per member does not allow; it runs on --system store")
+    # reorder reads the store's own peer-lane frames in those proxies.
+    for lane_fault in LANE_FAULTS:
+        if lane_fault in faults and system.one_peer_address and args.platform == "local" \
+                and not faults_all:
+            return _refuse(f"--faults {lane_fault} on --platform local works in a proxy per "
+                           f"link, which the {system.name} system's single peer address per "
+                           f"member does not allow; it runs on --system store")
 
     # A broken Raft core (system/raft/unsafe.py) runs only when the person asks twice: by
     # name and in the environment, as `serve --unsafe` demands of a node.
@@ -426,9 +428,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"status only our store reports)")
                 note = (f"{note}; {why}" if note else
                         f"note: --faults all with --system {system.name} leaves out {why}")
-        if system.one_peer_address and "hold" in faults:
-            faults = [f for f in faults if f != "hold"]
-            why = "hold (its members share one peer address per destination, no link proxy)"
+        left = [f for f in faults if f in LANE_FAULTS] if system.one_peer_address else []
+        if left:
+            faults = [f for f in faults if f not in left]
+            why = (f"{', '.join(left)} (its members share one peer address per destination, "
+                   f"no link proxy)")
             note = (f"{note}; {why}" if note else
                     f"note: --faults all with --system {system.name} leaves out {why}")
     if note:
@@ -504,6 +508,7 @@ def _clean(args: argparse.Namespace) -> int:
 
 
 RAFT_STATUS_FAULTS = ("election", "rollback")  # need System.status_windows
+LANE_FAULTS = ("hold", "reorder")  # on local: a proxy per link (and for reorder, our frames)
 
 
 def _fit_all(faults: list[str], note: str, nodes: int,

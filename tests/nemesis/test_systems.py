@@ -431,7 +431,7 @@ def test_a_system_without_membership_makes_the_platform_say_so(tmp_path: Path) -
 # ----- faults that need our store's Raft status ----------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["election", "rollback", "hold"])
+@pytest.mark.parametrize("fault", ["election", "rollback", "hold", "reorder"])
 def test_etcd_refuses_the_faults_it_cannot_take_in_one_line(
         fault: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--platform", "local", "--system", "etcd", "--faults", fault,
@@ -451,11 +451,11 @@ def test_faults_all_on_etcd_leaves_them_out_and_says_so(
     assert main(["run", "--platform", "local", "--system", "etcd", "--faults", "all",
                  "--store", str(tmp_path / "store")]) == 0
     [config] = configs
-    assert not {"election", "rollback", "hold"} & set(config.faults)
+    assert not {"election", "rollback", "hold", "reorder"} & set(config.faults)
     assert "partition" in config.faults and "member" in config.faults
     out = capsys.readouterr().out
-    assert "leaves out" in out and "election, rollback" in out and "hold (" in out, out
+    assert "leaves out" in out and "election, rollback" in out and "reorder, hold (" in out, out
     configs.clear()
     assert main(["run", "--platform", "local", "--faults", "all",
                  "--store", str(tmp_path / "store")]) == 0
-    assert {"election", "rollback", "hold"} <= set(configs[0].faults)  # the store runs them
+    assert {"election", "rollback", "hold", "reorder"} <= set(configs[0].faults)  # the store runs them
