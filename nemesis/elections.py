@@ -585,10 +585,8 @@ def sim_election(nemesis: Nemesis) -> ActiveFault | None:
     there."""
     platform = nemesis.platform
     shape = nemesis._deal("election-shape", SIM_SHAPES)
-    leader = platform.leader()
+    leader = nemesis._leader_or_skip("election", shape)
     if leader is None:
-        nemesis.record("nemesis-skip", {"fault": "election", "shape": shape,
-                                        "description": f"{shape}: no leader now"})
         return None
     counts = nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
 

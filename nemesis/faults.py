@@ -489,6 +489,14 @@ class Nemesis:
     def _leader(self) -> str | None:
         return self.platform.leader()
 
+    def _leader_or_skip(self, fault: str, shape: str) -> str | None:
+        """The leader, or None after a `nemesis-skip` record saying there was none."""
+        leader = self._leader()
+        if leader is None:
+            self.record("nemesis-skip", {"fault": fault, "shape": shape,
+                                         "description": f"{shape}: no leader now"})
+        return leader
+
     def _random_links(self) -> list[tuple[str, str]]:
         """About half of the directed links, at least one (packet, reorder)."""
         all_links = [(a, b) for a in self.nodes for b in self.nodes if a != b]
@@ -537,10 +545,8 @@ class Nemesis:
     def _stale_snapshot(self) -> ActiveFault | None:
         """The simulator's stale-snapshot shape (SimPlatform.aim_stale_snapshot; on real
         nodes nemesis/windows.py aims it by their Status): landed or not, the heal says."""
-        leader = self._leader()
+        leader = self._leader_or_skip("partition", STALE_SNAPSHOT)
         if leader is None:
-            self.record("nemesis-skip", {"fault": "partition", "shape": STALE_SNAPSHOT,
-                                         "description": f"{STALE_SNAPSHOT}: no leader now"})
             return None
         follower = self.rng.choice(sorted(n for n in self.nodes if n != leader))
         self.platform.aim_stale_snapshot(leader, follower)
@@ -680,10 +686,8 @@ class Nemesis:
         """The leader's messages kept on the wire (sim only, see the module doc): all it
         sends (stale-leader) or those in flight now (overtaken); released at the heal."""
         shape = self._deal("hold-shape", HOLD_SHAPES)
-        leader = self._leader()
+        leader = self._leader_or_skip("hold", shape)
         if leader is None:
-            self.record("nemesis-skip", {"fault": "hold", "shape": shape,
-                                         "description": f"{shape}: no leader now"})
             return None
         if shape == "stale-leader":
             self.platform.hold_from(leader)
