@@ -14,8 +14,9 @@ storage: with every acknowledged entry kept, committed logs never diverge, so a 
 a broken rule in some node (a leader that overwrote a committed entry, a follower that took
 entries from a deposed leader) — and once repaired, no read or write in the history shows
 it. When a fault destroyed durable state (a file truncated, bit-flipped or its WAL wiped,
-unsynced writes lost in a power cut, a data directory rolled back) a divergence is the
-expected outcome the defence exists for: the reports are then counted, not a violation.
+unsynced writes lost in a power cut, a data directory rolled back, a majority restored
+from backups) a divergence is the expected outcome the defence exists for: the reports
+are then counted, not a violation.
 
 From the history alone: `safety-report` records (nemesis/safety_reports.py: `node`,
 `rule`, `text`), and the fault records that say whether durable state was lost.
@@ -32,8 +33,10 @@ from histories.read import thaw_object
 
 REPORT = "safety-report"
 # Faults that take durable state away from a node (nemesis/faults.py FILE_FAULTS, the power
-# cut that loses unsynced writes, the restart on an older copy of the data directory).
-LOSES_DURABLE_STATE = ("truncate", "bitflip", "wipe-wal", "lose-unsynced", "rollback")
+# cut that loses unsynced writes, the restart on an older copy of the data directory, a
+# majority's restart on backups: nemesis/restore_majority.py).
+LOSES_DURABLE_STATE = ("truncate", "bitflip", "wipe-wal", "lose-unsynced", "rollback",
+                       "restore-majority")
 # Reports such a fault excuses: a diverged committed log. The rules the node shell's
 # RuleWatch checks (system/raft/watch.py) hold for one node's transitions whatever any disk
 # lost, so a report of one of them is never excused.

@@ -370,6 +370,11 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"what you want")
     if args.unsafe in TRAINER_CANARIES and args.workload != "trainer":
         return _refuse(f"--unsafe {args.unsafe} is a trainer canary; it needs --workload trainer")
+    gate_faults = [f for f in faults if f in GATE_FAULTS]
+    if gate_faults and args.workload != "kv" and not faults_all:
+        return _refuse(f"--faults {gate_faults[0]} holds the workload's clients for a quiet "
+                       f"window, which only the kv workload can do; got --workload "
+                       f"{args.workload}")
     if args.workload != "kv" and (args.mix is not None or args.unsafe in CLIENT_CANARIES):
         what = "--mix" if args.mix is not None else f"--unsafe {args.unsafe}"
         return _refuse(f"{what} is for the kv workload; got --workload {args.workload}")
@@ -428,6 +433,12 @@ def _run(args: argparse.Namespace, argv: list[str]) -> int:
                        f"status only our store reports)")
                 note = (f"{note}; {why}" if note else
                         f"note: --faults all with --system {system.name} leaves out {why}")
+        left = [f for f in faults if f in GATE_FAULTS] if args.workload != "kv" else []
+        if left:
+            faults = [f for f in faults if f not in left]
+            why = f"{', '.join(left)} (it holds the clients, which only the kv workload can)"
+            note = (f"{note}; {why}" if note else
+                    f"note: --faults all with --workload {args.workload} leaves out {why}")
         left = [f for f in faults if f in LANE_FAULTS] if system.one_peer_address else []
         if left:
             faults = [f for f in faults if f not in left]
@@ -507,7 +518,8 @@ def _clean(args: argparse.Namespace) -> int:
     return 0
 
 
-RAFT_STATUS_FAULTS = ("election", "rollback")  # need System.status_windows
+RAFT_STATUS_FAULTS = ("election", "rollback", "restore-majority")  # need System.status_windows
+GATE_FAULTS = ("restore-majority",)  # hold the workload's clients (workloads.base.ClientGate)
 LANE_FAULTS = ("hold", "reorder")  # on local: a proxy per link (and for reorder, our frames)
 
 

@@ -50,6 +50,13 @@ Faults (`--faults`, a comma list):
   follower knows it lost acknowledged entries and before it caught up, with the nodes
   that lack those entries let back in (nemesis/rollback.py); healed by restarting the
   leader;
+- restore-majority (local; 3 nodes or more; a workload that can hold its clients, the kv
+  workload): the clients held, a majority of followers backed up one at a time, a few
+  writes of the nemesis's own committed, then that majority restarted on the backups
+  with the others cut off, so that it elects a leader without those entries while the
+  others hold them committed (nemesis/restore_majority.py); the clients are let go once
+  it leads; healed by healing the others' links, where the store must notice the
+  diverged committed logs;
 - hold (sim and local; 3 nodes or more): messages delivered late rather than lost, aimed
   at Figure 2's receiver rules about messages of older terms (iptables cannot delay; the
   local platform's link proxies keep a node's bytes and write them late, in order, and
@@ -115,18 +122,20 @@ from nemesis.platforms.base import Platform, PlatformError
 log = logging.getLogger("nemesis")
 
 FAULTS = ("partition", "kill", "pause", "packet", "reorder", "member", "truncate", "bitflip", "wipe-wal",
-          "lose-unsynced", "slow-disk", "kill-all", "election", "rollback", "hold", "none")
+          "lose-unsynced", "slow-disk", "kill-all", "election", "rollback", "restore-majority",
+          "hold", "none")
 # Faults that damage a stopped node's files (the platform's `damage_files`).
 FILE_FAULTS = ("truncate", "bitflip", "wipe-wal")
 # Faults after which a node may refuse its data at the restart (exit 3): the heal waits for
 # each restarted node and, on a refusal, rejoins it as a new member.
-DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all", "rollback")
+DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all", "rollback", "restore-majority")
 # Where each fault runs when not everywhere (the simulator's disk holds records, not bytes;
 # its nodes have no identity to re-admit, so it deals only the member fault's two-in-flight).
 FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
                    "election": ("local", "docker", "sim"), "rollback": ("local",),
+                   "restore-majority": ("local",),
                    "hold": ("sim", "local"), "reorder": ("sim", "local"), "slow-disk": ("local",)}
 # Faults whose run puts every node's data on the lazy disk (nemesis/lazyfs.py).
 LAZY_DISK_FAULTS = frozenset({"lose-unsynced", "slow-disk"})
@@ -168,7 +177,7 @@ REORDER_APPEND_ENTRIES = 2
 MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "reorder": 2, "slow-disk": 3, "member": 3, "truncate": 3,
              "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1,
              # a split election needs two candidates one voter short of a majority each
-             "election": 5, "rollback": 3, "hold": 3}
+             "election": 5, "rollback": 3, "restore-majority": 3, "hold": 3}
 # On the simulator the election fault runs its deposed-leader and late-grant shapes only,
 # which need no split of the followers into voters and candidates.
 SIM_MIN_NODES = {"election": 3}
@@ -214,6 +223,9 @@ def unsupported(faults: list[str], platform: str) -> str | None:
                    "rollback": "it copies a node's data directory, which only the local "
                                "platform does yet" if platform != "sim" else
                                "the simulator's disk holds records, not bytes",
+                   "restore-majority": "it copies the nodes' data directories, which only "
+                                       "the local platform does yet" if platform != "sim" else
+                                       "the simulator's disk holds records, not bytes",
                    "hold": "it delays messages, which iptables cannot: it drops them; "
                            "the local platform's proxies keep and deliver them late",
                    "reorder": "iptables drops packets, it cannot reorder them, and tc netem "
@@ -256,7 +268,7 @@ class Nemesis:
 
     def __init__(self, platform: Platform, faults: list[str], *, seed: int, interval_s: float,
                  record: EventSink, shapes: tuple[str, ...] = partitions.SHAPES,
-                 targets: Any = None) -> None:
+                 targets: Any = None, clients: Any = None) -> None:
         self.platform = platform
         self.faults = [f for f in faults if f != "none"]
         self.rng = random.Random(f"nemesis:{seed}")
@@ -269,6 +281,9 @@ class Nemesis:
         self.shapes = tuple(s for s in shapes if len(self.nodes) >= partitions.MIN_NODES[s])
         # A workload's own processes (ProcessTargets) the nemesis may hurt, or None.
         self.targets = targets
+        # The workload's clients, when it can hold them between operations (ClientGate:
+        # restore-majority's quiet window), or None.
+        self.clients = clients
         roles: tuple[str, ...] = tuple(targets.target_roles()) if targets is not None else ()
         self.kill_targets = (*roles, *KILL_TARGETS) if roles else KILL_TARGETS
         pause_targets = PAUSE_TARGETS
@@ -415,6 +430,10 @@ class Nemesis:
             from nemesis.rollback import rollback
 
             return rollback(self)
+        if kind == "restore-majority":
+            from nemesis.restore_majority import restore_majority
+
+            return restore_majority(self)
         if kind == "hold":
             return self._hold()
         raise ValueError(f"unknown fault {kind!r}")
@@ -445,7 +464,7 @@ class Nemesis:
                 value = {"error": str(exc)}
             f = {"partition": "heal-partition", "kill": "restart", "pause": "resume",
                  "packet": "stop-packet", "reorder": "stop-reorder", "slow-disk": "restore-disk",
-                 "member": "rejoin-member",
+                 "member": "rejoin-member", "restore-majority": "heal-partition",
                  "hold": "release"}.get(fault.kind, "restart")
             self.record(f, {"fault": fault.kind, "id": fault.id, "phase": "end",
                             "nodes": fault.nodes, "description": fault.description, **value})

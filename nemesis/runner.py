@@ -39,7 +39,7 @@ from nemesis.systems import get_system
 from nemesis.systems.base import System
 from nemesis.tls_run import RunTls
 from system.raft.unsafe import VARIANTS as CORE_VARIANTS
-from workloads.base import ProcessTargets, RunContext, Workload, WorkloadError
+from workloads.base import ClientGate, ProcessTargets, RunContext, Workload, WorkloadError
 from workloads.kv import DEFAULT_MIX, KVWorkload, format_mix
 
 log = logging.getLogger("nemesis")
@@ -507,10 +507,11 @@ def _run(config: RunConfig, run_dir: Path, run_id: str, out,  # noqa: ANN001, C9
                          system=system)
         nemesis = Nemesis(platform, config.faults, seed=config.seed,
                           interval_s=config.interval_s, record=record,
-                          targets=workload if isinstance(workload, ProcessTargets) else None)
+                          targets=workload if isinstance(workload, ProcessTargets) else None,
+                          clients=workload if isinstance(workload, ClientGate) else None)
         nemesis.deal_kinds = config.faults_all
         run_info["crashed_nodes"] = nemesis.crashes  # the same list, filled as they are found
-        if "election" in config.faults or "rollback" in config.faults:
+        if {"election", "rollback", "restore-majority"} & set(config.faults):
             run_info["elections"] = nemesis.election_counts
         if system.status_windows and windows.aims_at_windows(config.faults, config.workload,
                                                               config.platform):

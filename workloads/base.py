@@ -110,6 +110,20 @@ class Workload(abc.ABC):
 
 
 @runtime_checkable
+class ClientGate(Protocol):
+    """A workload whose clients the nemesis can hold between operations: the
+    restore-majority fault (nemesis/restore_majority.py) needs a window in which nothing a
+    client will see is written. Held clients invoke nothing; an operation in flight ends
+    as it would (its outcome recorded), then its process waits too."""
+
+    def hold_clients(self, timeout_s: float) -> bool:
+        """Stop new operations and wait until none is in flight; False if some still was
+        after `timeout_s` (the clients stay held: call `release_clients`)."""
+
+    def release_clients(self) -> None: ...
+
+
+@runtime_checkable
 class ProcessTargets(Protocol):
     """Processes a workload owns (the trainer's coordinators and workers) that the nemesis
     may hurt beside the store's nodes (nemesis/faults.py). A role names a kind of process

@@ -278,6 +278,10 @@ class KVWorkload(Workload):
         self._process_lock = threading.Lock()
         self.harness_errors: list[str] = []
         self.final_answers: dict[str, replicas.Answer] = {}  # key -> its final read's answer
+        # ClientGate (workloads/base.py): while held, no client invokes an operation.
+        self._gate = threading.Condition()
+        self._held = False
+        self._in_flight = 0
 
     def describe(self) -> dict[str, Any]:
         described = {**super().describe(), "concurrency": self.concurrency, "rate": self.rate,
@@ -291,6 +295,40 @@ class KVWorkload(Workload):
     def consistency_of(self, kind: str) -> str:
         """A `get` reads at the run's consistency; a `stale-get` always stale."""
         return "stale" if kind == "stale-get" else self.read_consistency
+
+    # ----- the gate (ClientGate) ---------------------------------------------------------
+
+    def hold_clients(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._gate:
+            self._held = True
+            while self._in_flight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._gate.wait(left)
+        return True
+
+    def release_clients(self) -> None:
+        with self._gate:
+            self._held = False
+            self._gate.notify_all()
+
+    def _enter(self, ctx: RunContext) -> bool:
+        """Wait while the clients are held; False if the run ends first."""
+        with self._gate:
+            while self._held:
+                if ctx.stop.is_set() or time.monotonic() >= ctx.deadline:
+                    return False
+                self._gate.wait(0.1)
+            self._in_flight += 1
+        return True
+
+    def _leave(self) -> None:
+        with self._gate:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._gate.notify_all()
 
     # ----- clients ---------------------------------------------------------------------
 
@@ -335,8 +373,13 @@ class KVWorkload(Workload):
                 if time.monotonic() >= ctx.deadline:
                     return
                 next_at = max(next_at + period, time.monotonic() - period)
-                planned = plan.next_op(process)
-                retired = self._one(ctx.history, client, process, planned, seen, book)
+                if not self._enter(ctx):
+                    return
+                try:
+                    planned = plan.next_op(process)
+                    retired = self._one(ctx.history, client, process, planned, seen, book)
+                finally:
+                    self._leave()
                 if retired:
                     client.close()
                     process += self.concurrency
