@@ -45,7 +45,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from nemesis.rollback import partitions_away
 from nemesis.windows import wait_or_stop
 
 if TYPE_CHECKING:
@@ -148,7 +147,8 @@ class RestoreMajority:
                         f"writes in term {term} within {COMMIT_TIMEOUT_S:g} s (or the term "
                         f"moved: then nothing is restored)")
         window.update(markers=MARKERS, first_marker=first, witness_commit=marked)
-        self._cut(partitions_away(nemesis.nodes, witnesses))
+        self._cut([(a, b) for a in nemesis.nodes for b in nemesis.nodes
+                   if a != b and (a in witnesses) != (b in witnesses)])
         for node in restored:
             nemesis.expected_down.add(node)
         platform.kill_nodes(restored)

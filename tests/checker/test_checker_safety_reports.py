@@ -70,7 +70,7 @@ def test_a_rule_watch_report_is_never_excused_by_a_lost_disk(tmp_path: Path) -> 
 
 def test_the_checker_knows_every_fault_that_destroys_durable_state() -> None:
     # It cannot import the nemesis (a checker reads histories only); the lists must agree.
-    assert set(FILE_FAULTS) | {"lose-unsynced", "rollback"} == set(LOSES_DURABLE_STATE)
+    assert set(FILE_FAULTS) | {"lose-unsynced", "rollback", "restore-majority"} == set(LOSES_DURABLE_STATE)
 
 
 def test_a_run_with_a_report_is_invalid_with_the_report_in_its_summary(tmp_path: Path) -> None:

@@ -431,7 +431,7 @@ def test_a_system_without_membership_makes_the_platform_say_so(tmp_path: Path) -
 # ----- faults that need our store's Raft status ----------------------------------------
 
 
-@pytest.mark.parametrize("fault", ["election", "rollback", "hold", "reorder"])
+@pytest.mark.parametrize("fault", ["election", "rollback", "restore-majority", "hold", "reorder"])
 def test_etcd_refuses_the_faults_it_cannot_take_in_one_line(
         fault: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--platform", "local", "--system", "etcd", "--faults", fault,
@@ -451,11 +451,28 @@ def test_faults_all_on_etcd_leaves_them_out_and_says_so(
     assert main(["run", "--platform", "local", "--system", "etcd", "--faults", "all",
                  "--store", str(tmp_path / "store")]) == 0
     [config] = configs
-    assert not {"election", "rollback", "hold", "reorder"} & set(config.faults)
+    assert not {"election", "rollback", "restore-majority", "hold", "reorder"} & set(config.faults)
     assert "partition" in config.faults and "member" in config.faults
     out = capsys.readouterr().out
     assert "leaves out" in out and "election, rollback" in out and "reorder, hold (" in out, out
     configs.clear()
     assert main(["run", "--platform", "local", "--faults", "all",
                  "--store", str(tmp_path / "store")]) == 0
-    assert {"election", "rollback", "hold", "reorder"} <= set(configs[0].faults)  # the store runs them
+    assert {"election", "rollback", "restore-majority", "hold", "reorder"} <= set(configs[0].faults)  # the store runs them
+
+
+def test_restore_majority_needs_a_workload_that_can_hold_its_clients(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import nemesis.runner
+
+    assert main(["run", "--platform", "local", "--workload", "trainer", "--faults",
+                 "restore-majority", "--store", str(tmp_path / "store")]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "kv workload" in err, err
+    configs = []
+    monkeypatch.setattr(nemesis.runner, "run", lambda config: configs.append(config) or 0)
+    assert main(["run", "--platform", "local", "--workload", "trainer", "--faults", "all",
+                 "--store", str(tmp_path / "store")]) == 0
+    assert "restore-majority" not in configs[0].faults and "rollback" in configs[0].faults
+    assert "restore-majority (it holds the clients" in capsys.readouterr().out
