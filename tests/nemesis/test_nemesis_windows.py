@@ -35,8 +35,10 @@ def test_all_on_sim_leaves_out_what_the_simulator_cannot_run_and_says_why() -> N
 
 def test_all_on_docker_is_every_fault_but_none_rollback_hold_and_reorder() -> None:
     kinds, note = expand_all("docker")
-    assert kinds == [f for f in FAULTS if f not in ("none", "rollback", "hold", "reorder", "slow-disk")]
+    assert kinds == [f for f in FAULTS if f not in ("none", "rollback", "restore-majority", "hold",
+                                                    "reorder", "slow-disk")]
     assert "rollback" in note and "only the local platform" in note
+    assert "restore-majority (it copies the nodes' data directories" in note
     assert "hold (it delays messages" in note
 
 
