@@ -206,13 +206,7 @@ class Election:
     def _record(self, shape: str, nodes: list[str], text: str, window: dict[str, Any],
                 landed: bool, why: str) -> ActiveFault:
         nemesis = self.nemesis
-        counts = nemesis.election_counts.setdefault(shape, {"aimed": 0, "landed": 0})
-        if nemesis._stop.is_set() and not landed:
-            # Not a miss: the run's end cut a wait short (the waits return at once then).
-            why = f"the run ended first ({why})"
-        else:
-            counts["aimed"] += 1
-            counts["landed"] += int(landed)
+        why = nemesis.count_aimed(shape, landed, why)
         leaders = window.get("leaders", {})
         window["two_leaders_in_one_term"] = any(len(v) > 1 for v in leaders.values())
         seen = "; ".join(f"term {t}: {' '.join(ns)}" for t, ns in leaders.items())

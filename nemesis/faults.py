@@ -438,6 +438,17 @@ class Nemesis:
             return self._hold()
         raise ValueError(f"unknown fault {kind!r}")
 
+    def count_aimed(self, name: str, landed: bool, why: str) -> str:
+        """Count a strike of a fault aimed at a window (`election_counts[name]`) and return
+        its evidence. A strike the run's end cut short is no miss: not counted, and said."""
+        counts = self.election_counts.setdefault(name, {"aimed": 0, "landed": 0})
+        if self._stop.is_set() and not landed:
+            # The waits return at once when the run ends.
+            return f"the run ended first, no strike ({why})"
+        counts["aimed"] += 1
+        counts["landed"] += int(landed)
+        return why
+
     def _register(self, kind: str, nodes: list[str], description: str,
                   heal: Callable[[], dict[str, Any]], value: dict[str, Any], f: str) -> ActiveFault:
         with self._lock:

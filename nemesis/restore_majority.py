@@ -106,12 +106,7 @@ class RestoreMajority:
         finally:
             clients.release_clients()
             window["clients_held_s"] = round(time.monotonic() - held_at, 2)
-        counts = nemesis.election_counts.setdefault(FAULT, {"aimed": 0, "landed": 0})
-        if nemesis._stop.is_set() and not landed:
-            why = f"the run ended first, no strike ({why})"
-        else:
-            counts["aimed"] += 1
-            counts["landed"] += int(landed)
+        why = nemesis.count_aimed(FAULT, landed, why)
         text = (f"restore-majority: {' '.join(restored)} restarted on copies of their data "
                 f"from before {window.get('markers', 0)} committed writes of the nemesis's "
                 f"own; {' '.join(witnesses)} kept them, cut off until the heal "

@@ -106,13 +106,7 @@ class Rollback:
             raise
         # The record is written once the strike is made; its first step was this long before.
         window["seconds_since_first_step"] = round(time.monotonic() - self.began, 2)
-        counts = nemesis.election_counts.setdefault("rollback", {"aimed": 0, "landed": 0})
-        if nemesis._stop.is_set() and not landed:
-            # Not a miss: the run's end cut a wait short (the waits return at once then).
-            why = f"the run ended first, no strike ({why})"
-        else:
-            counts["aimed"] += 1
-            counts["landed"] += int(landed)
+        why = nemesis.count_aimed("rollback", landed, why)
         text = (f"rollback: {target} restarted on a copy of its data from before "
                 f"{window.get('lost', '?')} entries it acknowledged; leader {leader}"
                 f"{' killed' if landed else ''}, held away {' '.join(held) or '-'}, keepers "
