@@ -569,16 +569,22 @@ def election(nemesis: Nemesis) -> ActiveFault | None:
     return Election(nemesis).begin()
 
 
-SIM_SHAPES = ("deposed-leader", "late-grant")  # the others need a real process's sockets
+# split-vote needs a real process's sockets (a frozen voter's queue); vote-then-restart
+# needs two candidates and a majority but for one of voters beside them: 5 nodes.
+SIM_SHAPES = ("deposed-leader", "late-grant", "vote-then-restart")
+SIM_SHAPE_MIN_NODES = {"vote-then-restart": 5}
 
 
 def sim_election(nemesis: Nemesis) -> ActiveFault | None:
-    """The simulator's `election` fault: the deposed-leader and late-grant shapes, timed by
-    the cores' state on every tick (nemesis/platforms/sim.py `depose`, `trap_late_grant`)
-    rather than by Status calls. Whether it landed is known at the heal, and recorded
+    """The simulator's `election` fault: the deposed-leader, late-grant and vote-then-restart
+    shapes (the last from 5 nodes), timed by the cores' state on every tick
+    (nemesis/platforms/sim.py `depose`, `trap_late_grant`, `trap_vote_restart`) rather than
+    by Status calls. Whether it landed is known at the heal, and recorded
     there."""
     platform = nemesis.platform
-    shape = nemesis._deal("election-shape", SIM_SHAPES)
+    shapes = tuple(s for s in SIM_SHAPES
+                   if len(nemesis.nodes) >= SIM_SHAPE_MIN_NODES.get(s, 0))
+    shape = nemesis._deal("election-shape", shapes)
     leader = nemesis._leader_or_skip("election", shape)
     if leader is None:
         return None
@@ -605,6 +611,29 @@ def sim_election(nemesis: Nemesis) -> ActiveFault | None:
                 return tally(False, "no other node led a newer term while it was away")
             return tally(True, f"{successor[0]} led term {successor[1]} when {leader} "
                                f"was resumed, cut from it alone")
+        nodes = [leader]
+    elif shape == "vote-then-restart":
+        platform.trap_vote_restart()
+        nemesis.expected_down.add(leader)
+        platform.kill(leader)
+        text = (f"vote-then-restart: leader {leader} killed; every vote request kept until "
+                f"two candidates ask in one term, the voters restarted between the first's "
+                f"requests and the second's")
+
+        def heal() -> dict[str, Any]:
+            trap = platform.end_vote_trap() or {}
+            platform.start_node(leader)
+            nemesis.expected_down.discard(leader)
+            if trap.get("fired"):
+                return tally(True, f"{' '.join(trap['voters'])} granted {trap['first']} their "
+                                   f"votes of term {trap['term']}, restarted, and were asked "
+                                   f"by {trap['second']} for the same term")
+            if trap.get("first") is None:
+                return tally(False, "no two nodes were candidates of one term with the "
+                                    "voters still below it")
+            return tally(False, f"only {' '.join(trap['restarted']) or 'none'} of "
+                                f"{' '.join(trap['voters'])} granted {trap['first']} and "
+                                f"restarted in term {trap['term']}")
         nodes = [leader]
     else:
         platform.trap_late_grant()

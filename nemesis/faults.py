@@ -44,7 +44,8 @@ Faults (`--faults`, a comma list):
   term (vote-then-restart); or the leader cut off and frozen until a successor leads,
   then thawed among the successor's followers (deposed-leader); or a vote grant held
   until its candidate asks in the next term (late-grant, local and sim); healed by
-  restarting the killed leader (sim: deposed-leader and late-grant only);
+  restarting the killed leader (sim: deposed-leader, late-grant and, from 5 nodes,
+  vote-then-restart built from the platform's held messages);
 - rollback (local; 3 nodes or more): a follower restarted on an older, consistent copy
   of its own data directory (a VM restored from a backup), the leader killed once the
   follower knows it lost acknowledged entries and before it caught up, with the nodes
@@ -178,8 +179,9 @@ MIN_NODES = {"partition": 3, "kill": 1, "pause": 1, "packet": 2, "reorder": 2, "
              "bitflip": 3, "wipe-wal": 3, "lose-unsynced": 3, "kill-all": 1, "none": 1,
              # a split election needs two candidates one voter short of a majority each
              "election": 5, "rollback": 3, "restore-majority": 3, "hold": 3}
-# On the simulator the election fault runs its deposed-leader and late-grant shapes only,
-# which need no split of the followers into voters and candidates.
+# On the simulator the election fault runs its deposed-leader and late-grant shapes from 3
+# nodes (they need no split of the followers into voters and candidates), and its
+# vote-then-restart from 5 (nemesis/elections.py SIM_SHAPE_MIN_NODES).
 SIM_MIN_NODES = {"election": 3}
 
 

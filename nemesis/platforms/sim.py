@@ -123,6 +123,8 @@ class SimPlatform(Platform):
         # Its late-grant shape: the first candidate granted a vote after `trap_late_grant`,
         # the term, the grants kept, and whether they went out (it asked in a later term).
         self.grant_trap: dict[str, Any] | None = None
+        # Its vote-then-restart shape (`trap_vote_restart`).
+        self.vote_trap: dict[str, Any] | None = None
         # The partition fault's stale-snapshot shape (`aim_stale_snapshot`).
         self.stale_aim: dict[str, Any] | None = None
         self.ticks = 0  # simulated time, in ticks
@@ -145,6 +147,8 @@ class SimPlatform(Platform):
             self._depose_step()
         if self.stale_aim is not None and self.stale_aim["phase"] != "done":
             self._stale_step()
+        if self.vote_trap is not None and not self.vote_trap["fired"]:
+            self._vote_trap_step()
         self.deliver_pending()
         if self.crash_after_release is not None:
             node, self.crash_after_release = self.crash_after_release, None
@@ -174,6 +178,8 @@ class SimPlatform(Platform):
             if self.reorder and self._reordered(flight):
                 continue
             if self.grant_trap is not None and self._trapped(flight):
+                continue
+            if self.vote_trap is not None and self._vote_trapped(flight):
                 continue
             if self.overtake_next is not None and flight.message.src == self.overtake_next \
                     and flight.message.type is MessageType.APPEND and flight.message.entries:
@@ -552,6 +558,99 @@ class SimPlatform(Platform):
     def end_grant_trap(self) -> dict[str, Any] | None:
         """Disarm; the grants still kept go out with the next delivery. Returns the trap."""
         trap, self.grant_trap = self.grant_trap, None
+        if trap is not None:
+            self.held_flights.difference_update(trap["held"])
+        return trap
+
+    def trap_vote_restart(self) -> None:
+        """The vote-then-restart shape, once the leader is down: every vote request waits
+        on the wire until two nodes are candidates of one term T and enough others (the
+        voters, a majority but for the candidate) are still below it (`_vote_trap_step`).
+        Then the first candidate's requests go to the voters, and the second's wait; each
+        voter's grant to the first is kept, and the voter crashes and restarts (its grant on
+        the wire means its vote is on its disk); once every voter has restarted, what was
+        kept goes, oldest first: the second candidate asks the restarted voters for T
+        before the first can lead. A voter that kept its vote refuses; one that forgot it
+        (`forgets-vote-on-restart`) grants, and T has two leaders."""
+        self.vote_trap = {"phase": "pre", "term": None, "first": None, "second": None,
+                          "voters": [], "granted": [], "restarted": [], "held": [],
+                          "fired": False}
+
+    def _vote_trap_step(self) -> None:
+        trap = self.vote_trap
+        assert trap is not None
+        if trap["phase"] == "pre":
+            self._vote_trap_pair()
+        elif trap["phase"] == "first":
+            for voter in trap["granted"]:
+                if voter not in trap["restarted"]:
+                    self.sim.record(f"{voter} granted {trap['first']} its vote in term "
+                                    f"{trap['term']}: crash and restart it")
+                    self.kill(voter)
+                    self.start_node(voter)
+                    trap["restarted"].append(voter)
+            if len(trap["restarted"]) == len(trap["voters"]):
+                self.held_flights.difference_update(trap["held"])
+                trap["phase"], trap["fired"] = "second", True
+                self.sim.record(f"deliver what was kept: {trap['second']}'s vote requests of "
+                                f"term {trap['term']} to the restarted voters, then the grants "
+                                f"to {trap['first']}")
+
+    def _vote_trap_pair(self) -> None:
+        trap = self.vote_trap
+        assert trap is not None
+        answering = self.answering()
+        by_term: dict[int, list[str]] = {}
+        for node in answering:
+            core = self.sim.core(node)
+            if core.role is Role.CANDIDATE:
+                by_term.setdefault(core.term, []).append(node)
+        needed = len(self.node_ids) // 2  # a majority but for the candidate itself
+        for term, candidates in sorted(by_term.items()):
+            voters = [n for n in answering if self.sim.core(n).term < term]
+            if len(candidates) < 2 or len(voters) < needed:
+                continue
+            first = min(candidates, key=lambda n: min(
+                (f.id for f in self.sim.network.in_flight.values()
+                 if f.message.src == n and f.message.type is MessageType.VOTE
+                 and f.message.term == term), default=1 << 62))
+            second = next(n for n in sorted(candidates) if n != first)
+            trap.update(phase="first", term=term, first=first, second=second,
+                        voters=sorted(voters)[:needed])
+            ids = {f.id for f in self.sim.network.in_flight.values()
+                   if f.message.src == first and f.message.type is MessageType.VOTE
+                   and f.message.term == term and f.message.dst in trap["voters"]}
+            trap["held"] = [i for i in trap["held"] if i not in ids]
+            self.held_flights.difference_update(ids)
+            self.sim.record(f"{first} and {second} are candidates of term {term}: "
+                            f"{first}'s vote requests go to {' '.join(trap['voters'])}, "
+                            f"{second}'s wait")
+            return
+
+    def _vote_trapped(self, flight) -> bool:  # noqa: ANN001 - an InFlight
+        trap, m = self.vote_trap, flight.message
+        assert trap is not None
+        if trap["fired"]:
+            return False
+        if m.type is MessageType.VOTE and not (
+                trap["phase"] == "first" and m.src == trap["first"] and m.term == trap["term"]
+                and m.dst in trap["voters"]):
+            trap["held"].append(flight.id)
+            self.held_flights.add(flight.id)
+            return True
+        if trap["phase"] == "first" and m.type is MessageType.VOTE_RESPONSE \
+                and not m.reject and m.dst == trap["first"] and m.term == trap["term"] \
+                and m.src in trap["voters"]:
+            if m.src not in trap["granted"]:
+                trap["granted"].append(m.src)
+            trap["held"].append(flight.id)
+            self.held_flights.add(flight.id)
+            return True
+        return False
+
+    def end_vote_trap(self) -> dict[str, Any] | None:
+        """Disarm; what is still kept goes out with the next delivery. Returns the trap."""
+        trap, self.vote_trap = self.vote_trap, None
         if trap is not None:
             self.held_flights.difference_update(trap["held"])
         return trap

@@ -1,5 +1,5 @@
-"""The `election` fault on the simulator: its deposed-leader and late-grant shapes, timed by
-the cores' state each tick (nemesis/platforms/sim.py). What the network does with the safe
+"""The `election` fault on the simulator: its deposed-leader, late-grant and vote-then-restart
+shapes, timed by the cores' state each tick (nemesis/platforms/sim.py). What the network does with the safe
 core, and that the broken core each shape aims at is named by the rule watch."""
 
 from __future__ import annotations
@@ -73,6 +73,38 @@ def test_a_candidate_counting_an_older_terms_grant_is_named(tmp_path: Path) -> N
     platform.kill(platform.leader())
     assert _advance_until(platform, lambda: platform.grant_trap["fired"])
     assert _advance_until(platform, lambda: "leader-without-majority-of-votes" in _rules(platform))
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_voters_restarted_between_two_candidates_of_one_term_refuse_the_second(
+        tmp_path: Path, seed: int) -> None:
+    platform = _ready_platform(tmp_path, nodes=5, seed=seed)
+    leader = platform.leader()
+    platform.trap_vote_restart()
+    platform.kill(leader)
+    assert _advance_until(platform, lambda: platform.vote_trap["fired"])
+    trap = platform.vote_trap
+    assert trap["first"] != trap["second"] and leader not in (trap["first"], trap["second"])
+    assert len(trap["voters"]) == 2 and trap["restarted"] == trap["granted"]
+    assert sorted(trap["restarted"]) == trap["voters"]
+    # The restarted voters kept their votes: only the first candidate leads the term.
+    assert _advance_until(platform, lambda: platform.leader() is not None, 200)
+    assert platform.end_vote_trap() is trap and not platform.held_flights
+    for _ in range(200):
+        platform.advance()
+    assert not platform.sim.safety_reports and not platform.sim.violations
+
+
+def test_a_core_that_forgets_its_vote_on_restart_elects_two_leaders_of_one_term(
+        tmp_path: Path) -> None:
+    platform = _ready_platform(tmp_path, nodes=5, unsafe="forgets-vote-on-restart")
+    platform.trap_vote_restart()
+    platform.kill(platform.leader())
+    assert _advance_until(platform, lambda: platform.vote_trap["fired"])
+    # Two leaders of one term (the simulator's monitor sees both; in a run the history
+    # shows it: the two accept writes over each other).
+    assert _advance_until(platform, lambda: any(
+        "two leaders in term" in v.line() for v in platform.sim.violations), 200)
 
 
 def test_the_sim_election_fault_records_whether_each_shape_landed(tmp_path: Path) -> None:
