@@ -50,7 +50,9 @@ if TYPE_CHECKING:
     from nemesis.faults import ActiveFault, Nemesis
 
 SHAPES = ("two-in-flight", "change-at-new-leader", "remove-and-rejoin")
-SIM_SHAPES = ("two-in-flight",)  # the others remove a node for good: it must be re-admitted
+# The simulator cannot re-admit a node (no identity to wipe): remove-and-rejoin does not
+# run there, and change-at-new-leader asks once, where a safe core refuses.
+SIM_SHAPES = ("two-in-flight", "change-at-new-leader")
 PENDING_POLL_S = 0.003  # a CONFIG entry is pending for a round trip and an fsync or two
 PENDING_WAIT_S = 1.0  # the second change goes anyway if the first was not seen pending
 LEADER_POLL_S = 0.01
@@ -264,6 +266,8 @@ class MemberShapes:
             self._skip("change-at-new-leader", f"needs a leader among 3 or more voters "
                        f"(leader {old or 'unknown'}, voters {', '.join(sorted(voters))})")
             return None
+        if self.platform.name == "sim":
+            return self._sim_change_at_new_leader(old)
         others = sorted(voters - {old})
         even = len(voters) % 2 == 0
         graph = partitions.isolate(nemesis.nodes, old)
@@ -301,6 +305,40 @@ class MemberShapes:
             {"shape": "change-at-new-leader", "target": "leader", "leader": old,
              "new_leader": new, "stale_change": stale, "waited_s": waited,
              "graph": partitions.to_json(shown), "cut": [list(link) for link in links]},
+            "remove-member")
+        changes.started(fault.id)
+        return fault
+
+    def _sim_change_at_new_leader(self, old: str) -> ActiveFault:
+        """The simulator's change-at-new-leader: `old` cut from every peer; the moment
+        another node leads (after the delivery that elected it), it is asked once to
+        remove `old` (`SimPlatform.aim_change_at_new_leader`). A safe core refuses, having
+        committed nothing of its term; the change is not retried (a removal that commits
+        cannot be undone here, see SIM_SHAPES). `landed`: the new leader was asked before
+        it had committed an entry of its term."""
+        nemesis, platform = self.nemesis, self.platform
+        graph = partitions.isolate(nemesis.nodes, old)
+        links, heal_links = nemesis.cut(graph)
+        platform.aim_change_at_new_leader(old)
+        changes = Changes(nemesis, self._change_timeout())
+
+        def heal() -> dict[str, Any]:
+            aim = platform.end_change_aim() or {}
+            heal_links()
+            if aim.get("outcome"):
+                changes._record(aim["new"], "remove", old, aim["outcome"], aim["detail"], 0.0)
+            landed = bool(aim.get("outcome")) and aim.get("committed_in_term") is False
+            value = {"landed": landed, "new_leader": aim.get("new"),
+                     "new_term": aim.get("new_term"), "outcome": aim.get("outcome")}
+            if aim.get("outcome") == "appended":  # only a core that broke the rule takes it
+                value["removed_for_good"] = old
+            return value
+
+        fault = nemesis._register(
+            "member", [old], f"change-at-new-leader: {old} cut from its peers; the first "
+            f"node to lead asked at once to remove it", heal,
+            {"shape": "change-at-new-leader", "target": "leader", "leader": old,
+             "graph": partitions.to_json(graph), "cut": [list(link) for link in links]},
             "remove-member")
         changes.started(fault.id)
         return fault

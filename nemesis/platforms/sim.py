@@ -125,6 +125,8 @@ class SimPlatform(Platform):
         self.grant_trap: dict[str, Any] | None = None
         # Its vote-then-restart shape (`trap_vote_restart`).
         self.vote_trap: dict[str, Any] | None = None
+        # The member fault's change-at-new-leader shape (`aim_change_at_new_leader`).
+        self.change_aim: dict[str, Any] | None = None
         # The partition fault's stale-snapshot shape (`aim_stale_snapshot`).
         self.stale_aim: dict[str, Any] | None = None
         self.ticks = 0  # simulated time, in ticks
@@ -149,6 +151,8 @@ class SimPlatform(Platform):
             self._stale_step()
         if self.vote_trap is not None and not self.vote_trap["fired"]:
             self._vote_trap_step()
+        if self.change_aim is not None and self.change_aim["new"] is None:
+            self._change_aim_step()
         self.deliver_pending()
         if self.crash_after_release is not None:
             node, self.crash_after_release = self.crash_after_release, None
@@ -192,6 +196,8 @@ class SimPlatform(Platform):
                 sim.drop_flight(flight, "packet loss")
             else:
                 sim.deliver_flight(flight)
+                if self.change_aim is not None and self.change_aim["new"] is None:
+                    self._change_aim_step()  # a vote just made a leader: ask it now
                 if self.held_term is not None and self._stale_window_open():
                     self.released_in_window += self.release_held()
                 elif self.overtaken is not None and self._overtaken_window_open():
@@ -269,12 +275,50 @@ class SimPlatform(Platform):
         could never have answered (and a broken read barrier looked caught on sim only)."""
         return self.sim.submit(op, node_id, held=node_id in self.paused)
 
-    # ----- membership: the member fault's two-in-flight shape only -----------------------
-    # Its nodes have no identity to wipe and re-admit, so nothing that removes a node for
-    # good runs here (remove-and-rejoin, change-at-new-leader, the rejoin of a node that
-    # refused its data); two-in-flight's changes are undone by the heal itself (the other
-    # side's leader, in a later term, overwrites them), and a node one of them left removed
-    # is a nemesis error that says so.
+    # ----- membership: the member fault's two-in-flight and change-at-new-leader shapes --
+    # Its nodes have no identity to wipe and re-admit, so nothing here removes a node for
+    # good on a safe core (remove-and-rejoin, and the rejoin of a node that refused its
+    # data, do not run): two-in-flight's changes are undone by the heal itself (the other
+    # side's leader, in a later term, overwrites them), and change-at-new-leader asks once,
+    # at a moment the safe core refuses (`aim_change_at_new_leader`). A node a change left
+    # removed is a nemesis error that says so.
+
+    def aim_change_at_new_leader(self, old: str) -> None:
+        """Once `old` (the leader, cut off by the caller) is replaced — checked
+        after every delivery, so before the new leader can have committed anything of its
+        term — ask the new leader, once, to remove `old` (what an operator does with a dead
+        leader). A safe core refuses: it has not committed an entry of its term yet
+        (thesis §4.1). Not retried: a removal that commits here cannot be undone."""
+        self.change_aim = {"old": old, "term": self.sim.core(old).term, "new": None,
+                           "new_term": None,
+                           "outcome": None, "detail": "", "committed_in_term": None}
+
+    def _change_aim_step(self) -> None:
+        from system.kv.member_client import MembershipRefused
+
+        aim = self.change_aim
+        assert aim is not None
+        for node in self.answering():
+            core = self.sim.core(node)
+            if node == aim["old"] or core.role is not Role.LEADER or core.term <= aim["term"]:
+                continue
+            log = core.log
+            aim.update(new=node, new_term=core.term,
+                       committed_in_term=log.term(log.committed) == core.term)
+            try:
+                self.change_membership_at(node, "remove", aim["old"])
+                aim["outcome"], aim["detail"] = "appended", "appended"
+            except MembershipRefused as exc:
+                aim["outcome"], aim["detail"] = "refused", f"refused: {exc}"
+            except Exception as exc:  # noqa: BLE001 - recorded, as member-change outcomes are
+                aim["outcome"], aim["detail"] = "unanswered", f"unanswered: {exc}"
+            self.sim.record(f"{node} leads term {core.term}: asked to remove {aim['old']}: "
+                            f"{aim['detail']}")
+            return
+
+    def end_change_aim(self) -> dict[str, Any] | None:
+        aim, self.change_aim = self.change_aim, None
+        return aim
 
     def wipe(self, node_id: str) -> None:
         raise PlatformError(f"the sim platform cannot wipe {node_id} and re-admit it (its "

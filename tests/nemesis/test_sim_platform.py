@@ -144,6 +144,11 @@ CORE_VARIANT_RUNS = [
      ["--faults", "partition,kill", "--duration", "8", "--interval", "2"], "safety_reports"),
     ("truncates-without-a-conflict",
      ["--faults", "reorder", "--duration", "8", "--interval", "2"], "safety_reports"),
+    # The member fault's change-at-new-leader (the run's second member fault): the new
+    # leader asked to remove its isolated predecessor before it committed in its term; the
+    # safe one refuses, the broken one appends the change, and the watch names it.
+    ("changes-membership-before-committing-in-term",
+     ["--faults", "member", "--duration", "12", "--interval", "2"], "safety_reports"),
 ]
 
 
