@@ -613,45 +613,53 @@ def sim_election(nemesis: Nemesis) -> ActiveFault | None:
                                f"was resumed, cut from it alone")
         nodes = [leader]
     elif shape == "vote-then-restart":
-        platform.trap_vote_restart()
-        nemesis.expected_down.add(leader)
-        platform.kill(leader)
         text = (f"vote-then-restart: leader {leader} killed; every vote request kept until "
                 f"two candidates ask in one term, the voters restarted between the first's "
                 f"requests and the second's")
 
-        def heal() -> dict[str, Any]:
-            trap = platform.end_vote_trap() or {}
-            platform.start_node(leader)
-            nemesis.expected_down.discard(leader)
+        def judge(trap: dict[str, Any]) -> tuple[bool, str]:
             if trap.get("fired"):
-                return tally(True, f"{' '.join(trap['voters'])} granted {trap['first']} their "
-                                   f"votes of term {trap['term']}, restarted, and were asked "
-                                   f"by {trap['second']} for the same term")
+                return True, (f"{' '.join(trap['voters'])} granted {trap['first']} their "
+                              f"votes of term {trap['term']}, restarted, and were asked by "
+                              f"{trap['second']} for the same term")
             if trap.get("first") is None:
-                return tally(False, "no two nodes were candidates of one term with the "
-                                    "voters still below it")
-            return tally(False, f"only {' '.join(trap['restarted']) or 'none'} of "
-                                f"{' '.join(trap['voters'])} granted {trap['first']} and "
-                                f"restarted in term {trap['term']}")
+                return False, ("no two nodes were candidates of one term with the voters "
+                               "still below it")
+            return False, (f"only {' '.join(trap['restarted']) or 'none'} of "
+                           f"{' '.join(trap['voters'])} granted {trap['first']} and "
+                           f"restarted in term {trap['term']}")
+        heal = _killed_leader_trap(nemesis, leader, platform.trap_vote_restart,
+                                   platform.end_vote_trap, judge, tally)
         nodes = [leader]
     else:
-        platform.trap_late_grant()
-        nemesis.expected_down.add(leader)
-        platform.kill(leader)
         text = (f"late-grant: leader {leader} killed; the vote grants of the next "
                 f"candidate kept until it asks in a later term")
 
-        def heal() -> dict[str, Any]:
-            trap = platform.end_grant_trap() or {}
-            platform.start_node(leader)
-            nemesis.expected_down.discard(leader)
+        def judge(trap: dict[str, Any]) -> tuple[bool, str]:
             if trap.get("fired"):
-                return tally(True, f"{trap['grants']} grant(s) of term {trap['term']} "
-                                   f"reached {trap['candidate']} as a candidate of a later term")
-            why = ("no candidate was granted a vote" if trap.get("candidate") is None else
-                   f"{trap['candidate']} never asked again after term {trap['term']}")
-            return tally(False, why)
+                return True, (f"{trap['grants']} grant(s) of term {trap['term']} reached "
+                              f"{trap['candidate']} as a candidate of a later term")
+            return False, ("no candidate was granted a vote" if trap.get("candidate") is None
+                           else f"{trap['candidate']} never asked again after term "
+                                f"{trap['term']}")
+        heal = _killed_leader_trap(nemesis, leader, platform.trap_late_grant,
+                                   platform.end_grant_trap, judge, tally)
         nodes = [leader]
     return nemesis._register("election", nodes, text, heal, {"shape": shape, "target": shape},
                              "election")
+
+
+def _killed_leader_trap(nemesis: Nemesis, leader: str, arm, end, judge, tally):  # noqa: ANN001, ANN202
+    """A simulator trap armed and the leader killed; returns the heal: disarm, restart the
+    leader, and tally whether the trap fired (`judge(trap) -> (landed, why)`)."""
+    platform = nemesis.platform
+    arm()
+    nemesis.expected_down.add(leader)
+    platform.kill(leader)
+
+    def heal() -> dict[str, Any]:
+        trap = end() or {}
+        platform.start_node(leader)
+        nemesis.expected_down.discard(leader)
+        return tally(*judge(trap))
+    return heal
