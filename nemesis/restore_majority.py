@@ -227,6 +227,12 @@ class RestoreMajority:
         for a, b in self.cut:
             self.platform.heal_link(a, b)
         self.cut.clear()
+        # After a step that failed between a kill and a start (a copy that could not be
+        # made, say), what it stopped is started again.
+        stopped = [n for n in self.nemesis.nodes if not self.platform.is_running(n)
+                   and n in self.nemesis.expected_down]
+        if stopped:
+            self.nemesis._bring_back(FAULT, None, stopped)
         return {}
 
     def _step(self, what: str) -> None:
