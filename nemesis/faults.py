@@ -136,7 +136,7 @@ FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
                    "election": ("local", "docker", "sim"), "rollback": ("local",),
-                   "restore-majority": ("local",),
+                   "restore-majority": ("local", "sim"),
                    "hold": ("sim", "local"), "reorder": ("sim", "local"), "slow-disk": ("local",)}
 # Faults whose run puts every node's data on the lazy disk (nemesis/lazyfs.py).
 LAZY_DISK_FAULTS = frozenset({"lose-unsynced", "slow-disk"})

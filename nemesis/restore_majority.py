@@ -244,4 +244,34 @@ class RestoreMajority:
 
 def restore_majority(nemesis: Nemesis) -> ActiveFault | None:
     """Start one `restore-majority` fault (nemesis/faults.py dispatches here)."""
+    if nemesis.platform.name == "sim":
+        return sim_restore_majority(nemesis)
     return RestoreMajority(nemesis).begin()
+
+
+def sim_restore_majority(nemesis: Nemesis) -> ActiveFault | None:
+    """The same steps in simulated time (`SimPlatform.aim_restore_majority`: the platform
+    holds the simulated clients and copies the fake disks); whether it landed is known at
+    the heal, and recorded there."""
+    platform = nemesis.platform
+    leader = nemesis._leader_or_skip(FAULT, FAULT)
+    if leader is None:
+        return None
+    restored, witnesses = roles(nemesis.nodes, leader, nemesis.rng)
+    platform.aim_restore_majority(leader, restored, witnesses, MARKERS, MARKER_KEY)
+
+    def heal() -> dict[str, Any]:
+        aim = platform.end_restore_aim() or {}
+        landed, why = bool(aim.get("landed")), str(aim.get("why") or "")
+        window = {k: aim.get(k) for k in ("leader", "restored", "witnesses", "term",
+                                          "backup_index", "first_marker", "new_leader",
+                                          "new_term")}
+        return {"landed": landed, "landed_evidence": nemesis.count_aimed(FAULT, landed, why),
+                "window": window}
+
+    text = (f"restore-majority: clients held; {' '.join(restored)} backed up, "
+            f"{MARKERS} writes of the nemesis's own, then restarted on the copies with "
+            f"{' '.join(witnesses)} cut off")
+    return nemesis._register(FAULT, sorted(nemesis.nodes), text, heal,
+                             {"window": {"kind": FAULT, "leader": leader, "restored": restored,
+                                         "witnesses": witnesses}}, FAULT)

@@ -54,6 +54,7 @@ from typing import Any
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from system.raft.core import Role
 from system.raft.messages import Message, MessageType
+from system.sim.history import Function
 from system.sim.simulation import Simulation
 from system.sim.variant import SimVariant
 
@@ -67,6 +68,7 @@ COMPACT_EVERY_ENTRIES = 500  # snapshots happen in a run of any length, chunks i
 FSYNC_CHANCE_PER_DELIVERY = 0.3
 FSYNC_CHANCE_PER_TICK = 0.5
 _CAMPAIGN = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
+RESTORE_PHASE_TICKS = 750  # 15 simulated seconds per phase of the restore-majority fault
 
 
 class SimPlatform(Platform):
@@ -127,6 +129,12 @@ class SimPlatform(Platform):
         self.vote_trap: dict[str, Any] | None = None
         # The member fault's change-at-new-leader shape (`aim_change_at_new_leader`).
         self.change_aim: dict[str, Any] | None = None
+        # The restore-majority fault (`aim_restore_majority`): while `clients_held`, the sim
+        # runner's clients start no operation; `ops_in_flight` (set by the runner) says
+        # whether one is still open.
+        self.restore_aim: dict[str, Any] | None = None
+        self.clients_held = False
+        self.ops_in_flight: Any = lambda: False
         # The partition fault's stale-snapshot shape (`aim_stale_snapshot`).
         self.stale_aim: dict[str, Any] | None = None
         self.ticks = 0  # simulated time, in ticks
@@ -153,6 +161,8 @@ class SimPlatform(Platform):
             self._vote_trap_step()
         if self.change_aim is not None and self.change_aim["new"] is None:
             self._change_aim_step()
+        if self.restore_aim is not None and self.restore_aim["phase"] != "done":
+            self._restore_step()
         self.deliver_pending()
         if self.crash_after_release is not None:
             node, self.crash_after_release = self.crash_after_release, None
@@ -698,6 +708,112 @@ class SimPlatform(Platform):
         if trap is not None:
             self.held_flights.difference_update(trap["held"])
         return trap
+
+    # ----- the restore-majority fault (nemesis/restore_majority.py) ---------------------------
+
+    def aim_restore_majority(self, leader: str, restored: list[str], witnesses: list[str],
+                             markers: int, marker_key: str) -> None:
+        """The fault's steps in simulated time, one phase per tick at most (`_restore_step`):
+        the clients held; once no operation is open and every node has applied `leader`'s
+        last entry, copies of the disks of `restored` taken and `markers` writes of the
+        nemesis's own (`marker_key`, no client's) sent to `leader`; once every witness has
+        committed them in the copies' term, the witnesses cut from the restored nodes,
+        which crash, come back on their copies and restart; once one of them leads a newer
+        term and has committed past the markers' first index, the clients are let go. A
+        phase that takes longer than RESTORE_PHASE_TICKS gives up (nothing restored unless
+        the restore phase was reached) and lets the clients go."""
+        self.restore_aim = {"phase": "hold", "since": self.ticks, "leader": leader,
+                            "restored": restored, "witnesses": witnesses, "markers": markers,
+                            "marker_key": marker_key, "term": None, "backup_index": None,
+                            "first_marker": None, "new_leader": None, "new_term": None,
+                            "landed": False, "why": "", "cut": [], "copies": {}}
+        self.clients_held = True
+
+    def _restore_step(self) -> None:
+        aim = self.restore_aim
+        assert aim is not None
+        if self.ticks - aim["since"] > RESTORE_PHASE_TICKS:
+            self._restore_done(False, f"gave up in its {aim['phase']} phase after "
+                                      f"{RESTORE_PHASE_TICKS * TICK_S:g} s")
+            return
+        getattr(self, f"_restore_{aim['phase']}")(aim)
+
+    def _restore_hold(self, aim: dict[str, Any]) -> None:
+        leader = aim["leader"]
+        if self.ops_in_flight() or leader not in self.answering():
+            return
+        core = self.sim.core(leader)
+        last = core.log.last_index()
+        if core.role is not Role.LEADER or any(
+                self.sim.core(n).log.applied < last or self.sim.core(n).term != core.term
+                for n in self.answering()) or len(self.answering()) < len(self.node_ids):
+            return
+        aim.update(term=core.term, backup_index=last, first_marker=last + 1,
+                   copies={n: self.sim.nodes[n].disk.current.copy() for n in aim["restored"]})
+        self.sim.record(f"restore-majority: {' '.join(aim['restored'])} backed up at index "
+                        f"{last}, term {core.term}; {aim['markers']} writes of the nemesis's own")
+        for i in range(aim["markers"]):
+            op = self.sim.invoke(Function.PUT, aim["marker_key"], f"after the backups {i + 1}",
+                                 request_id=f"nemesis-restore-{self.ticks}-{i}")
+            self.submit(op, leader)
+        aim.update(phase="markers", since=self.ticks)
+
+    def _restore_markers(self, aim: dict[str, Any]) -> None:
+        needed = aim["first_marker"] + aim["markers"] - 1
+        for node in aim["witnesses"]:
+            if node not in self.answering():
+                return
+            core = self.sim.core(node)
+            if core.term != aim["term"]:
+                self._restore_done(False, f"the term moved ({node} at {core.term}) before "
+                                          f"the witnesses committed the writes: nothing restored")
+                return
+            if core.log.committed < needed:
+                return
+        links = [(a, b) for a in self.node_ids for b in self.node_ids
+                 if a != b and (a in aim["witnesses"]) != (b in aim["witnesses"])]
+        for src, dst in links:
+            self.cut(src, dst)
+        aim["cut"] = links
+        for node in aim["restored"]:
+            self.kill(node)
+            self.sim.restore_disk(node, aim["copies"][node])
+            self.start_node(node)
+        aim.update(phase="elect", since=self.ticks)
+
+    def _restore_elect(self, aim: dict[str, Any]) -> None:
+        for node in aim["restored"]:
+            if node not in self.answering():
+                continue
+            core = self.sim.core(node)
+            if core.role is Role.LEADER and core.term > aim["term"] \
+                    and core.log.committed >= aim["first_marker"]:
+                aim.update(new_leader=node, new_term=core.term)
+                self._restore_done(True, (
+                    f"{node} leads term {core.term} > {aim['term']} and committed to "
+                    f"{core.log.committed} without the writes at {aim['first_marker']}.."
+                    f"{aim['first_marker'] + aim['markers'] - 1}, which "
+                    f"{' '.join(aim['witnesses'])} committed in term {aim['term']}"))
+                return
+
+    def _restore_done(self, landed: bool, why: str) -> None:
+        aim = self.restore_aim
+        assert aim is not None
+        aim.update(phase="done", landed=landed, why=why, copies={})
+        self.clients_held = False
+        self.sim.record(f"restore-majority: {'landed' if landed else 'missed'}: {why}; "
+                        f"the clients go on")
+
+    def end_restore_aim(self) -> dict[str, Any] | None:
+        """Heal: the witnesses' links back, the clients let go. Returns the aim."""
+        aim, self.restore_aim = self.restore_aim, None
+        self.clients_held = False
+        if aim is not None:
+            for src, dst in aim["cut"]:
+                self.heal_link(src, dst)
+            if aim["phase"] != "done":
+                aim.update(phase="done", why=f"the fault ended in its {aim['phase']} phase")
+        return aim
 
     # ----- the partition fault's stale-snapshot shape (nemesis/windows.py on real nodes) ---
 

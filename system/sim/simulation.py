@@ -546,6 +546,19 @@ class Simulation:
                 hard.term, hard.vote, min(hard.commit, image.last_index()), hard.catch_up_to
             )
 
+    def restore_disk(self, node: NodeId, image) -> None:  # noqa: ANN001 - a disk image
+        """The crashed `node`'s disk comes back as `image`, an older copy of its own
+        (`FakeDisk.current.copy()` taken earlier: a backup restored): a fault outside
+        Raft's model, which assumes stable storage never loses what it acknowledged."""
+        self._check_nodes([node])
+        shell = self.nodes[node]
+        if shell.alive:
+            raise ValueError(f"{node} is running; crash it first")
+        self._begin_step()
+        self.record(f"restore {node}'s disk from a copy (log to {image.last_index()})")
+        self.count_fault("disk restored from a copy")
+        shell.disk.current, shell.disk.durable = image.copy(), image.copy()
+
     def restart(self, node: NodeId) -> None:
         """Boot a crashed node from its disk (snapshot + log + hard state)."""
         self._check_nodes([node])

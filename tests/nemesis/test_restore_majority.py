@@ -233,3 +233,50 @@ def test_the_real_store_notices_the_diverged_logs_and_stays_valid(tmp_path: Path
     assert results["valid"] is True
     reports = results["safety_reports"]
     assert reports["counts"]["safety_reports"] >= 1, reports  # the witnesses said so
+
+
+# ----- on the simulator (SimPlatform.aim_restore_majority) ----------------------------------
+
+
+def _sim_restore(tmp_path: Path, unsafe: str | None = None) -> tuple[Any, dict[str, Any]]:
+    from tests.nemesis.test_sim_election import _advance_until
+    from tests.nemesis.test_sim_hold import _ready_platform
+
+    platform = _ready_platform(tmp_path, nodes=5, unsafe=unsafe)
+    leader = platform.leader()
+    followers = [n for n in platform.node_ids if n != leader]
+    restored, witnesses = followers[:3], [leader, followers[3]]
+    platform.aim_restore_majority(leader, restored, witnesses, 5, restore_majority.MARKER_KEY)
+    assert platform.clients_held
+    assert _advance_until(platform, lambda: platform.restore_aim["phase"] == "done")
+    aim = platform.restore_aim
+    assert aim["landed"] is True, aim["why"]
+    assert not platform.clients_held  # let go once the restored majority leads
+    assert aim["new_leader"] in restored and aim["new_term"] > aim["term"]
+    assert platform.end_restore_aim() is aim and not platform.sim.network.cut_links
+    for _ in range(500):  # the witnesses meet the new leader
+        platform.advance()
+    return platform, aim
+
+
+def test_on_the_simulator_the_witnesses_report_their_diverged_logs_and_are_repaired(
+        tmp_path: Path) -> None:
+    from tests.nemesis.test_sim_election import _rules
+
+    platform, aim = _sim_restore(tmp_path)
+    assert _rules(platform) == {"committed-log-diverged"}
+    # Each witness said its committed log diverged, and the new leader that it was told.
+    reporters = {node for node, _, _ in platform.sim.safety_reports}
+    assert reporters == {*aim["witnesses"], aim["new_leader"]}
+    leader = platform.leader()
+    applied = {n: platform.sim.core(n).log.applied for n in platform.node_ids}
+    assert all(a >= aim["first_marker"] for a in applied.values()), applied  # repaired
+    assert leader in aim["restored"]
+
+
+def test_on_the_simulator_a_follower_that_answers_a_diverged_log_as_a_match_is_named(
+        tmp_path: Path) -> None:
+    from tests.nemesis.test_sim_election import _rules
+
+    platform, _ = _sim_restore(tmp_path, unsafe="answers-below-commit-as-match")
+    assert "committed-conflict-unnoticed" in _rules(platform)
