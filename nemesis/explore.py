@@ -56,10 +56,13 @@ class Knob:
 
 
 def sim_faults() -> list[str]:
-    """Every fault the sim platform runs (a fault added to nemesis/faults.py joins the draw)."""
-    from nemesis.faults import FAULTS, unsupported
+    """Every fault the sim platform runs (a fault added to nemesis/faults.py joins the draw),
+    but those outside Raft's model (`BEYOND_RAFT`): the monitor would report what they do
+    as a broken rule, and the shrinker cannot replay them."""
+    from nemesis.faults import BEYOND_RAFT, FAULTS, unsupported
 
-    return [f for f in FAULTS if f != "none" and unsupported([f], "sim") is None]
+    return [f for f in FAULTS if f != "none" and f not in BEYOND_RAFT
+            and unsupported([f], "sim") is None]
 
 
 def _fault_mix(rng: random.Random) -> list[str]:

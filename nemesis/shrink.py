@@ -41,6 +41,14 @@ def load_config(run_dir: Path):  # noqa: ANN201 - a RunConfig
     if config.get("platform") != "sim":
         raise ShrinkRefused(f"{run_dir} ran on {config.get('platform')!r}; only runs made with "
                             f"--platform sim replay exactly, so only they can be shrunk")
+    from nemesis.faults import BEYOND_RAFT
+
+    beyond = [f for f in config.get("faults") or [] if f in BEYOND_RAFT]
+    if beyond:
+        raise ShrinkRefused(f"{run_dir} ran --faults {beyond[0]}, which restores copies of "
+                            f"the nodes' disks: the simulator's replayable schedule does not "
+                            f"hold them, so the run cannot be shrunk; rerun it with its "
+                            f"reproduce line (the same seed gives the same history)")
     config["store"] = Path(config["store"])
     config["junit"] = None
     return RunConfig(**config)

@@ -45,6 +45,7 @@ def test_each_knob_draws_from_its_own_seeded_generator() -> None:
     for seed in range(200):
         settings = draw(seed, {})
         assert settings["faults"] and set(settings["faults"]) <= set(sim_faults())
+        assert "restore-majority" not in settings["faults"]  # outside Raft's model
         assert {k.field for k in KNOBS} == set(settings)
     assert parse_pins(["faults=partition,kill", "rate=0"]) == {"faults": ["partition", "kill"],
                                                                "rate": 0.0}

@@ -193,7 +193,8 @@ def test_two_in_flight_on_the_simulator_appends_at_once_and_the_real_core_refuse
     events: list[tuple[str, dict[str, Any]]] = []
     nemesis = Nemesis(platform, ["member"], seed=4, interval_s=2.0,
                       record=lambda f, v: events.append((f, v)))
-    assert nemesis.member_shapes == ("two-in-flight",)  # nothing here is wiped
+    # Nothing here is wiped: change-at-new-leader asks once, where a safe core refuses.
+    assert nemesis.member_shapes == ("two-in-flight", "change-at-new-leader")
     fault = nemesis._begin("member")
     first, second = [v for f, v in events if f == "member-change"]
     assert first["outcome"] == "appended"

@@ -105,6 +105,15 @@ def test_nemesis_shrink_refuses_a_run_of_a_real_cluster(
     assert err.count("\n") == 1 and "only runs made with --platform sim" in err
 
 
+def test_nemesis_shrink_refuses_a_run_that_restored_disk_copies(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_json(tmp_path / "test.json",
+               {"config": {"platform": "sim", "faults": ["kill", "restore-majority"]}})
+    assert nemesis_main(["shrink", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--faults restore-majority" in err and "reproduce" in err
+
+
 @pytest.mark.slow
 def test_nemesis_shrink_turns_a_canary_run_into_a_test(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
