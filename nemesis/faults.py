@@ -46,7 +46,7 @@ Faults (`--faults`, a comma list):
   until its candidate asks in the next term (late-grant, local and sim); healed by
   restarting the killed leader (sim: deposed-leader, late-grant and, from 5 nodes,
   vote-then-restart built from the platform's held messages);
-- rollback (local; 3 nodes or more): a follower restarted on an older, consistent copy
+- rollback (local and sim; 3 nodes or more): a follower restarted on an older, consistent copy
   of its own data directory (a VM restored from a backup), the leader killed once the
   follower knows it lost acknowledged entries and before it caught up, with the nodes
   that lack those entries let back in (nemesis/rollback.py); healed by restarting the
@@ -135,13 +135,13 @@ DISK_FAULTS = (*FILE_FAULTS, "lose-unsynced", "kill-all", "rollback", "restore-m
 FAULT_PLATFORMS = {"truncate": ("local", "docker", "ssh"),
                    "bitflip": ("local", "docker", "ssh"), "wipe-wal": ("local", "docker", "ssh"),
                    "lose-unsynced": ("local", "docker", "sim"),
-                   "election": ("local", "docker", "sim"), "rollback": ("local",),
+                   "election": ("local", "docker", "sim"), "rollback": ("local", "sim"),
                    "restore-majority": ("local", "sim"),
                    "hold": ("sim", "local"), "reorder": ("sim", "local"), "slow-disk": ("local",)}
 # Faults that take committed entries from a majority on purpose: outside Raft's model, so
 # the simulator's monitor reports what they do (explore leaves them out of its draw), and
 # the disk copies they restore are not in its replayable schedule (shrink refuses them).
-BEYOND_RAFT = ("restore-majority",)
+BEYOND_RAFT = ("restore-majority", "rollback")
 # Faults whose run puts every node's data on the lazy disk (nemesis/lazyfs.py).
 LAZY_DISK_FAULTS = frozenset({"lose-unsynced", "slow-disk"})
 # slow-disk: each fsync of every node waits a uniform draw from this range (ms) first.
@@ -227,8 +227,7 @@ def unsupported(faults: list[str], platform: str) -> str | None:
             why = {"lose-unsynced": "it has no lazy disk to hold unsynced writes",
                    "election": "it has not been tried there yet",
                    "rollback": "it copies a node's data directory, which only the local "
-                               "platform does yet" if platform != "sim" else
-                               "the simulator's disk holds records, not bytes",
+                               "platform does yet (and the simulator, its fake disk)",
                    "restore-majority": "it copies the nodes' data directories, which only "
                                        "the local platform does yet (and the simulator, its "
                                        "fake disks)",

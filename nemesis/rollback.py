@@ -240,4 +240,34 @@ def partitions_away(nodes: list[str], away: list[str]) -> list[tuple[str, str]]:
 
 def rollback(nemesis: Nemesis) -> ActiveFault | None:
     """Start one `rollback` fault (nemesis/faults.py dispatches here)."""
+    if nemesis.platform.name == "sim":
+        return sim_rollback(nemesis)
     return Rollback(nemesis).begin()
+
+
+def sim_rollback(nemesis: Nemesis) -> ActiveFault | None:
+    """The same steps in simulated time (`SimPlatform.aim_rollback`, the target's fake disk
+    copied and put back); whether it landed is known at the heal, and recorded there."""
+    platform = nemesis.platform
+    leader = nemesis._leader_or_skip("rollback", "rollback")
+    if leader is None:
+        return None
+    target, keepers, held = roles(nemesis.nodes, leader, nemesis.rng)
+    platform.aim_rollback(leader, target, keepers, held, LOST_MIN, ANSWER_LOSS)
+
+    def heal() -> dict[str, Any]:
+        aim = platform.end_rollback_aim() or {}
+        landed, why = bool(aim.get("landed")), str(aim.get("why") or "")
+        window = {k: aim.get(k) for k in (
+            "leader", "target", "keepers", "held", "saved_last_index", "cut_at_commit",
+            "acknowledged_to", "catch_up_to", "commit_when_seen", "commit_after_strike")}
+        return {"landed": landed, "landed_evidence": nemesis.count_aimed("rollback", landed, why),
+                "window": window}
+
+    text = (f"rollback: {target} to be restarted on a copy of its disk once {leader} has "
+            f"committed {LOST_MIN} entries with it, held away {' '.join(held) or '-'}, "
+            f"keepers {' '.join(keepers) or '-'}")
+    return nemesis._register("rollback", sorted(nemesis.nodes), text, heal,
+                             {"target": target, "window": {"kind": "rollback", "leader": leader,
+                                                           "target": target, "keepers": keepers,
+                                                           "held_away": held}}, "rollback")

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from histories.write import HistoryWriter
-from nemesis import safety_reports
+from nemesis import rollback, safety_reports
 from nemesis.faults import REORDER_APPEND_ENTRIES, ActiveFault, Nemesis
 from nemesis.platforms.base import ClusterConfig
 from nemesis.platforms.sim import TICK_S, SimPlatform
@@ -532,6 +532,8 @@ def simulate(config, run_dir: Path, run_id: str, out, run_info: dict[str, Any], 
     raft_config: dict[str, Any] = {}
     if "reorder" in config.faults:  # what it reorders: many short APPENDs (faults.py)
         raft_config["max_append_entries"] = REORDER_APPEND_ENTRIES
+    elif "rollback" in config.faults:  # a catch-up of many APPENDs (nemesis/rollback.py)
+        raft_config["max_append_entries"] = rollback.MAX_APPEND_ENTRIES
     platform = SimPlatform(ClusterConfig(nodes=config.nodes, run_id=run_id, work_dir=run_dir),
                            seed=config.seed, variant=variant_for_run(config.unsafe),
                            record_trace=not record_schedule, **raft_config)

@@ -133,6 +133,8 @@ class SimPlatform(Platform):
         # runner's clients start no operation; `ops_in_flight` (set by the runner) says
         # whether one is still open.
         self.restore_aim: dict[str, Any] | None = None
+        # The rollback fault (`aim_rollback`).
+        self.rollback_aim: dict[str, Any] | None = None
         self.clients_held = False
         self.ops_in_flight: Any = lambda: False
         # The partition fault's stale-snapshot shape (`aim_stale_snapshot`).
@@ -163,6 +165,8 @@ class SimPlatform(Platform):
             self._change_aim_step()
         if self.restore_aim is not None and self.restore_aim["phase"] != "done":
             self._restore_step()
+        if self.rollback_aim is not None and self.rollback_aim["phase"] != "done":
+            self._rollback_step()
         self.deliver_pending()
         if self.crash_after_release is not None:
             node, self.crash_after_release = self.crash_after_release, None
@@ -208,6 +212,8 @@ class SimPlatform(Platform):
                 sim.deliver_flight(flight)
                 if self.change_aim is not None and self.change_aim["new"] is None:
                     self._change_aim_step()  # a vote just made a leader: ask it now
+                if self.rollback_aim is not None and self.rollback_aim["phase"] == "told":
+                    self._rollback_step()  # told and caught up can be one tick apart
                 if self.held_term is not None and self._stale_window_open():
                     self.released_in_window += self.release_held()
                 elif self.overtaken is not None and self._overtaken_window_open():
@@ -813,6 +819,114 @@ class SimPlatform(Platform):
                 self.heal_link(src, dst)
             if aim["phase"] != "done":
                 aim.update(phase="done", why=f"the fault ended in its {aim['phase']} phase")
+        return aim
+
+    # ----- the rollback fault (nemesis/rollback.py) ------------------------------------------
+
+    def aim_rollback(self, leader: str, target: str, keepers: list[str], held: list[str],
+                     lost_min: int, answer_loss: float) -> None:
+        """nemesis/rollback.py's steps in simulated time, one phase per tick at most: a copy
+        of `target`'s disk; `held` cut from everyone, so that every commit needs the
+        target; once `leader` has committed `lost_min` entries past the copy, the leader
+        paused while the target crashes, comes back on its copy and restarts (its answers
+        to the leader then lost with `answer_loss`), the leader resumed; the moment the
+        target says it was told it lost entries (`catch_up_to` above its commit index) and
+        before it caught up, the strike: the leader crashes, the keepers are cut from
+        everyone, the held-away nodes let back in. A phase longer than
+        RESTORE_PHASE_TICKS gives up, undoing what it did."""
+        core = self.sim.core(target)
+        self.rollback_aim = {
+            "phase": "grow", "since": self.ticks, "leader": leader, "target": target,
+            "keepers": keepers, "held": held, "lost_min": lost_min,
+            "answer_loss": answer_loss, "copy": self.sim.nodes[target].disk.current.copy(),
+            "saved_last_index": core.log.last_index(),
+            "cut_at_commit": self.sim.core(leader).log.committed, "cut": [],
+            "catch_up_to": None, "commit_when_seen": None, "commit_after_strike": None,
+            "acknowledged_to": None, "landed": False, "why": "", "killed": None}
+        self._rollback_cut([(a, b) for a in self.node_ids for b in self.node_ids
+                            if a != b and (a in held or b in held)])
+
+    def _rollback_cut(self, links: list[tuple[str, str]]) -> None:
+        aim = self.rollback_aim
+        assert aim is not None
+        for src, dst in links:
+            self.cut(src, dst)
+        aim["cut"].extend(links)
+
+    def _rollback_heal_cut(self) -> None:
+        aim = self.rollback_aim
+        assert aim is not None
+        for src, dst in aim["cut"]:
+            self.heal_link(src, dst)
+        aim["cut"] = []
+
+    def _rollback_step(self) -> None:
+        aim = self.rollback_aim
+        assert aim is not None
+        if self.ticks - aim["since"] > RESTORE_PHASE_TICKS:
+            self._rollback_heal_cut()
+            self.loss.pop((aim["target"], aim["leader"]), None)
+            self._rollback_done(False, f"gave up in its {aim['phase']} phase after "
+                                       f"{RESTORE_PHASE_TICKS * TICK_S:g} s (no strike)")
+            return
+        leader, target = aim["leader"], aim["target"]
+        if aim["phase"] == "grow":
+            if leader not in self.answering():
+                return
+            base = max(aim["saved_last_index"], aim["cut_at_commit"])
+            commit = self.sim.core(leader).log.committed
+            if commit < base + aim["lost_min"]:
+                return
+            aim["acknowledged_to"] = commit
+            self.sim.record(f"rollback: {leader} committed to {commit} with {target}'s "
+                            f"acknowledgement; {target} back on its copy, {leader} paused meanwhile")
+            self.pause(leader)  # only a leader that saw the target acknowledge them can tell
+            self.kill(target)
+            self.sim.restore_disk(target, aim["copy"])
+            self.start_node(target)
+            self.set_loss(target, leader, aim["answer_loss"])
+            self.resume(leader)
+            aim.update(phase="told", since=self.ticks, copy=None)
+        elif aim["phase"] == "told":
+            if target not in self.answering():
+                return
+            core = self.sim.core(target)
+            if not (0 < core.log.committed < core.catch_up_to):
+                return
+            aim.update(catch_up_to=core.catch_up_to, commit_when_seen=core.log.committed,
+                       killed=leader)
+            self.kill(leader)
+            self._rollback_heal_cut()
+            self.loss.pop((target, leader), None)
+            self._rollback_cut([(a, b) for a in self.node_ids for b in self.node_ids
+                                if a != b and (a in aim["keepers"] or b in aim["keepers"])])
+            after = core.log.committed
+            aim["commit_after_strike"] = after
+            self._rollback_done(after < aim["catch_up_to"], (
+                f"{target} had been told it lost entries up to {aim['catch_up_to']} and had "
+                f"committed only to {after} when the leader crashed; "
+                f"{' '.join(aim['held'])} and {target} then made a majority without them"))
+
+    def _rollback_done(self, landed: bool, why: str) -> None:
+        aim = self.rollback_aim
+        assert aim is not None
+        aim.update(phase="done", landed=landed, why=why, copy=None)
+        self.sim.record(f"rollback: {'landed' if landed else 'missed'}: {why}")
+
+    def end_rollback_aim(self) -> dict[str, Any] | None:
+        """Heal: the crashed leader restarted, the cut links healed. Returns the aim."""
+        aim, self.rollback_aim = self.rollback_aim, None
+        if aim is None:
+            return None
+        self.rollback_aim = aim
+        self._rollback_heal_cut()
+        self.loss.pop((aim["target"], aim["leader"]), None)
+        self.rollback_aim = None
+        if aim["killed"] is not None:
+            self.start_node(aim["killed"])
+        if aim["phase"] != "done":
+            aim.update(phase="done", why=f"the fault ended in its {aim['phase']} phase "
+                                         f"(no strike)", copy=None)
         return aim
 
     # ----- the partition fault's stale-snapshot shape (nemesis/windows.py on real nodes) ---

@@ -634,3 +634,66 @@ def test_the_real_store_stays_valid_under_rollback_faults(tmp_path: Path) -> Non
     # A fault the run's end cut short is recorded but not counted as aimed.
     assert results["valid"] is True
     assert results.get("elections", {}).get("rollback", {}).get("aimed", 0) <= len(starts)
+
+
+# ----- the rollback fault on the simulator (SimPlatform.aim_rollback) -------------------------
+
+
+def _sim_rollback(tmp_path: Path, unsafe: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """A 3-node simulated cluster under a rollback aim, one write a tick through the
+    leader (the fault needs commits that only the target can acknowledge)."""
+    from nemesis.platforms.base import ClusterConfig
+    from nemesis.platforms.sim import SimPlatform
+    from nemesis.rollback import MAX_APPEND_ENTRIES
+    from nemesis.sim_runner import variant_for_run
+    from system.sim.history import Function
+
+    # The runs' short APPENDs: a catch-up of many, not one that tells and repairs at once.
+    platform = SimPlatform(ClusterConfig(nodes=3, run_id="t", work_dir=tmp_path), seed=5,
+                           variant=variant_for_run(unsafe), max_append_entries=MAX_APPEND_ENTRIES)
+    for _ in range(1000):
+        if platform.ready():
+            break
+        platform.advance()
+    leader = platform.leader()
+    target, held = [n for n in platform.node_ids if n != leader]
+    platform.aim_rollback(leader, target, [], [held], 60, 0.5)
+    for tick in range(3000):
+        if platform.rollback_aim["phase"] == "done":
+            break
+        now = platform.leader()
+        if now is not None:
+            op = platform.sim.invoke(Function.PUT, "k", f"v{tick}", request_id=f"w{tick}")
+            platform.submit(op, now)
+        platform.advance()
+    aim = platform.rollback_aim
+    assert aim["phase"] == "done" and aim["landed"] is True, aim["why"]
+    assert aim["acknowledged_to"] >= aim["saved_last_index"] + 60
+    assert aim["commit_after_strike"] < aim["catch_up_to"]
+    return platform, aim
+
+
+def test_on_the_simulator_a_rolled_back_voter_that_was_told_elects_no_one(tmp_path: Path) -> None:
+    platform, aim = _sim_rollback(tmp_path)
+    target, held = aim["target"], aim["held"][0]
+    for _ in range(400):  # the old leader down, the keepers none: only target and held
+        platform.advance()
+        assert platform.leader() is None, "a leader without the entries the target lost"
+    platform.end_rollback_aim()
+    assert not platform.sim.network.cut_links and aim["leader"] in platform.sim.alive()
+    for _ in range(400):
+        platform.advance()
+    assert platform.leader() is not None and not platform.sim.safety_reports
+    assert {target, held} <= set(platform.sim.alive())
+
+
+def test_on_the_simulator_a_voter_that_votes_after_losing_entries_elects_a_leader_without_them(
+        tmp_path: Path) -> None:
+    platform, aim = _sim_rollback(tmp_path, unsafe="votes-after-losing-entries")
+    for _ in range(400):
+        platform.advance()
+        leader = platform.leader()
+        if leader is not None:
+            break
+    assert leader in (aim["target"], aim["held"][0])
+    assert platform.sim.core(leader).log.last_index() < aim["acknowledged_to"]

@@ -26,9 +26,9 @@ from tests.nemesis.waiting import wait_until
 def test_all_on_sim_leaves_out_what_the_simulator_cannot_run_and_says_why() -> None:
     kinds, note = expand_all("sim")
     # member runs there in its two-in-flight and change-at-new-leader shapes
-    # (nemesis/member_shapes.py); restore-majority copies the fake disks
+    # (nemesis/member_shapes.py); rollback and restore-majority copy the fake disks
     assert kinds == ["partition", "kill", "pause", "packet", "reorder", "member", "lose-unsynced",
-                     "kill-all", "election", "restore-majority", "hold"]
+                     "kill-all", "election", "rollback", "restore-majority", "hold"]
     for left in ("truncate", "bitflip", "wipe-wal"):
         assert left in note
     assert "member" not in note and "records, not bytes" in note
