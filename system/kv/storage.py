@@ -339,6 +339,12 @@ class DurableStorage:
                 record_bytes = wal.entry_record_bytes(entry)
                 if not self._fits(segment, pending_bytes + record_bytes):
                     if pending_bytes:
+                        # What is pending (a truncation record, or entries that fitted)
+                        # must fit too: written past the room kept for NEXT_SEGMENT, it
+                        # pushed that record past the preallocated end, and the next
+                        # start refused the segment as cut (hypothesis found it).
+                        if not self._fits(segment, pending_bytes):
+                            segment = self._rotate(pending_bytes)
                         self._write(buffers, segment)
                         buffers, pending_bytes = [], 0
                     if not self._fits(segment, record_bytes):

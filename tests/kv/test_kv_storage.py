@@ -649,6 +649,24 @@ def test_any_sequence_of_operations_reads_back_like_the_model(steps) -> None:
             assert_matches(reopened, model)
 
 
+def test_a_truncation_that_fills_a_segment_never_pushes_it_past_its_preallocated_size(
+        data_dir: Path) -> None:
+    """Found by the test above (CI, 2026-12-06): an append that overwrote the last entry
+    of a nearly full segment wrote its truncation record into the room kept for the
+    NEXT_SEGMENT record, so the rotation that followed grew the file past its capacity,
+    and the next start refused the segment as cut."""
+    model = LogModel()
+    with DurableStorage.open(data_dir, segment_bytes=4096) as store:
+        for step in [("append", 0, 19, 1), ("append", 0, 22, 1), ("append", 1, 24, 1),
+                     ("append", 0, 30, 1), ("append", 1, 1, 1)]:
+            apply_operation(store, model, step)
+        store.sync()
+    sizes = {path.name: path.stat().st_size for path in segments(data_dir)}
+    assert len(sizes) == 2 and set(sizes.values()) == {4096}, sizes
+    with DurableStorage.open(data_dir, segment_bytes=4096) as reopened:
+        assert_matches(reopened, model)
+
+
 def test_64_mib_entries_round_trip_and_rotate_segments(data_dir: Path) -> None:
     value = bytes(range(256)) * (64 * 1024 * 1024 // 256)
     with DurableStorage.open(data_dir) as store:  # default 64 MiB segments
