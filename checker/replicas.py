@@ -61,7 +61,12 @@ def _show(op: Operation) -> str:
     return "absent" if version == 0 and value is None else f"{value!r} version {version}"
 
 
-def check_replicas(operations: Sequence[Operation]) -> Result:
+def check_replicas(operations: Sequence[Operation],
+                   excused: frozenset[str] = frozenset()) -> Result:
+    """`excused`: nodes whose disagreement is already judged elsewhere — each reported its
+    own committed log diverged after a fault that destroyed durable state
+    (checker/safety_reports.py `excused_diverged_nodes`); their disagreeing answers are
+    counted (`excused`) and named in the note, not anomalies."""
     started = time.perf_counter()
     finals: dict[Any, list[tuple[int, Operation]]] = {}
     replicas: list[Operation] = []
@@ -82,7 +87,8 @@ def check_replicas(operations: Sequence[Operation]) -> Result:
             replicas.append(op)
             answered.add(str(_field(op, "target")))
     counts = {"replica_reads": len(replicas), "agree": 0, "behind": 0, "moved": 0,
-              "unindexed": 0, "unreferenced": 0, "diverged": 0}
+              "unindexed": 0, "unreferenced": 0, "diverged": 0, "excused": 0}
+    excused_at: dict[str, int] = {}
     anomalies: list[Anomaly] = []
     diverged_nodes: set[str] = set()
     last_behind: dict[tuple[str, Any], Operation | None] = {}  # (node, key) -> if it lags
@@ -113,6 +119,10 @@ def check_replicas(operations: Sequence[Operation]) -> Result:
             counts["moved"] += 1  # the key moved after `ref`; this read saw the move
             last_behind[(node, op.key)] = None
             continue
+        if node in excused:
+            counts["excused"] += 1
+            excused_at[node] = excused_at.get(node, 0) + 1
+            continue
         counts["diverged"] += 1
         diverged_nodes.add(node)
         if len(anomalies) < _MAX_ANOMALIES:
@@ -137,6 +147,10 @@ def check_replicas(operations: Sequence[Operation]) -> Result:
     for node in silent:
         notes.append(f"node {node} answered none of its {failed[node]} replica reads (down, "
                      f"or refusing: not compared)")
+    for node, n in sorted(excused_at.items()):
+        notes.append(f"node {node} reported its committed log diverged after a fault that "
+                     f"destroyed durable state: its {n} disagreeing answer(s) came from that "
+                     f"state before its repair (the report is the evidence; not counted)")
     if counts["unindexed"]:
         notes.append(f"{counts['unindexed']} replica read(s) carry no applied index and "
                      f"were not compared")

@@ -41,6 +41,23 @@ LOSES_DURABLE_STATE = ("truncate", "bitflip", "wipe-wal", "lose-unsynced", "roll
 # RuleWatch checks (system/raft/watch.py) hold for one node's transitions whatever any disk
 # lost, so a report of one of them is never excused.
 EXCUSABLE = ("committed-log-diverged",)
+# How the Raft core words a node's report about itself (system/raft/core.py
+# `committed_log_diverged`); a leader's report names the follower instead.
+SELF_DIVERGED = "this node's committed log diverged"
+
+
+def excused_diverged_nodes(records: Sequence[Op]) -> frozenset[str]:
+    """Nodes that reported their own committed log diverged in a run where a fault destroyed
+    durable state: until repaired such a node answers from the state it diverged with (it
+    cannot know before the leader tells it), and the report is that evidence, excused
+    (checker/replicas.py does not count their disagreeing answers again)."""
+    events = [r for r in records if r.process == "nemesis"]
+    if not any(thaw_object(r.value).get("fault") in LOSES_DURABLE_STATE for r in events):
+        return frozenset()
+    return frozenset(
+        str(value.get("node")) for value in (thaw_object(r.value) for r in events if r.f == REPORT)
+        if value.get("rule") in EXCUSABLE
+        and str(value.get("text", "")).startswith(SELF_DIVERGED))
 
 
 def check_safety_reports(records: Sequence[Op]) -> Result:

@@ -20,7 +20,7 @@ from checker.models import by_name
 from checker.replays import check_replays
 from checker.replicas import check_replicas
 from checker.result import UNKNOWN, Result, Verdict, combine
-from checker.safety_reports import REPORT, check_safety_reports
+from checker.safety_reports import REPORT, check_safety_reports, excused_diverged_nodes
 from checker.staleness import check_stale_read_states, stale_reads
 from checker.timeline import render_html
 from histories.ops import Operation
@@ -74,7 +74,7 @@ def check_run(run_dir: Path, *, budget_s: float = 60.0, model_name: str | None =
         lost = replace(lost, valid=UNKNOWN, note="; ".join(filter(None, [lost.note, (
             f"{len(unread)} key(s) with an acknowledged write were never read after it "
             f"({shown}): whether those writes survived is unknown")])))
-    agree: Result = check_replicas(operations)
+    agree: Result = check_replicas(operations, excused=excused_diverged_nodes(read.records))
     replays: Result = check_replays(operations)
     states: Result = check_stale_read_states(operations)
     crashes: Result = check_crashes(read.records)

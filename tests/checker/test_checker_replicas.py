@@ -44,10 +44,10 @@ class _End:
                              "target": node}, {"type": "fail", "error": "unavailable"})
         return self
 
-    def check(self):  # noqa: ANN201 - a Result
+    def check(self, excused: frozenset[str] = frozenset()):  # noqa: ANN201 - a Result
         records = [parse_record({"index": i, **line}, expected_index=i, path=None, line=i + 1)
                    for i, line in enumerate(self.lines)]
-        return check_replicas(pair_operations(records))
+        return check_replicas(pair_operations(records), excused=excused)
 
 
 def test_every_replica_agrees_at_the_final_index() -> None:
@@ -171,3 +171,16 @@ def test_the_run_check_of_a_history_without_replica_reads_is_as_before(tmp_path)
     results = check_run(_run_dir(tmp_path, _End().final("a", "1-1", 1, 20)))
     assert results["valid"] is True
     assert not any(line.startswith("replicas agree") for line in summary_lines(results))
+
+
+def test_a_node_that_reported_its_own_divergence_after_a_durable_state_fault_is_not_counted_again(
+        ) -> None:
+    """restore-majority: a witness answers from its diverged state until the new leader
+    tells it; its own report (excused after such a fault) is the evidence."""
+    end = (_End().final("a", "1-1", 3, 40)
+           .replica("n2", "a", "1-1", 3, 40).replica("n3", "a", "0-9", 1, 42))
+    assert end.check().valid is False
+    excused = end.check(excused=frozenset({"n3"}))
+    assert excused.valid is True and excused.counts["excused"] == 1
+    assert "node n3 reported its committed log diverged" in excused.note
+    assert end.check(excused=frozenset({"n2"})).valid is False  # only the node it names

@@ -10,7 +10,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from checker.safety_reports import LOSES_DURABLE_STATE, check_safety_reports
+from checker.safety_reports import (
+    LOSES_DURABLE_STATE,
+    check_safety_reports,
+    excused_diverged_nodes,
+)
 from histories.read import read_history
 from histories.write import HistoryWriter
 from nemesis import check, safety_reports
@@ -114,3 +118,12 @@ def test_the_first_violation_is_when_the_node_logged_the_report(tmp_path: Path) 
     results = check.check_run(run_dir, budget_s=10)
     assert results["valid"] is False
     assert check.first_violation_s(results, run_dir) == 14.5  # 40 s less its 25.5 s age
+
+
+def test_the_nodes_excused_from_replicas_agree_reported_their_own_divergence_after_such_a_fault(
+        tmp_path: Path) -> None:
+    assert excused_diverged_nodes(_history(tmp_path, ["restore-majority"])) == {"n1"}
+    assert excused_diverged_nodes(_history(tmp_path, ["kill"])) == frozenset()
+    # A rule of the watch is never an excuse.
+    assert excused_diverged_nodes(_history(tmp_path, ["restore-majority"],
+                                           "committed-conflict-unnoticed")) == frozenset()
