@@ -35,8 +35,11 @@ The steps, with n nodes and a majority q: the leader L and n - q - 1 others keep
 Healed (after the interval) by healing W's links: R's leader meets logs that contradict
 its own at or below their commit index.
 
-Local platform (data copies), our store (its Status reports commit and last index), and
-a workload that can hold its clients (the kv workload). 3 nodes or more.
+The local platform (data directories copied), and the simulator (`sim_restore_majority`:
+the same steps in simulated time, on its fake disks and its own clients); our store (its
+Status reports commit and last index); a workload that can hold its clients (the kv
+workload). 3 nodes or more. Outside Raft's model (faults.py BEYOND_RAFT): `explore` does
+not draw it and `nemesis shrink` refuses its runs.
 """
 
 from __future__ import annotations
