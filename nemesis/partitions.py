@@ -103,6 +103,12 @@ def cuts(graph: nx.Graph) -> list[tuple[str, str]]:
             if a != b and not graph.has_edge(a, b)]
 
 
+def cut_off(nodes: Sequence[str], away: Sequence[str]) -> list[tuple[str, str]]:
+    """Every directed link between a node of `away` and any other node: each of them alone."""
+    rest = [n for n in nodes if n not in away]
+    return cuts(components([*([n] for n in away), rest]))
+
+
 def to_json(graph: nx.Graph) -> dict[str, list[str]]:
     """node -> sorted nodes it can reach (an adjacency list a report can draw)."""
     return {node: sorted(graph.neighbors(node)) for node in sorted(graph.nodes)}

@@ -48,6 +48,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from nemesis import partitions
 from nemesis.windows import wait_or_stop
 
 if TYPE_CHECKING:
@@ -145,8 +146,7 @@ class RestoreMajority:
                         f"writes in term {term} within {COMMIT_TIMEOUT_S:g} s (or the term "
                         f"moved: then nothing is restored)")
         window.update(markers=MARKERS, first_marker=first, witness_commit=marked)
-        self._cut([(a, b) for a in nemesis.nodes for b in nemesis.nodes
-                   if a != b and (a in witnesses) != (b in witnesses)])
+        self._cut(partitions.cuts(partitions.components([witnesses, restored])))
         for node in restored:
             nemesis.expected_down.add(node)
         platform.kill_nodes(restored)

@@ -43,6 +43,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from nemesis import partitions
 from nemesis.platforms.base import PlatformError
 from nemesis.windows import wait_or_stop
 
@@ -123,7 +124,7 @@ class Rollback:
         saved_last = before.last_index if before is not None else 0
         self._restart(target, lambda: platform.save_data(target))
         self._step(f"{target} saved at about index {saved_last} and restarted")
-        self._cut(partitions_away(nemesis.nodes, held))
+        self._cut(partitions.cut_off(nemesis.nodes, held))
         # From here every commit needs the target's acknowledgement.
         cut_at = platform.status(leader, timeout_s=2.0)
         base = max(saved_last, cut_at.commit_index if cut_at is not None else 0)
@@ -175,7 +176,7 @@ class Rollback:
         platform.kill(leader)
         self._heal_cut()
         platform.heal_link(target, leader)
-        self._cut(partitions_away(nemesis.nodes, keepers))
+        self._cut(partitions.cut_off(nemesis.nodes, keepers))
         window.update(catch_up_to=told.catch_up_to, commit_when_seen=told.commit_index)
         self._step(f"{target} told (catch_up_to {told.catch_up_to}, commit "
                    f"{told.commit_index}); leader killed, keepers cut, held away healed")
@@ -231,11 +232,6 @@ class Rollback:
 
     def _wait(self, probe, timeout_s: float, poll_s: float = 0.05):  # noqa: ANN001, ANN202
         return wait_or_stop(probe, timeout_s, self.nemesis._stop, poll_s)
-
-
-def partitions_away(nodes: list[str], away: list[str]) -> list[tuple[str, str]]:
-    """Every link between a node of `away` and any other node, both ways."""
-    return [(a, b) for a in nodes for b in nodes if a != b and (a in away or b in away)]
 
 
 def rollback(nemesis: Nemesis) -> ActiveFault | None:

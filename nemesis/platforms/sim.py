@@ -51,6 +51,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from nemesis import partitions
 from nemesis.platforms.base import ClusterConfig, Platform, PlatformError
 from system.raft.core import Role
 from system.raft.messages import Message, MessageType
@@ -68,7 +69,7 @@ COMPACT_EVERY_ENTRIES = 500  # snapshots happen in a run of any length, chunks i
 FSYNC_CHANCE_PER_DELIVERY = 0.3
 FSYNC_CHANCE_PER_TICK = 0.5
 _CAMPAIGN = frozenset({MessageType.PRE_VOTE, MessageType.VOTE})
-RESTORE_PHASE_TICKS = 750  # 15 simulated seconds per phase of the restore-majority fault
+AIM_PHASE_TICKS = 750  # 15 simulated seconds per phase of the rollback and restore-majority aims
 
 
 class SimPlatform(Platform):
@@ -600,9 +601,7 @@ class SimPlatform(Platform):
         if candidate is not None and m.src != candidate and m.type in _CAMPAIGN:
             # Another node's campaign waits too: the candidate's own timer is the one to fire
             # (the voters' timers restarted with their grants, as its did).
-            trap["held"].append(flight.id)
-            self.held_flights.add(flight.id)
-            return True
+            return self._keep(trap, flight)
         if m.type is not MessageType.VOTE_RESPONSE or m.reject:
             return False
         if candidate is None:
@@ -610,16 +609,20 @@ class SimPlatform(Platform):
             self.sim.record(f"keep the vote grants of term {m.term} to {m.dst}")
         if m.dst == trap["candidate"] and m.term == trap["term"]:
             trap["grants"] += 1
-            trap["held"].append(flight.id)
-            self.held_flights.add(flight.id)
-            return True
+            return self._keep(trap, flight)
         return False
+
+    def _keep(self, trap: dict[str, Any], flight) -> bool:  # noqa: ANN001 - an InFlight
+        """Keep `flight` on the wire for `trap` (delivered when the trap lets it go)."""
+        trap["held"].append(flight.id)
+        self.held_flights.add(flight.id)
+        return True
 
     def end_grant_trap(self) -> dict[str, Any] | None:
         """Disarm; the grants still kept go out with the next delivery. Returns the trap."""
         trap, self.grant_trap = self.grant_trap, None
         if trap is not None:
-            self.held_flights.difference_update(trap["held"])
+            self.held_flights.difference_update(trap["held"])  # out with the next delivery
         return trap
 
     def trap_vote_restart(self) -> None:
@@ -695,24 +698,20 @@ class SimPlatform(Platform):
         if m.type is MessageType.VOTE and not (
                 trap["phase"] == "first" and m.src == trap["first"] and m.term == trap["term"]
                 and m.dst in trap["voters"]):
-            trap["held"].append(flight.id)
-            self.held_flights.add(flight.id)
-            return True
+            return self._keep(trap, flight)
         if trap["phase"] == "first" and m.type is MessageType.VOTE_RESPONSE \
                 and not m.reject and m.dst == trap["first"] and m.term == trap["term"] \
                 and m.src in trap["voters"]:
             if m.src not in trap["granted"]:
                 trap["granted"].append(m.src)
-            trap["held"].append(flight.id)
-            self.held_flights.add(flight.id)
-            return True
+            return self._keep(trap, flight)
         return False
 
     def end_vote_trap(self) -> dict[str, Any] | None:
         """Disarm; what is still kept goes out with the next delivery. Returns the trap."""
         trap, self.vote_trap = self.vote_trap, None
         if trap is not None:
-            self.held_flights.difference_update(trap["held"])
+            self.held_flights.difference_update(trap["held"])  # out with the next delivery
         return trap
 
     # ----- the restore-majority fault (nemesis/restore_majority.py) ---------------------------
@@ -726,7 +725,7 @@ class SimPlatform(Platform):
         committed them in the copies' term, the witnesses cut from the restored nodes,
         which crash, come back on their copies and restart; once one of them leads a newer
         term and has committed past the markers' first index, the clients are let go. A
-        phase that takes longer than RESTORE_PHASE_TICKS gives up (nothing restored unless
+        phase that takes longer than AIM_PHASE_TICKS gives up (nothing restored unless
         the restore phase was reached) and lets the clients go."""
         self.restore_aim = {"phase": "hold", "since": self.ticks, "leader": leader,
                             "restored": restored, "witnesses": witnesses, "markers": markers,
@@ -738,9 +737,9 @@ class SimPlatform(Platform):
     def _restore_step(self) -> None:
         aim = self.restore_aim
         assert aim is not None
-        if self.ticks - aim["since"] > RESTORE_PHASE_TICKS:
+        if self.ticks - aim["since"] > AIM_PHASE_TICKS:
             self._restore_done(False, f"gave up in its {aim['phase']} phase after "
-                                      f"{RESTORE_PHASE_TICKS * TICK_S:g} s")
+                                      f"{AIM_PHASE_TICKS * TICK_S:g} s")
             return
         getattr(self, f"_restore_{aim['phase']}")(aim)
 
@@ -776,11 +775,9 @@ class SimPlatform(Platform):
                 return
             if core.log.committed < needed:
                 return
-        links = [(a, b) for a in self.node_ids for b in self.node_ids
-                 if a != b and (a in aim["witnesses"]) != (b in aim["witnesses"])]
-        for src, dst in links:
+        aim["cut"] = partitions.cuts(partitions.components([aim["witnesses"], aim["restored"]]))
+        for src, dst in aim["cut"]:
             self.cut(src, dst)
-        aim["cut"] = links
         for node in aim["restored"]:
             self.kill(node)
             self.sim.restore_disk(node, aim["copies"][node])
@@ -815,8 +812,7 @@ class SimPlatform(Platform):
         aim, self.restore_aim = self.restore_aim, None
         self.clients_held = False
         if aim is not None:
-            for src, dst in aim["cut"]:
-                self.heal_link(src, dst)
+            self._aim_heal_cut(aim)
             if aim["phase"] != "done":
                 aim.update(phase="done", why=f"the fault ended in its {aim['phase']} phase")
         return aim
@@ -833,7 +829,7 @@ class SimPlatform(Platform):
         target says it was told it lost entries (`catch_up_to` above its commit index) and
         before it caught up, the strike: the leader crashes, the keepers are cut from
         everyone, the held-away nodes let back in. A phase longer than
-        RESTORE_PHASE_TICKS gives up, undoing what it did."""
+        AIM_PHASE_TICKS gives up, undoing what it did."""
         core = self.sim.core(target)
         self.rollback_aim = {
             "phase": "grow", "since": self.ticks, "leader": leader, "target": target,
@@ -843,19 +839,14 @@ class SimPlatform(Platform):
             "cut_at_commit": self.sim.core(leader).log.committed, "cut": [],
             "catch_up_to": None, "commit_when_seen": None, "commit_after_strike": None,
             "acknowledged_to": None, "landed": False, "why": "", "killed": None}
-        self._rollback_cut([(a, b) for a in self.node_ids for b in self.node_ids
-                            if a != b and (a in held or b in held)])
+        self._aim_cut(self.rollback_aim, partitions.cut_off(self.node_ids, held))
 
-    def _rollback_cut(self, links: list[tuple[str, str]]) -> None:
-        aim = self.rollback_aim
-        assert aim is not None
+    def _aim_cut(self, aim: dict[str, Any], links: list[tuple[str, str]]) -> None:
         for src, dst in links:
             self.cut(src, dst)
         aim["cut"].extend(links)
 
-    def _rollback_heal_cut(self) -> None:
-        aim = self.rollback_aim
-        assert aim is not None
+    def _aim_heal_cut(self, aim: dict[str, Any]) -> None:
         for src, dst in aim["cut"]:
             self.heal_link(src, dst)
         aim["cut"] = []
@@ -863,11 +854,11 @@ class SimPlatform(Platform):
     def _rollback_step(self) -> None:
         aim = self.rollback_aim
         assert aim is not None
-        if self.ticks - aim["since"] > RESTORE_PHASE_TICKS:
-            self._rollback_heal_cut()
+        if self.ticks - aim["since"] > AIM_PHASE_TICKS:
+            self._aim_heal_cut(aim)
             self.loss.pop((aim["target"], aim["leader"]), None)
             self._rollback_done(False, f"gave up in its {aim['phase']} phase after "
-                                       f"{RESTORE_PHASE_TICKS * TICK_S:g} s (no strike)")
+                                       f"{AIM_PHASE_TICKS * TICK_S:g} s (no strike)")
             return
         leader, target = aim["leader"], aim["target"]
         if aim["phase"] == "grow":
@@ -896,10 +887,9 @@ class SimPlatform(Platform):
             aim.update(catch_up_to=core.catch_up_to, commit_when_seen=core.log.committed,
                        killed=leader)
             self.kill(leader)
-            self._rollback_heal_cut()
+            self._aim_heal_cut(aim)
             self.loss.pop((target, leader), None)
-            self._rollback_cut([(a, b) for a in self.node_ids for b in self.node_ids
-                                if a != b and (a in aim["keepers"] or b in aim["keepers"])])
+            self._aim_cut(aim, partitions.cut_off(self.node_ids, aim["keepers"]))
             after = core.log.committed
             aim["commit_after_strike"] = after
             self._rollback_done(after < aim["catch_up_to"], (
@@ -918,10 +908,8 @@ class SimPlatform(Platform):
         aim, self.rollback_aim = self.rollback_aim, None
         if aim is None:
             return None
-        self.rollback_aim = aim
-        self._rollback_heal_cut()
+        self._aim_heal_cut(aim)
         self.loss.pop((aim["target"], aim["leader"]), None)
-        self.rollback_aim = None
         if aim["killed"] is not None:
             self.start_node(aim["killed"])
         if aim["phase"] != "done":
